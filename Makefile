@@ -1,0 +1,34 @@
+# kraftlog developer entry points. Every target creates .venv and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test test-fast bench pipeline chaos clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+## run: start a single-node cluster (controller + broker) in the foreground, data in ./data
+run: $(STAMP)
+	$(VENV)/bin/kraftlog serve --data-dir ./data
+
+## test: the whole suite (unit, functional, integration, spark)
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+## test-fast: pure cores and in-process tests only
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/functional
+
+## bench: benchmarks (figures printed, not asserted)
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) data .pytest_cache
