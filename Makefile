@@ -30,5 +30,9 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+## pipeline: the example Spark streaming pipeline end to end against a local cluster
+pipeline: $(STAMP)
+	$(PY) -m pipelines.clickstream
+
 clean:
 	rm -rf $(VENV) data .pytest_cache
