@@ -1,0 +1,182 @@
+"""Pure state of one partition replica on this broker (no IO, no event loop).
+
+A `Partition` knows its role (leader or follower), the leader epoch and partition epoch it
+was given by the controller, the assigned replicas and the ISR, and — as leader — the log
+end offset (LEO) each follower last reported plus when it was last caught up. From those
+it derives the high watermark.
+
+Invariants:
+- the high watermark is min(LEO) over the ISR (the leader's own LEO included) and never
+  moves backwards while this replica stays leader;
+- a leader epoch or partition epoch older than the current one is ignored (stale metadata);
+- only the leader tracks followers; a follower keeps the high watermark the leader sent it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from http_api.errors import ErrorCode, KraftlogError
+
+
+@dataclass
+class ReplicaState:
+    """What the leader knows about one follower replica."""
+
+    broker_id: int
+    log_end_offset: int = -1
+    last_fetch_time_ms: int = -1
+    last_caught_up_time_ms: int = -1
+
+
+@dataclass
+class Partition:
+    """Role, epochs, ISR and high watermark of one local partition replica."""
+
+    topic: str
+    partition: int
+    local_broker_id: int
+    replicas: list[int] = field(default_factory=list)
+    isr: list[int] = field(default_factory=list)
+    leader_id: int = -1
+    leader_epoch: int = -1
+    partition_epoch: int = -1
+    high_watermark: int = 0
+    local_log_end_offset: int = 0
+    remote_replicas: dict[int, ReplicaState] = field(default_factory=dict)
+
+    # ---- role changes -------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader_id == self.local_broker_id
+
+    def is_stale(self, leader_epoch: int, partition_epoch: int) -> bool:
+        """True when (leader_epoch, partition_epoch) is older than what we already hold."""
+        return (leader_epoch, partition_epoch) < (self.leader_epoch, self.partition_epoch)
+
+    def make_leader(self, *, replicas: list[int], isr: list[int], leader_epoch: int,
+                    partition_epoch: int, log_end_offset: int, high_watermark: int,
+                    now_ms: int) -> bool:
+        """Become (or stay) leader. Returns False for stale metadata (nothing changed).
+
+        A new leader epoch resets follower state: followers must fetch again before
+        they count towards the high watermark beyond what the log already had.
+        """
+        if self.is_stale(leader_epoch, partition_epoch):
+            return False
+        new_epoch = leader_epoch != self.leader_epoch or not self.is_leader
+        self.replicas = list(replicas)
+        self.isr = list(isr)
+        self.leader_id = self.local_broker_id
+        self.partition_epoch = partition_epoch
+        self.leader_epoch = leader_epoch
+        self.local_log_end_offset = log_end_offset
+        if new_epoch:
+            self.high_watermark = min(high_watermark, log_end_offset)
+            self.remote_replicas = {
+                r: ReplicaState(r, last_caught_up_time_ms=now_ms if r in isr else -1)
+                for r in replicas if r != self.local_broker_id
+            }
+        else:
+            for r in replicas:
+                if r != self.local_broker_id and r not in self.remote_replicas:
+                    self.remote_replicas[r] = ReplicaState(r)
+            for r in list(self.remote_replicas):
+                if r not in replicas:
+                    del self.remote_replicas[r]
+        self.maybe_increment_high_watermark()
+        return True
+
+    def make_follower(self, *, replicas: list[int], isr: list[int], leader_id: int,
+                      leader_epoch: int, partition_epoch: int, log_end_offset: int,
+                      high_watermark: int) -> bool:
+        """Become (or stay) a follower of `leader_id`. Returns False for stale metadata."""
+        if self.is_stale(leader_epoch, partition_epoch):
+            return False
+        self.replicas = list(replicas)
+        self.isr = list(isr)
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self.partition_epoch = partition_epoch
+        self.local_log_end_offset = log_end_offset
+        self.high_watermark = min(high_watermark, log_end_offset)
+        self.remote_replicas = {}
+        return True
+
+    # ---- offsets ------------------------------------------------------------------------
+
+    def update_local_log_end_offset(self, log_end_offset: int) -> bool:
+        """Record the local LEO after an append; returns True when the HW moved."""
+        self.local_log_end_offset = log_end_offset
+        return self.maybe_increment_high_watermark()
+
+    def update_follower_fetch(self, broker_id: int, fetch_offset: int, now_ms: int) -> bool:
+        """A follower fetched from `fetch_offset` (= its LEO). Returns True when the HW moved.
+
+        The follower counts as caught up when it has everything the leader had.
+        """
+        if not self.is_leader:
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"broker {self.local_broker_id} is not the leader of "
+                                f"{self.topic}-{self.partition}; fetch from broker {self.leader_id}")
+        state = self.remote_replicas.get(broker_id)
+        if state is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"broker {broker_id} is not a replica of {self.topic}-{self.partition}")
+        state.log_end_offset = fetch_offset
+        state.last_fetch_time_ms = now_ms
+        if fetch_offset >= self.local_log_end_offset:
+            state.last_caught_up_time_ms = now_ms
+        return self.maybe_increment_high_watermark()
+
+    def maybe_increment_high_watermark(self) -> bool:
+        """Move the HW to min LEO over the ISR if that is higher. Leader only."""
+        if not self.is_leader:
+            return False
+        candidate = self.local_log_end_offset
+        for r in self.isr:
+            if r == self.local_broker_id:
+                continue
+            state = self.remote_replicas.get(r)
+            leo = state.log_end_offset if state is not None else -1
+            candidate = min(candidate, leo)
+        if candidate > self.high_watermark:
+            self.high_watermark = candidate
+            return True
+        return False
+
+    def set_follower_high_watermark(self, leader_high_watermark: int) -> None:
+        """Follower: adopt the leader's HW, capped at the local LEO."""
+        self.high_watermark = max(self.high_watermark,
+                                  min(leader_high_watermark, self.local_log_end_offset))
+
+    # ---- ISR ----------------------------------------------------------------------------
+
+    def out_of_sync_replicas(self, now_ms: int, replica_lag_time_max_ms: int) -> set[int]:
+        """ISR members (other than the leader) not caught up within the lag time."""
+        out: set[int] = set()
+        if not self.is_leader:
+            return out
+        for r in self.isr:
+            if r == self.local_broker_id:
+                continue
+            state = self.remote_replicas.get(r)
+            if state is None or now_ms - state.last_caught_up_time_ms > replica_lag_time_max_ms:
+                out.add(r)
+        return out
+
+    def caught_up_out_of_isr(self) -> set[int]:
+        """Replicas outside the ISR whose LEO has reached the high watermark (may rejoin)."""
+        return {
+            r for r, s in self.remote_replicas.items()
+            if r not in self.isr and s.log_end_offset >= self.high_watermark
+        }
+
+    def check_enough_replicas(self, min_insync_replicas: int) -> None:
+        """acks=all is refused with NOT_ENOUGH_REPLICAS while ISR < min.insync.replicas."""
+        if len(self.isr) < min_insync_replicas:
+            raise KraftlogError(
+                ErrorCode.NOT_ENOUGH_REPLICAS,
+                f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas "
+                f"{sorted(self.isr)}, fewer than min.insync.replicas={min_insync_replicas}; "
+                "retry later, use acks=1, or lower min.insync.replicas")

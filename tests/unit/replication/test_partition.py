@@ -1,0 +1,76 @@
+"""Partition state: roles, epochs, high watermark = min LEO over ISR, ISR shrink candidates."""
+import pytest
+
+from http_api.errors import ErrorCode, KraftlogError
+from partitions.replication.partition import Partition
+
+
+def leader(isr=(1, 2, 3), leo=10, hw=0):
+    p = Partition("t", 0, local_broker_id=1)
+    assert p.make_leader(replicas=[1, 2, 3], isr=list(isr), leader_epoch=1, partition_epoch=1,
+                         log_end_offset=leo, high_watermark=hw, now_ms=1000)
+    return p
+
+
+def test_single_replica_isr_hw_follows_local_leo():
+    p = Partition("t", 0, local_broker_id=1)
+    p.make_leader(replicas=[1], isr=[1], leader_epoch=0, partition_epoch=0,
+                  log_end_offset=5, high_watermark=0, now_ms=0)
+    assert p.is_leader and p.high_watermark == 5
+    assert p.update_local_log_end_offset(9) is True
+    assert p.high_watermark == 9
+
+
+def test_hw_is_min_leo_over_isr_and_monotonic():
+    p = leader()
+    assert p.high_watermark == 0
+    assert p.update_follower_fetch(2, 7, now_ms=1001) is False  # replica 3 still at -1
+    assert p.update_follower_fetch(3, 4, now_ms=1001) is True
+    assert p.high_watermark == 4
+    assert p.update_follower_fetch(3, 2, now_ms=1002) is False  # never backwards
+    assert p.high_watermark == 4
+    assert p.update_follower_fetch(3, 10, now_ms=1003) is True
+    assert p.high_watermark == 7
+
+
+def test_out_of_isr_replica_does_not_hold_back_hw():
+    p = leader(isr=(1, 2))
+    p.update_follower_fetch(2, 10, now_ms=1001)
+    assert p.high_watermark == 10
+    p.update_follower_fetch(3, 10, now_ms=1001)
+    assert p.caught_up_out_of_isr() == {3}
+
+
+def test_lagging_follower_is_out_of_sync_after_lag_time():
+    p = leader()
+    p.update_follower_fetch(2, 10, now_ms=1500)  # caught up at 1500
+    p.update_follower_fetch(3, 3, now_ms=1500)   # behind since 1000
+    assert p.out_of_sync_replicas(now_ms=1000 + 30_001, replica_lag_time_max_ms=30_000) == {3}
+    assert p.out_of_sync_replicas(now_ms=1000 + 20_000, replica_lag_time_max_ms=30_000) == set()
+
+
+def test_stale_epoch_is_ignored():
+    p = leader()
+    assert not p.make_follower(replicas=[1, 2, 3], isr=[1, 2, 3], leader_id=2, leader_epoch=0,
+                               partition_epoch=0, log_end_offset=10, high_watermark=0)
+    assert p.is_leader
+
+
+def test_follower_role_and_fetch_rejected():
+    p = leader()
+    assert p.make_follower(replicas=[1, 2, 3], isr=[2, 3], leader_id=2, leader_epoch=2,
+                           partition_epoch=2, log_end_offset=10, high_watermark=4)
+    assert not p.is_leader and p.high_watermark == 4
+    with pytest.raises(KraftlogError) as e:
+        p.update_follower_fetch(3, 5, now_ms=0)
+    assert e.value.code is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    p.set_follower_high_watermark(8)
+    assert p.high_watermark == 8
+
+
+def test_not_enough_replicas():
+    p = leader(isr=(1,))
+    p.check_enough_replicas(1)
+    with pytest.raises(KraftlogError) as e:
+        p.check_enough_replicas(2)
+    assert e.value.code is ErrorCode.NOT_ENOUGH_REPLICAS
