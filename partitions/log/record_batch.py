@@ -1,0 +1,652 @@
+"""The one record batch codec shared by the broker, the client and Spark.
+
+A batch is a fixed 61-byte big-endian header in Kafka's v2 layout followed by the records
+section (compressed as a whole by the batch's codec):
+
+    offset  size  field
+    0       8     base_offset              int64   stamped by the leader
+    8       4     batch_length             int32   bytes after this field
+    12      4     partition_leader_epoch   int32   stamped by the leader
+    16      1     magic                    int8    always 2
+    17      4     crc                      uint32  CRC-32C of bytes [21, end)
+    21      2     attributes               int16   bits 0-2 codec, bit 3 timestamp type
+                                                   (1 = LogAppendTime), bit 5 control
+    23      4     last_offset_delta        int32
+    27      8     first_timestamp          int64   ms
+    35      8     max_timestamp            int64   ms
+    43      8     producer_id              int64
+    51      2     producer_epoch           int16
+    53      4     base_sequence            int32
+    57      4     record_count             int32
+
+Base offset and leader epoch precede the CRC, so the broker stamps them in place without
+re-encoding (`stamp_batch`). The broker validates (`validate_batch`) but never decodes.
+
+Records section (uncompressed form; our own columnar layout, little-endian, chosen so
+that encoding/decoding does no per-record Python function calls for the common case):
+
+    u8 flags:  0x01 explicit offset deltas   (else 0..n-1)
+               0x02 timestamp deltas present (else all records have first_timestamp)
+               0x04 key lengths present      (else every key is None)
+               0x08 headers present          (else every record has no headers)
+    [int32 offset_delta   x n]   if 0x01
+    [int64 timestamp_delta x n]  if 0x02 (relative to first_timestamp)
+    [int32 key_length     x n]   if 0x04 (-1 = null key)
+    int32 value_length    x n    (-1 = null value, a tombstone)
+    [int32 header_count   x n]   if 0x08
+    key bytes, concatenated
+    value bytes, concatenated
+    headers, per record, per header: u16 name length, utf-8 name, int32 value length
+    (-1 = null), value bytes                                    if 0x08
+"""
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+import threading
+import time
+import zlib
+from array import array
+from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import attrgetter
+from typing import Iterable, Iterator, Sequence
+
+from crc32c import crc32c as _crc32c
+
+from .errors import CorruptRecordError, RecordTooLargeError
+
+MAGIC = 2
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # base_offset + batch_length: bytes that batch_length does not count
+_CRC_OFFSET = 17
+_ATTRIBUTES_OFFSET = 21  # CRC covers [21, end)
+_MAX_TIMESTAMP_OFFSET = 35
+_MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_LENGTH = struct.Struct(">qi")  # base_offset, batch_length
+_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
+_Q = struct.Struct(">q")
+_I = struct.Struct(">i")
+_UI = struct.Struct(">I")
+_H = struct.Struct(">h")
+_U16 = struct.Struct("<H")
+_I32LE = struct.Struct("<i")
+assert _HEADER.size == HEADER_SIZE
+
+CODEC_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_MASK = 0x10
+CONTROL_MASK = 0x20
+
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+_F_OFFSETS = 0x01
+_F_TIMESTAMPS = 0x02
+_F_KEYS = 0x04
+_F_HEADERS = 0x08
+
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+
+__all__ = [
+    "MAGIC",
+    "HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "Compression",
+    "Record",
+    "BatchHeader",
+    "CorruptRecordError",
+    "RecordTooLargeError",
+    "build_batch",
+    "validate_batch",
+    "iter_batches",
+    "stamp_batch",
+    "set_log_append_time",
+    "decode_records",
+    "decode_batches",
+    "batch_base_offset",
+    "CREATE_TIME",
+    "LOG_APPEND_TIME",
+]
+
+
+class Compression(enum.IntEnum):
+    """Per-batch compression codec (attributes bits 0-2), Kafka's numbering."""
+
+    NONE = 0
+    GZIP = 1
+    LZ4 = 3
+    ZSTD = 4
+
+    @classmethod
+    def from_name(cls, name: "str | Compression | None") -> "Compression":
+        """`"zstd"` -> ZSTD; accepts None/"none"/"uncompressed" and Kafka's names."""
+        if isinstance(name, Compression):
+            return name
+        if name is None:
+            return cls.NONE
+        key = str(name).strip().lower()
+        if key in ("", "none", "uncompressed"):
+            return cls.NONE
+        try:
+            return cls[key.upper()]
+        except KeyError:
+            raise ValueError(
+                f"unknown compression {name!r}: use one of none, gzip, lz4, zstd"
+            ) from None
+
+
+@dataclass(slots=True)
+class Record:
+    """One record. `timestamp` in ms (None = stamped at build time); `offset` is filled
+    in by decoding (-1 before the record has an offset); `value=None` is a tombstone."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp: int | None = None
+    offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The parsed fixed header of one batch (see the module docstring for the layout)."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @classmethod
+    def parse(cls, buf, pos: int = 0) -> "BatchHeader":
+        """Parse the header at `pos` (no validation; see `validate_batch`)."""
+        if len(buf) - pos < HEADER_SIZE:
+            raise CorruptRecordError(
+                f"batch header at position {pos} is truncated: {len(buf) - pos} bytes, need {HEADER_SIZE}"
+            )
+        return cls(*_HEADER.unpack_from(buf, pos))
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch including the 12-byte offset+length prefix."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & CODEC_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def timestamp_type(self) -> int:
+        """0 = CreateTime, 1 = LogAppendTime."""
+        return (self.attributes >> 3) & 1
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence < 0:
+            return -1
+        return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------- compression
+
+_tls = threading.local()
+
+
+def _zstd():
+    pair = getattr(_tls, "zstd", None)
+    if pair is None:
+        import zstandard
+
+        pair = (zstandard.ZstdCompressor(level=3), zstandard.ZstdDecompressor())
+        _tls.zstd = pair
+    return pair
+
+
+def _compress(codec: int, data: bytes) -> bytes:
+    if codec == Compression.NONE:
+        return data
+    if codec == Compression.ZSTD:
+        return _zstd()[0].compress(data)
+    if codec == Compression.LZ4:
+        import lz4.frame
+
+        return lz4.frame.compress(data)
+    if codec == Compression.GZIP:
+        return zlib.compress(data, 6, 31)
+    raise ValueError(f"unsupported compression codec {codec}: use 0 none, 1 gzip, 3 lz4, 4 zstd")
+
+
+def _decompress(codec: int, data) -> bytes:
+    try:
+        if codec == Compression.NONE:
+            return bytes(data)
+        if codec == Compression.ZSTD:
+            return _zstd()[1].decompress(data)
+        if codec == Compression.LZ4:
+            import lz4.frame
+
+            return lz4.frame.decompress(data)
+        if codec == Compression.GZIP:
+            return zlib.decompress(data, 47)
+    except CorruptRecordError:
+        raise
+    except Exception as exc:  # codec libraries raise their own error types
+        raise CorruptRecordError(f"cannot decompress records with codec {codec}: {exc}") from exc
+    raise CorruptRecordError(f"unsupported compression codec {codec} in batch attributes")
+
+
+# ---------------------------------------------------------------- encoding
+
+_get_key = attrgetter("key")
+_get_value = attrgetter("value")
+_get_ts = attrgetter("timestamp")
+_get_headers = attrgetter("headers")
+
+
+def _int_array(code: str, values) -> bytes:
+    arr = array(code, values)
+    if _BIG_ENDIAN_HOST:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _lengths_and_data(items: list) -> tuple[bytes, bytes]:
+    if None in items:
+        lens = [-1 if item is None else len(item) for item in items]
+        data = b"".join([item for item in items if item is not None])
+    else:
+        lens = list(map(len, items))
+        data = b"".join(items)
+    return _int_array("i", lens), data
+
+
+def _encode_headers(all_headers: list) -> tuple[bytes, bytes]:
+    counts = list(map(len, all_headers))
+    out = bytearray()
+    pack_u16 = _U16.pack
+    pack_i32 = _I32LE.pack
+    for headers in all_headers:
+        for name, value in headers:
+            raw = name.encode("utf-8") if isinstance(name, str) else bytes(name)
+            out += pack_u16(len(raw))
+            out += raw
+            if value is None:
+                out += pack_i32(-1)
+            else:
+                out += pack_i32(len(value))
+                out += value
+    return _int_array("i", counts), bytes(out)
+
+
+def encode_records_section(
+    records: Sequence[Record], timestamps: list[int], first_timestamp: int, offset_deltas: Sequence[int] | None
+) -> bytes:
+    """Encode the (uncompressed) records section. Internal; exposed for benchmarks."""
+    flags = 0
+    parts: list[bytes] = [b""]
+    if offset_deltas is not None:
+        flags |= _F_OFFSETS
+        parts.append(_int_array("i", offset_deltas))
+    if timestamps.count(first_timestamp) != len(timestamps):
+        flags |= _F_TIMESTAMPS
+        parts.append(_int_array("q", [t - first_timestamp for t in timestamps]))
+    keys = list(map(_get_key, records))
+    if keys.count(None) != len(keys):
+        flags |= _F_KEYS
+        key_lens, key_data = _lengths_and_data(keys)
+        parts.append(key_lens)
+    else:
+        key_data = b""
+    value_lens, value_data = _lengths_and_data(list(map(_get_value, records)))
+    parts.append(value_lens)
+    all_headers = list(map(_get_headers, records))
+    header_data = b""
+    if any(all_headers):
+        flags |= _F_HEADERS
+        counts, header_data = _encode_headers(all_headers)
+        parts.append(counts)
+    parts[0] = bytes((flags,))
+    parts.append(key_data)
+    parts.append(value_data)
+    if header_data:
+        parts.append(header_data)
+    return b"".join(parts)
+
+
+def build_batch(
+    records: Sequence[Record] | Iterable[Record],
+    *,
+    compression: Compression | int | str = Compression.NONE,
+    base_offset: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    timestamp_type: int = CREATE_TIME,
+    is_control: bool = False,
+    partition_leader_epoch: int = -1,
+    now_ms: int | None = None,
+    offset_deltas: Sequence[int] | None = None,
+    is_transactional: bool = False,
+) -> bytes:
+    """Encode `records` as one batch. Records without a timestamp get `now_ms` (default:
+    the current time). `offset_deltas` (strictly increasing, starting anywhere >= 0) is
+    for rewriting compacted batches; by default records get deltas 0..n-1."""
+    if not isinstance(records, (list, tuple)):
+        records = list(records)
+    n = len(records)
+    if n == 0:
+        raise ValueError("a batch needs at least one record")
+    codec = Compression.from_name(compression) if isinstance(compression, str) else Compression(compression)
+    timestamps = list(map(_get_ts, records))
+    if None in timestamps:
+        now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+        timestamps = [now if t is None else t for t in timestamps]
+    first_ts = timestamps[0]
+    max_ts = max(timestamps)
+    if offset_deltas is not None:
+        offset_deltas = list(offset_deltas)
+        if len(offset_deltas) != n:
+            raise ValueError(f"offset_deltas has {len(offset_deltas)} entries for {n} records")
+        if offset_deltas == list(range(n)):
+            offset_deltas = None
+        else:
+            if offset_deltas[0] < 0 or any(b <= a for a, b in zip(offset_deltas, offset_deltas[1:])):
+                raise ValueError("offset_deltas must be >= 0 and strictly increasing")
+    last_delta = n - 1 if offset_deltas is None else offset_deltas[-1]
+    section = encode_records_section(records, timestamps, first_ts, offset_deltas)
+    payload = _compress(codec, section)
+    attributes = int(codec) | (TIMESTAMP_TYPE_MASK if timestamp_type == LOG_APPEND_TIME else 0)
+    if is_control:
+        attributes |= CONTROL_MASK
+    if is_transactional:
+        attributes |= TRANSACTIONAL_MASK
+    batch_length = HEADER_SIZE - LOG_OVERHEAD + len(payload)
+    buf = bytearray(HEADER_SIZE + len(payload))
+    _HEADER.pack_into(
+        buf,
+        0,
+        base_offset,
+        batch_length,
+        partition_leader_epoch,
+        MAGIC,
+        0,
+        attributes,
+        last_delta,
+        first_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        n,
+    )
+    buf[HEADER_SIZE:] = payload
+    _UI.pack_into(buf, _CRC_OFFSET, _crc32c(memoryview(buf)[_ATTRIBUTES_OFFSET:]))
+    return bytes(buf)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate_batch(buf, pos: int = 0, *, max_batch_bytes: int | None = None) -> BatchHeader:
+    """Check the batch at `pos`: length bounds, magic, CRC-32C, codec, counts. Returns the
+    header; raises CorruptRecordError (or RecordTooLargeError if the batch is larger than
+    `max_batch_bytes`)."""
+    available = len(buf) - pos
+    if available < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"batch at position {pos} is truncated: {available} bytes left, a header needs {HEADER_SIZE}"
+        )
+    header = BatchHeader(*_HEADER.unpack_from(buf, pos))
+    size = LOG_OVERHEAD + header.batch_length
+    if header.batch_length < _MIN_BATCH_LENGTH:
+        raise CorruptRecordError(
+            f"batch at position {pos} has batch_length {header.batch_length}, less than the minimum {_MIN_BATCH_LENGTH}"
+        )
+    if max_batch_bytes is not None and size > max_batch_bytes:
+        raise RecordTooLargeError(
+            f"batch at position {pos} is {size} bytes, more than max.message.bytes={max_batch_bytes}: "
+            f"send smaller batches or raise max.message.bytes"
+        )
+    if size > available:
+        raise CorruptRecordError(
+            f"batch at position {pos} is truncated: batch_length says {size} bytes, only {available} present"
+        )
+    if header.magic != MAGIC:
+        raise CorruptRecordError(f"batch at position {pos} has magic {header.magic}, only magic {MAGIC} is supported")
+    mv = memoryview(buf)[pos + _ATTRIBUTES_OFFSET : pos + size]
+    crc = _crc32c(mv)
+    if crc != header.crc:
+        raise CorruptRecordError(
+            f"batch at position {pos} (base offset {header.base_offset}) fails its CRC-32C check: "
+            f"stored {header.crc:#010x}, computed {crc:#010x}"
+        )
+    codec = header.attributes & CODEC_MASK
+    if codec not in (0, 1, 3, 4):
+        raise CorruptRecordError(f"batch at position {pos} uses unknown compression codec {codec}")
+    if header.record_count < 0 or header.last_offset_delta < 0 or header.record_count > header.last_offset_delta + 1:
+        raise CorruptRecordError(
+            f"batch at position {pos} has record_count {header.record_count} "
+            f"inconsistent with last_offset_delta {header.last_offset_delta}"
+        )
+    return header
+
+
+def iter_batches(buf, *, validate: bool = True, strict: bool = True) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """Yield (header, batch bytes) for each batch of concatenated batches in `buf`.
+
+    strict=True raises CorruptRecordError on a corrupt or partial batch; strict=False
+    simply stops before it (recovery: the caller truncates at the last yielded end)."""
+    mv = memoryview(buf)
+    end = len(mv)
+    pos = 0
+    while pos < end:
+        try:
+            if validate:
+                header = validate_batch(mv, pos)
+            else:
+                header = BatchHeader.parse(mv, pos)
+                if header.batch_length < _MIN_BATCH_LENGTH or pos + LOG_OVERHEAD + header.batch_length > end:
+                    raise CorruptRecordError(
+                        f"batch at position {pos} is truncated or has a bad length {header.batch_length}"
+                    )
+        except CorruptRecordError:
+            if strict:
+                raise
+            return
+        size = LOG_OVERHEAD + header.batch_length
+        yield header, mv[pos : pos + size]
+        pos += size
+
+
+def batch_base_offset(buf, pos: int = 0) -> int:
+    """The base offset of the batch at `pos`, without parsing the whole header."""
+    return _Q.unpack_from(buf, pos)[0]
+
+
+def stamp_batch(batch: bytearray, base_offset: int, partition_leader_epoch: int, pos: int = 0) -> None:
+    """Set base offset and leader epoch in place. Both precede the CRC: no re-encoding and
+    the CRC stays valid."""
+    _Q.pack_into(batch, pos, base_offset)
+    _I.pack_into(batch, pos + 12, partition_leader_epoch)
+
+
+def set_log_append_time(batch: bytearray, timestamp_ms: int, pos: int = 0) -> None:
+    """Mark the batch LogAppendTime with max_timestamp = `timestamp_ms`, in place.
+
+    attributes and max_timestamp are covered by the CRC, so this recomputes the CRC
+    (one CRC-32C pass over the batch; the records are not re-encoded). Decoding then
+    reports `timestamp_ms` as every record's timestamp."""
+    (batch_length,) = _I.unpack_from(batch, pos + 8)
+    (attributes,) = _H.unpack_from(batch, pos + _ATTRIBUTES_OFFSET)
+    _H.pack_into(batch, pos + _ATTRIBUTES_OFFSET, attributes | TIMESTAMP_TYPE_MASK)
+    _Q.pack_into(batch, pos + _MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    end = pos + LOG_OVERHEAD + batch_length
+    _UI.pack_into(batch, pos + _CRC_OFFSET, _crc32c(memoryview(batch)[pos + _ATTRIBUTES_OFFSET : end]))
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _read_int_array(code: str, data: bytes, pos: int, n: int) -> tuple[list[int], int]:
+    width = 4 if code == "i" else 8
+    end = pos + width * n
+    if end > len(data):
+        raise CorruptRecordError("records section is truncated")
+    arr = array(code)
+    arr.frombytes(data[pos:end])
+    if _BIG_ENDIAN_HOST:
+        arr.byteswap()
+    return arr.tolist(), end
+
+
+def _slices(data: bytes, lens: list[int], pos: int) -> tuple[list, int]:
+    """Split `data` from `pos` into pieces of the given lengths (-1 = None)."""
+    if -1 in lens:
+        out: list = []
+        for length in lens:
+            if length < 0:
+                if length != -1:
+                    raise CorruptRecordError(f"negative length {length} in records section")
+                out.append(None)
+            else:
+                out.append(data[pos : pos + length])
+                pos += length
+        if pos > len(data):
+            raise CorruptRecordError("records section is truncated")
+        return out, pos
+    ends = list(accumulate(lens, initial=pos))
+    end = ends[-1]
+    if end > len(data) or (lens and min(lens) < 0):
+        raise CorruptRecordError("records section is truncated or has a negative length")
+    return list(map(data.__getitem__, map(slice, ends, ends[1:]))), end
+
+
+def _decode_headers(data: bytes, pos: int, counts: list[int]) -> tuple[list, int]:
+    out = []
+    unpack_u16 = _U16.unpack_from
+    unpack_i32 = _I32LE.unpack_from
+    try:
+        for count in counts:
+            if count == 0:
+                out.append(())
+                continue
+            headers = []
+            for _ in range(count):
+                (name_len,) = unpack_u16(data, pos)
+                pos += 2
+                name = data[pos : pos + name_len].decode("utf-8")
+                pos += name_len
+                (value_len,) = unpack_i32(data, pos)
+                pos += 4
+                if value_len < 0:
+                    value = None
+                else:
+                    value = data[pos : pos + value_len]
+                    pos += value_len
+                headers.append((name, value))
+            out.append(tuple(headers))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(f"bad record headers: {exc}") from exc
+    if pos > len(data):
+        raise CorruptRecordError("records section headers are truncated")
+    return out, pos
+
+
+def _decode(header: BatchHeader, data: bytes) -> list[Record]:
+    n = header.record_count
+    if n == 0:
+        return []
+    if not data:
+        raise CorruptRecordError("records section is empty")
+    flags = data[0]
+    pos = 1
+    if flags & _F_OFFSETS:
+        deltas, pos = _read_int_array("i", data, pos, n)
+        offsets = list(map(header.base_offset.__add__, deltas))
+    else:
+        offsets = range(header.base_offset, header.base_offset + n)
+    if header.attributes & TIMESTAMP_TYPE_MASK:
+        if flags & _F_TIMESTAMPS:
+            pos += 8 * n
+        timestamps = repeat(header.max_timestamp, n)
+    elif flags & _F_TIMESTAMPS:
+        ts_deltas, pos = _read_int_array("q", data, pos, n)
+        timestamps = map(header.first_timestamp.__add__, ts_deltas)
+    else:
+        timestamps = repeat(header.first_timestamp, n)
+    if flags & _F_KEYS:
+        key_lens, pos = _read_int_array("i", data, pos, n)
+    else:
+        key_lens = None
+    value_lens, pos = _read_int_array("i", data, pos, n)
+    if flags & _F_HEADERS:
+        header_counts, pos = _read_int_array("i", data, pos, n)
+    else:
+        header_counts = None
+    if key_lens is not None:
+        keys, pos = _slices(data, key_lens, pos)
+    else:
+        keys = repeat(None, n)
+    values, pos = _slices(data, value_lens, pos)
+    if header_counts is not None:
+        headers, pos = _decode_headers(data, pos, header_counts)
+    else:
+        headers = repeat((), n)
+    if pos != len(data):
+        raise CorruptRecordError(f"records section has {len(data) - pos} unexpected trailing bytes")
+    return list(map(Record, keys, values, headers, timestamps, offsets))
+
+
+def decode_records(batch_bytes, *, validate: bool = True) -> list[Record]:
+    """Decode one batch (starting at byte 0 of `batch_bytes`) into Records with absolute
+    offsets and timestamps. With validate=True the CRC and bounds are checked first."""
+    if validate:
+        header = validate_batch(batch_bytes, 0)
+    else:
+        header = BatchHeader.parse(batch_bytes, 0)
+    mv = memoryview(batch_bytes)[HEADER_SIZE : LOG_OVERHEAD + header.batch_length]
+    data = _decompress(header.attributes & CODEC_MASK, mv)
+    try:
+        return _decode(header, data)
+    except (ValueError, IndexError, struct.error) as exc:
+        if isinstance(exc, CorruptRecordError):
+            raise
+        raise CorruptRecordError(f"batch at base offset {header.base_offset} has a bad records section: {exc}") from exc
+
+
+def decode_batches(buf, *, validate: bool = True, skip_control: bool = False) -> list[Record]:
+    """Decode concatenated batches (as returned by a fetch) into one list of Records."""
+    out: list[Record] = []
+    for header, batch in iter_batches(buf, validate=validate):
+        if skip_control and header.attributes & CONTROL_MASK:
+            continue
+        out.extend(decode_records(batch, validate=False))
+    return out
