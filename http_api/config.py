@@ -1,0 +1,45 @@
+"""Broker configuration: every limit is named, carries its unit last and has a default."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class BrokerConfig:
+    """Settings of one broker process (see deploy/config.py for how they are loaded)."""
+
+    broker_id: int = 1
+    cluster_id: str = "kraftlog-local"
+    http_host: str = "127.0.0.1"
+    http_port: int = 8082
+    advertised_url: str | None = None          # default http://{http_host}:{http_port}
+    rack: str | None = None
+    log_dirs: list[str] = field(default_factory=lambda: ["./data/broker-1/logs"])
+    state_dir: str = "./data/broker-1"         # group offsets, broker meta
+    controller_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:9093"])
+
+    # request limits
+    max_request_bytes: int = 8 * MiB           # whole HTTP body; 413 RECORD_LIST_TOO_LARGE
+    max_records_per_request: int = 100_000     # 413 RECORD_LIST_TOO_LARGE
+    max_message_bytes: int = 1 * MiB + 12      # one record batch (Kafka message.max.bytes); 413 MESSAGE_TOO_LARGE
+    fetch_max_bytes: int = 8 * MiB             # cap on a fetch's max_bytes
+    fetch_default_max_bytes: int = 1 * MiB     # max_bytes when the request has none
+    fetch_max_wait_ms: int = 30_000            # cap on a fetch's max_wait_ms
+    max_concurrent_long_polls: int = 1024      # waiting fetches at once; 429 THROTTLING_QUOTA_EXCEEDED
+    request_timeout_ms: int = 30_000           # acks=all wait bound; forwarded requests
+    # topics
+    auto_create_topics_enable: bool = True
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    min_insync_replicas: int = 1
+    replica_lag_time_max_ms: int = 30_000
+    # background jobs
+    log_retention_check_interval_ms: int = 300_000
+    offset_checkpoint_interval_ms: int = 60_000
+    metadata_wait_ms: int = 10_000             # how long admin calls wait for the broker to see their result
+
+    @property
+    def url(self) -> str:
+        return self.advertised_url or f"http://{self.http_host}:{self.http_port}"
