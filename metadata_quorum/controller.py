@@ -1,0 +1,454 @@
+"""QuorumController: the active controller's decisions, as a pure function image -> records.
+
+Every command reads the committed MetadataImage and returns the records to propose as one
+atomic batch, or raises KraftlogError with a Kafka error code and a message that says what
+to do. No IO, no clock reads, no global randomness: time (`now_ms`) and the rng are passed
+in, so tests drive it without sockets.
+
+Soft state (not replicated): broker session leases (last heartbeat per broker). A new
+active controller grants every unfenced broker a fresh lease (`reset_sessions`).
+
+Partition rules (KRaft):
+- leader election picks the first replica, in replica order, that is in the ISR and usable
+  (registered, unfenced, not in controlled shutdown);
+- fencing a broker removes it from every ISR and re-elects leaders in the same batch; when
+  it is the last ISR member it stays in the ISR with leader -1 (so it can lead again when it
+  comes back), unless the topic has unclean.leader.election.enable=true, in which case any
+  usable replica becomes leader with ISR = [it];
+- the leader epoch is bumped exactly when the leader changes; the partition epoch on every
+  change.
+"""
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from http_api.errors import ErrorCode, KraftlogError
+from metadata_quorum.image import MetadataImage, PartitionRegistration
+from metadata_quorum.placement import assign_replicas
+from metadata_quorum.records import (
+    NO_LEADER,
+    BrokerRegistrationChangeRecord,
+    ConfigRecord,
+    FenceBrokerRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    UnfenceBrokerRecord,
+)
+
+TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
+TOPIC_NAME_LENGTH_MAX = 249
+
+
+def _validate_topic_configs(configs: dict) -> None:
+    from partitions.log.config import validate_topic_configs
+
+    validate_topic_configs(configs)
+
+
+@dataclass
+class ControllerSettings:
+    """Named limits of the controller logic (unit last)."""
+
+    broker_session_timeout_ms: int = 9000
+    broker_heartbeat_interval_ms: int = 2000
+    producer_id_block_size: int = 1000
+    partitions_per_request_max: int = 100_000
+    replication_factor_max: int = 32
+    auto_leader_rebalance_enable: bool = True
+
+
+def validate_topic_name(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name must be a non-empty string")
+    if name in (".", ".."):
+        raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name {name!r} is not allowed; pick another name")
+    if len(name) > TOPIC_NAME_LENGTH_MAX:
+        raise KraftlogError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"topic name is {len(name)} characters long; use at most {TOPIC_NAME_LENGTH_MAX}",
+        )
+    if not TOPIC_NAME_RE.match(name):
+        raise KraftlogError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"topic name {name!r} has characters outside [a-zA-Z0-9._-]; use only those",
+        )
+    return name
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _require_int(v: Any, what: str, minimum: int = 0) -> int:
+    if not _is_int(v) or v < minimum:
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{what} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _config_map(configs: Any, allow_null: bool) -> dict:
+    if configs is None:
+        return {}
+    if not isinstance(configs, dict):
+        raise KraftlogError(ErrorCode.INVALID_CONFIG, "configs must be an object of string keys to string values")
+    out = {}
+    for k, v in configs.items():
+        if not isinstance(k, str):
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, f"config key {k!r} must be a string")
+        if v is None and allow_null:
+            out[k] = None
+            continue
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, (int, float)):
+            v = str(v)
+        if not isinstance(v, str):
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, f"config {k}: value must be a string, got {v!r}")
+        out[k] = v
+    return out
+
+
+class QuorumController:
+    """Decides metadata changes. Methods return lists of records (empty = nothing to do)."""
+
+    def __init__(self, settings: Optional[ControllerSettings] = None, rng: Optional[random.Random] = None,
+                 new_topic_id: Optional[Callable[[], str]] = None):
+        self.settings = settings or ControllerSettings()
+        self.rng = rng or random.Random()
+        self.new_topic_id = new_topic_id or (lambda: uuid.UUID(int=self.rng.getrandbits(128), version=4).hex)
+        self.sessions: dict[int, int] = {}  # broker id -> last heartbeat (ms)
+
+    # ================================================================ helpers
+    @staticmethod
+    def _usable(image: MetadataImage, broker_id: int, excluded: Iterable[int] = ()) -> bool:
+        return broker_id not in excluded and image.is_usable(broker_id)
+
+    @staticmethod
+    def _change(topic_name: str, topic_id: str, p: PartitionRegistration, *, isr=None, leader=None,
+                replicas=None) -> Optional[PartitionChangeRecord]:
+        new_isr = tuple(p.isr if isr is None else isr)
+        new_leader = p.leader if leader is None else leader
+        new_replicas = tuple(p.replicas if replicas is None else replicas)
+        if new_isr == p.isr and new_leader == p.leader and new_replicas == p.replicas:
+            return None
+        return PartitionChangeRecord(
+            topic=topic_name,
+            topic_id=topic_id,
+            partition=p.partition,
+            replicas=new_replicas,
+            isr=new_isr,
+            leader=new_leader,
+            leader_epoch=p.leader_epoch + 1 if new_leader != p.leader else p.leader_epoch,
+            partition_epoch=p.partition_epoch + 1,
+        )
+
+    def _elect(self, image: MetadataImage, replicas, isr, excluded=(), included=()) -> int:
+        for r in replicas:
+            if r in isr and (r in included or self._usable(image, r, excluded)) and r not in excluded:
+                return r
+        return NO_LEADER
+
+    def _broker(self, image: MetadataImage, broker_id: Any, broker_epoch: Any):
+        _require_int(broker_id, "broker_id")
+        _require_int(broker_epoch, "broker_epoch", minimum=-1)
+        b = image.brokers.get(broker_id)
+        if b is None:
+            raise KraftlogError(
+                ErrorCode.STALE_BROKER_EPOCH,
+                f"broker {broker_id} is not registered; register it first (POST /controller/v1/brokers/register)",
+            )
+        if b.epoch != broker_epoch:
+            raise KraftlogError(
+                ErrorCode.STALE_BROKER_EPOCH,
+                f"broker {broker_id} epoch {broker_epoch} is stale (current {b.epoch}); register again",
+                broker_epoch=b.epoch,
+            )
+        return b
+
+    def _remove_broker_changes(self, image: MetadataImage, broker_id: int, move_leadership_only: bool = False) -> list:
+        """Partition changes taking `broker_id` out of ISRs and leaderships (fencing), or
+        only out of leaderships + ISR where others remain (controlled shutdown)."""
+        out = []
+        excluded = (broker_id,)
+        for t in image.topics.values():
+            unclean = t.configs.get("unclean.leader.election.enable", "false").lower() == "true"
+            for p in t.partitions.values():
+                if broker_id not in p.isr and p.leader != broker_id:
+                    continue
+                new_isr = tuple(r for r in p.isr if r != broker_id)
+                if new_isr:
+                    if p.leader in new_isr and self._usable(image, p.leader, excluded):
+                        leader = p.leader
+                    else:
+                        leader = self._elect(image, p.replicas, new_isr, excluded)
+                else:
+                    new_isr = p.isr  # the last ISR member stays (it may lead again when back)
+                    leader = NO_LEADER
+                    if unclean:
+                        cand = next((r for r in p.replicas if self._usable(image, r, excluded)), None)
+                        if cand is not None:
+                            leader, new_isr = cand, (cand,)
+                rec = self._change(t.name, t.topic_id, p, isr=new_isr, leader=leader)
+                if rec is not None:
+                    out.append(rec)
+        return out
+
+    def _elect_leaderless(self, image: MetadataImage, extra_usable: Iterable[int] = ()) -> list:
+        """Give a leader to every leaderless partition with a usable ISR member."""
+        included = tuple(extra_usable)
+        out = []
+        for t in image.topics.values():
+            for p in t.partitions.values():
+                if p.leader != NO_LEADER:
+                    continue
+                leader = self._elect(image, p.replicas, p.isr, included=included)
+                if leader != NO_LEADER:
+                    rec = self._change(t.name, t.topic_id, p, leader=leader)
+                    if rec is not None:
+                        out.append(rec)
+        return out
+
+    # ================================================================ topics
+    def create_topic(self, image: MetadataImage, name: Any, partitions: Any, replication_factor: Any,
+                     configs: Any = None) -> list:
+        validate_topic_name(name)
+        if name in image.topics:
+            raise KraftlogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists; delete it first or pick another name")
+        if not _is_int(partitions) or partitions < 1:
+            raise KraftlogError(ErrorCode.INVALID_PARTITIONS, f"partitions must be an integer >= 1, got {partitions!r}")
+        if partitions > self.settings.partitions_per_request_max:
+            raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
+                                f"at most {self.settings.partitions_per_request_max} partitions per request")
+        live = {b: image.brokers[b].rack for b in image.live_broker_ids()}
+        if not _is_int(replication_factor) or replication_factor < 1:
+            raise KraftlogError(ErrorCode.INVALID_REPLICATION_FACTOR,
+                                f"replication_factor must be an integer >= 1, got {replication_factor!r}")
+        if replication_factor > len(live):
+            raise KraftlogError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor {replication_factor} is larger than the {len(live)} available "
+                f"(unfenced) brokers; lower it or start more brokers",
+            )
+        cfg = _config_map(configs, allow_null=False)
+        try:
+            _validate_topic_configs(cfg)
+        except ValueError as exc:
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+        topic_id = self.new_topic_id()
+        records: list = [TopicRecord(name=name, topic_id=topic_id)]
+        for k in sorted(cfg):
+            records.append(ConfigRecord("topic", name, k, cfg[k]))
+        for p, replicas in enumerate(assign_replicas(live, partitions, replication_factor, self.rng)):
+            records.append(PartitionRecord(name, topic_id, p, tuple(replicas), tuple(replicas), replicas[0], 0, 0))
+        return records
+
+    def delete_topic(self, image: MetadataImage, name: Any) -> list:
+        t = image.topics.get(name) if isinstance(name, str) else None
+        if t is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist; list topics with GET /v1/topics")
+        return [RemoveTopicRecord(name=t.name, topic_id=t.topic_id)]
+
+    def create_partitions(self, image: MetadataImage, name: Any, count: Any) -> list:
+        t = image.topics.get(name) if isinstance(name, str) else None
+        if t is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        current = len(t.partitions)
+        if not _is_int(count) or count <= current:
+            raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
+                                f"count is the new total number of partitions and must be > {current}, got {count!r}")
+        if count - current > self.settings.partitions_per_request_max:
+            raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
+                                f"at most {self.settings.partitions_per_request_max} new partitions per request")
+        rf = len(t.partitions[0].replicas) if 0 in t.partitions else 1
+        live = {b: image.brokers[b].rack for b in image.live_broker_ids()}
+        if rf > len(live):
+            raise KraftlogError(ErrorCode.INVALID_REPLICATION_FACTOR,
+                                f"topic has replication factor {rf} but only {len(live)} brokers are available")
+        assignment = assign_replicas(live, count - current, rf, self.rng, start_partition_id=current)
+        return [
+            PartitionRecord(t.name, t.topic_id, current + i, tuple(r), tuple(r), r[0], 0, 0)
+            for i, r in enumerate(assignment)
+        ]
+
+    def alter_configs(self, image: MetadataImage, name: Any, configs: Any) -> list:
+        t = image.topics.get(name) if isinstance(name, str) else None
+        if t is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        changes = _config_map(configs, allow_null=True)
+        merged = dict(t.configs)
+        for k, v in changes.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        try:
+            _validate_topic_configs(merged)
+        except ValueError as exc:
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+        return [ConfigRecord("topic", t.name, k, changes[k]) for k in sorted(changes) if t.configs.get(k) != changes[k]]
+
+    # ================================================================ brokers
+    def register_broker(self, image: MetadataImage, broker_id: Any, incarnation_id: Any, url: Any,
+                        rack: Any = None, now_ms: int = 0) -> list:
+        """Same incarnation = idempotent retry ([]); new incarnation = restart: the new
+        registration starts fenced and the old incarnation's ISR memberships and
+        leaderships are removed in the same batch."""
+        _require_int(broker_id, "broker_id")
+        if not isinstance(incarnation_id, str) or not incarnation_id:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "incarnation_id must be a non-empty string (a fresh uuid per process start)")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, f"url must be the broker's http(s) URL, got {url!r}")
+        if rack is not None and not isinstance(rack, str):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "rack must be a string or null")
+        self.sessions[broker_id] = now_ms
+        b = image.brokers.get(broker_id)
+        if b is not None and b.incarnation_id == incarnation_id:
+            return []
+        records: list = []
+        if b is not None and not b.fenced:
+            records.extend(self._remove_broker_changes(image, broker_id))
+        records.append(RegisterBrokerRecord(broker_id, incarnation_id, -1, url, rack, True, now_ms))
+        return records
+
+    def heartbeat(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, metadata_offset: Any,
+                  now_ms: int, want_shutdown: bool = False) -> list:
+        """Renews the session lease; unfences a fenced broker that caught up with metadata
+        (offset past its registration); drives controlled shutdown when asked."""
+        b = self._broker(image, broker_id, broker_epoch)
+        if not _is_int(metadata_offset):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "metadata_offset must be an integer (the records applied)")
+        self.sessions[broker_id] = now_ms
+        if want_shutdown or b.in_controlled_shutdown:
+            return self.controlled_shutdown(image, broker_id, broker_epoch)
+        if b.fenced and metadata_offset > b.epoch:
+            records: list = [UnfenceBrokerRecord(broker_id, b.epoch)]
+            records.extend(self._elect_leaderless(image, extra_usable=(broker_id,)))
+            return records
+        return []
+
+    def controlled_shutdown(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> list:
+        """First call: mark in controlled shutdown, move its leaderships away and drop it
+        from ISRs that have other members. Once it leads nothing: fence it."""
+        b = self._broker(image, broker_id, broker_epoch)
+        if not b.in_controlled_shutdown:
+            records: list = [BrokerRegistrationChangeRecord(broker_id, b.epoch, in_controlled_shutdown=True)]
+            records.extend(self._remove_broker_changes(image, broker_id))
+            return records
+        if not b.fenced and not self.leaderships(image, broker_id):
+            return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
+        return []
+
+    @staticmethod
+    def leaderships(image: MetadataImage, broker_id: int) -> list:
+        return [(t.name, p.partition) for t in image.topics.values() for p in t.partitions.values()
+                if p.leader == broker_id]
+
+    @staticmethod
+    def should_shutdown(image: MetadataImage, broker_id: int) -> bool:
+        b = image.brokers.get(broker_id)
+        return b is not None and b.in_controlled_shutdown and not QuorumController.leaderships(image, broker_id)
+
+    def fence_broker(self, image: MetadataImage, broker_id: int) -> list:
+        b = image.brokers.get(broker_id)
+        if b is None or b.fenced:
+            return []
+        return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
+
+    # ---------------------------------------------------------------- leases
+    def reset_sessions(self, image: MetadataImage, now_ms: int) -> None:
+        """A new active controller grants every registered broker a fresh lease."""
+        self.sessions = {b: now_ms for b in image.brokers}
+
+    def expired_brokers(self, image: MetadataImage, now_ms: int) -> list[int]:
+        timeout = self.settings.broker_session_timeout_ms
+        out = []
+        for b in image.brokers.values():
+            if b.fenced:
+                continue
+            last = self.sessions.setdefault(b.id, now_ms)
+            if now_ms - last > timeout:
+                out.append(b.id)
+        return sorted(out)
+
+    def maintenance(self, image: MetadataImage, now_ms: int, rebalance: bool = False) -> list:
+        """Periodic work of the active controller, one batch: fence the first expired
+        broker (one per batch keeps batches small), else elect leaders for leaderless
+        partitions, else (when `rebalance`) preferred leader election."""
+        expired = self.expired_brokers(image, now_ms)
+        if expired:
+            return self.fence_broker(image, expired[0])
+        records = self._elect_leaderless(image)
+        if records:
+            return records
+        if rebalance and self.settings.auto_leader_rebalance_enable:
+            return self.elect_preferred_leaders(image)
+        return []
+
+    # ================================================================ partitions
+    def alter_partition(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, topic: Any, partition: Any,
+                        leader_epoch: Any, partition_epoch: Any, new_isr: Any) -> list:
+        """An ISR change proposed by the partition leader (Kafka AlterPartition)."""
+        self._broker(image, broker_id, broker_epoch)
+        t = image.topics.get(topic) if isinstance(topic, str) else None
+        p = t.partitions.get(partition) if t is not None and _is_int(partition) else None
+        if p is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"partition {topic}-{partition} does not exist")
+        _require_int(leader_epoch, "leader_epoch")
+        _require_int(partition_epoch, "partition_epoch")
+        if leader_epoch < p.leader_epoch:
+            raise KraftlogError(ErrorCode.FENCED_LEADER_EPOCH,
+                                f"leader epoch {leader_epoch} is older than {p.leader_epoch}; refresh metadata",
+                                **p.to_json(), partition_epoch=p.partition_epoch)
+        if leader_epoch > p.leader_epoch:
+            raise KraftlogError(ErrorCode.UNKNOWN_LEADER_EPOCH,
+                                f"leader epoch {leader_epoch} is newer than the controller's {p.leader_epoch}; retry later")
+        if p.leader != broker_id:
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"broker {broker_id} is not the leader of {topic}-{partition} (leader {p.leader})",
+                                leader_id=p.leader)
+        if partition_epoch != p.partition_epoch:
+            raise KraftlogError(ErrorCode.INVALID_UPDATE_VERSION,
+                                f"partition epoch {partition_epoch} is not the current {p.partition_epoch}; refresh metadata and retry",
+                                **p.to_json(), partition_epoch=p.partition_epoch)
+        if not isinstance(new_isr, list) or not all(_is_int(r) for r in new_isr) or len(set(new_isr)) != len(new_isr):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "new_isr must be a list of distinct broker ids")
+        if broker_id not in new_isr:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "new_isr must contain the leader")
+        for r in new_isr:
+            if r not in p.replicas:
+                raise KraftlogError(ErrorCode.INELIGIBLE_REPLICA, f"broker {r} is not a replica of {topic}-{partition}")
+            if r not in p.isr and not image.is_usable(r):
+                raise KraftlogError(ErrorCode.INELIGIBLE_REPLICA,
+                                    f"broker {r} is fenced or shutting down and cannot join the ISR of {topic}-{partition}")
+        ordered = tuple(r for r in p.replicas if r in new_isr)
+        rec = self._change(t.name, t.topic_id, p, isr=ordered)
+        return [] if rec is None else [rec]
+
+    def elect_preferred_leaders(self, image: MetadataImage, partitions: Optional[list] = None) -> list:
+        """Move leadership to the preferred (first) replica where it is in the ISR and usable."""
+        out = []
+        wanted = None if partitions is None else {(tp[0], tp[1]) for tp in partitions}
+        for t in image.topics.values():
+            for p in t.partitions.values():
+                if wanted is not None and (t.name, p.partition) not in wanted:
+                    continue
+                pref = p.preferred_leader
+                if pref != p.leader and pref in p.isr and image.is_usable(pref):
+                    rec = self._change(t.name, t.topic_id, p, leader=pref)
+                    if rec is not None:
+                        out.append(rec)
+        return out
+
+    # ================================================================ producer ids
+    def allocate_producer_ids(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> tuple[list, int, int]:
+        self._broker(image, broker_id, broker_epoch)
+        first = image.next_producer_id
+        size = self.settings.producer_id_block_size
+        return [ProducerIdsRecord(broker_id, broker_epoch, first + size)], first, size

@@ -1,0 +1,195 @@
+"""Metadata records: the only things the controller writes to the metadata log.
+
+Each record is a frozen dataclass with a stable `TYPE` name. `to_dict()` gives plain data
+(str/int/bool/None/list/dict only) that pysyncobj pickles and the metadata feed sends as
+JSON; `record_from_dict()` is its inverse. Records are facts decided by the active
+controller: every id, timestamp and epoch is stamped in before proposing, so replay is a
+pure function of the record sequence.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True)
+class RegisterBrokerRecord:
+    """A broker process (broker_id, incarnation_id) joined. Its broker epoch is the metadata
+    offset of this record; the image stamps it on replay (proposers send -1)."""
+
+    TYPE: ClassVar[str] = "RegisterBroker"
+    broker_id: int
+    incarnation_id: str
+    broker_epoch: int
+    url: str
+    rack: Optional[str] = None
+    fenced: bool = True
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True)
+class BrokerRegistrationChangeRecord:
+    """Changes flags of the registration with this broker epoch (None = unchanged)."""
+
+    TYPE: ClassVar[str] = "BrokerRegistrationChange"
+    broker_id: int
+    broker_epoch: int
+    fenced: Optional[bool] = None
+    in_controlled_shutdown: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class FenceBrokerRecord:
+    TYPE: ClassVar[str] = "FenceBroker"
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True)
+class UnfenceBrokerRecord:
+    TYPE: ClassVar[str] = "UnfenceBroker"
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    TYPE: ClassVar[str] = "Topic"
+    name: str
+    topic_id: str
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    TYPE: ClassVar[str] = "Partition"
+    topic: str
+    topic_id: str
+    partition: int
+    replicas: tuple
+    isr: tuple
+    leader: int
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class PartitionChangeRecord:
+    """The full new state of one partition. `partition_epoch` is the previous one + 1 (the
+    state machine rejects the batch otherwise: optimistic concurrency); `leader_epoch` is
+    bumped exactly when the leader changes."""
+
+    TYPE: ClassVar[str] = "PartitionChange"
+    topic: str
+    topic_id: str
+    partition: int
+    replicas: tuple
+    isr: tuple
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+
+
+@dataclass(frozen=True)
+class RemoveTopicRecord:
+    TYPE: ClassVar[str] = "RemoveTopic"
+    name: str
+    topic_id: str
+
+
+@dataclass(frozen=True)
+class ConfigRecord:
+    """Sets (value is a str) or deletes (value None) one config key of a topic or broker."""
+
+    TYPE: ClassVar[str] = "Config"
+    resource_type: str  # "topic" | "broker"
+    resource_name: str
+    key: str
+    value: Optional[str]
+
+
+@dataclass(frozen=True)
+class ProducerIdsRecord:
+    """A block of producer ids [next_producer_id - block, next_producer_id) was handed to a
+    broker; `next_producer_id` is the first id of the next block."""
+
+    TYPE: ClassVar[str] = "ProducerIds"
+    broker_id: int
+    broker_epoch: int
+    next_producer_id: int
+
+
+@dataclass(frozen=True)
+class LeaderChangeRecord:
+    """The active controller changed: `leader_id` is its node id, `epoch` the raft term."""
+
+    TYPE: ClassVar[str] = "LeaderChange"
+    leader_id: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class NoOpRecord:
+    TYPE: ClassVar[str] = "NoOp"
+
+
+RECORD_TYPES: dict[str, type] = {
+    cls.TYPE: cls
+    for cls in (
+        RegisterBrokerRecord,
+        BrokerRegistrationChangeRecord,
+        FenceBrokerRecord,
+        UnfenceBrokerRecord,
+        TopicRecord,
+        PartitionRecord,
+        PartitionChangeRecord,
+        RemoveTopicRecord,
+        ConfigRecord,
+        ProducerIdsRecord,
+        LeaderChangeRecord,
+        NoOpRecord,
+    )
+}
+
+_TUPLE_FIELDS = {"replicas", "isr"}
+
+
+def record_to_dict(record: Any) -> dict:
+    """Plain-data form: {"type": TYPE, field: value, ...} with lists instead of tuples."""
+    out: dict = {"type": record.TYPE}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def record_from_dict(data: dict) -> Any:
+    """Inverse of `record_to_dict`; raises ValueError for an unknown type or missing field."""
+    try:
+        cls = RECORD_TYPES[data["type"]]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"unknown metadata record {data!r}") from exc
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            value = data[f.name]
+            if f.name in _TUPLE_FIELDS and value is not None:
+                value = tuple(value)
+            kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"malformed {cls.TYPE} record {data!r}: {exc}") from exc
+
+
+def _to_dict(self) -> dict:
+    return record_to_dict(self)
+
+
+for _cls in RECORD_TYPES.values():
+    _cls.to_dict = _to_dict  # type: ignore[attr-defined]
+    _cls.from_dict = staticmethod(record_from_dict)  # type: ignore[attr-defined]

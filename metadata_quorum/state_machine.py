@@ -1,0 +1,130 @@
+"""MetadataStateMachine: the replicated state of the metadata quorum.
+
+It is the raft `StateMachine`: `apply(entries)` runs on the raft thread, in commit order,
+on every controller. An entry is plain data:
+
+    {"request_id": str | None, "controller_epoch": int, "records": [record dicts]}
+
+and is applied atomically or not at all. It is rejected (on every node alike) when
+
+- its `controller_epoch` is not the current one (a deposed controller's late proposal),
+  except a batch starting with a LeaderChangeRecord of a higher epoch;
+- its request id was already applied (an idempotent retry: answered "duplicate");
+- `MetadataImage.check_batch` finds a conflict (decided on a stale view).
+
+Besides the image it keeps the most recent records with their offsets (the feed brokers
+long-poll) and the recent request ids. Everything crossing threads goes through `lock`:
+the event loop holds it while reading the image or deciding.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+from typing import Any, Optional
+
+from metadata_quorum.image import MetadataImage
+from metadata_quorum.records import LeaderChangeRecord, RegisterBrokerRecord, record_from_dict, record_to_dict
+
+log = logging.getLogger(__name__)
+
+
+class MetadataStateMachine:
+    """Image + feed tail + applied request ids. Invariant: tail holds records with offsets
+    [tail_start, image.offset) contiguously."""
+
+    def __init__(self, cluster_id: str = "", feed_retained_records: int = 100_000,
+                 request_ids_retained: int = 10_000):
+        self.cluster_id = cluster_id
+        self.feed_retained_records = feed_retained_records
+        self.request_ids_retained = request_ids_retained
+        self.lock = threading.RLock()
+        self.image = MetadataImage(cluster_id)
+        self.tail: list[tuple[int, dict]] = []
+        self.tail_start = 0
+        self.request_ids: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+        self.applied_batches = 0
+        self.rejected_batches = 0
+
+    # ------------------------------------------------------------ raft StateMachine
+    def apply(self, entries: list) -> Any:
+        results = []
+        with self.lock:
+            for entry in entries:
+                try:
+                    results.append(self._apply_entry(entry))
+                except Exception as exc:  # deterministic: same on every node
+                    log.exception("metadata entry rejected")
+                    self.rejected_batches += 1
+                    results.append({"ok": False, "reason": f"malformed entry: {exc!r}"})
+        return results
+
+    def _apply_entry(self, entry: dict) -> dict:
+        image = self.image
+        request_id = entry.get("request_id")
+        if request_id is not None and request_id in self.request_ids:
+            return {"ok": True, "duplicate": True, "base_offset": self.request_ids[request_id],
+                    "offset": image.offset}
+        records = [record_from_dict(d) for d in entry["records"]]
+        epoch = entry.get("controller_epoch", 0)
+        if records and isinstance(records[0], LeaderChangeRecord):
+            if records[0].epoch <= image.controller_epoch:
+                self.rejected_batches += 1
+                return {"ok": False, "stale_epoch": True,
+                        "reason": f"leader change to epoch {records[0].epoch} is not newer than {image.controller_epoch}"}
+        elif epoch != image.controller_epoch:
+            self.rejected_batches += 1
+            return {"ok": False, "stale_epoch": True,
+                    "reason": f"controller epoch {epoch} is not the current {image.controller_epoch}"}
+        conflict = image.check_batch(records)
+        if conflict is not None:
+            self.rejected_batches += 1
+            return {"ok": False, "conflict": True, "reason": conflict}
+        base = image.offset
+        for record in records:
+            offset = image.offset
+            if isinstance(record, RegisterBrokerRecord):
+                record = dataclasses.replace(record, broker_epoch=offset)
+            image.replay(record)
+            self.tail.append((offset, record_to_dict(record)))
+        if len(self.tail) > 2 * self.feed_retained_records:
+            drop = len(self.tail) - self.feed_retained_records
+            del self.tail[:drop]
+            self.tail_start = self.tail[0][0]
+        if request_id is not None:
+            self.request_ids[request_id] = base
+            while len(self.request_ids) > self.request_ids_retained:
+                self.request_ids.popitem(last=False)
+        self.applied_batches += 1
+        return {"ok": True, "base_offset": base, "offset": image.offset}
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {
+                "image": self.image.to_snapshot(),
+                "request_ids": list(self.request_ids.items()),
+            }
+
+    def restore(self, data: dict) -> None:
+        with self.lock:
+            self.image = MetadataImage.from_snapshot(data["image"])
+            if self.cluster_id:
+                self.image.cluster_id = self.cluster_id
+            self.request_ids = collections.OrderedDict((k, v) for k, v in data.get("request_ids", []))
+            self.tail = []
+            self.tail_start = self.image.offset
+
+    # ------------------------------------------------------------ readers (any thread)
+    def seen_request(self, request_id: Optional[str]) -> bool:
+        with self.lock:
+            return request_id is not None and request_id in self.request_ids
+
+    def records_since(self, offset: int, max_records: int) -> Optional[list]:
+        """Records with offsets >= `offset` (at most max_records), or None when `offset`
+        is older than the retained tail (the caller needs a snapshot)."""
+        with self.lock:
+            if offset < self.tail_start:
+                return None
+            start = offset - self.tail_start
+            return [{"offset": o, "record": r} for o, r in self.tail[start:start + max_records]]
