@@ -1,0 +1,422 @@
+"""ReplicaManager: the broker's local partition replicas (asyncio shell over pure state).
+
+Job:
+- apply metadata images: create the local log of every partition this broker replicates,
+  make it leader or follower per the image, delete logs of removed topics;
+- produce: append raw batches on the leader with acks 0/1/all (all waits until the high
+  watermark passes the appended batches, bounded by a timeout, and is refused with
+  NOT_ENOUGH_REPLICAS while ISR < min.insync.replicas);
+- fetch: read committed data (below the high watermark) with long polls: a waiting fetch
+  parks an asyncio future keyed by partition, and appends / high-watermark moves resolve
+  those futures (no sleep loops);
+- run blocking file work (log creation/deletion, flush, checkpoints) in an executor, never
+  on the event loop. Appends themselves are page-cache writes made on the loop, like Kafka
+  request handler threads do; fsync is left to the flush policy off the loop.
+
+Invariants: a partition answers produce/fetch only while it is leader; the high watermark
+exposed to consumers never goes backwards within a leader epoch.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from http_api.errors import ErrorCode, KraftlogError
+from partitions.log import errors as log_errors
+from partitions.replication.partition import Partition
+
+log = logging.getLogger(__name__)
+
+ACKS_NONE = 0
+ACKS_LEADER = 1
+ACKS_ALL = -1
+
+
+def parse_acks(value: str | int | None) -> int:
+    """`0`, `1`, `all` / `-1` -> 0, 1, -1; anything else is 400 INVALID_REQUIRED_ACKS."""
+    if value is None:
+        return ACKS_ALL
+    v = str(value).strip().lower()
+    if v in ("all", "-1"):
+        return ACKS_ALL
+    if v == "0":
+        return ACKS_NONE
+    if v == "1":
+        return ACKS_LEADER
+    raise KraftlogError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={value!r} is not valid; use 0, 1 or all")
+
+
+@dataclass
+class AppendResult:
+    """Where the appended batches landed."""
+
+    first_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+
+
+@dataclass
+class FetchResult:
+    """Committed batches read from `fetch_offset` (whole batches; the first may start below it)."""
+
+    records: bytes
+    fetch_offset: int
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+class ReplicaManager:
+    """Holds the local Partitions and their Logs; see the module docstring."""
+
+    def __init__(self, broker_id: int, log_manager: Any, *, min_insync_replicas: int = 1,
+                 request_timeout_ms: int = 30_000, max_concurrent_long_polls: int = 1024,
+                 default_log_config_factory: Callable[[dict], Any] | None = None,
+                 executor=None, clock_ms: Callable[[], int] | None = None) -> None:
+        self.broker_id = broker_id
+        self.log_manager = log_manager
+        self.min_insync_replicas = min_insync_replicas
+        self.request_timeout_ms = request_timeout_ms
+        self.max_concurrent_long_polls = max_concurrent_long_polls
+        self._config_factory = default_log_config_factory
+        self._executor = executor
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.logs: dict[tuple[str, int], Any] = {}
+        self._topic_ids: dict[str, str] = {}
+        self._topic_configs: dict[str, dict] = {}
+        self._fetch_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self._produce_waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
+        self._long_polls = 0
+        self._image = None
+        self._metadata_lock = asyncio.Lock()
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    async def _run_blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _log_config(self, configs: dict):
+        if self._config_factory is not None:
+            return self._config_factory(configs)
+        from partitions.log.config import LogConfig
+        return LogConfig.from_topic_configs(configs)
+
+    def topic_config(self, topic: str) -> dict:
+        return self._topic_configs.get(topic, {})
+
+    def min_isr_for(self, topic: str) -> int:
+        raw = self._topic_configs.get(topic, {}).get("min.insync.replicas")
+        try:
+            return int(raw) if raw is not None else self.min_insync_replicas
+        except ValueError:
+            return self.min_insync_replicas
+
+    @property
+    def long_polls_waiting(self) -> int:
+        return self._long_polls
+
+    # ---- metadata ----------------------------------------------------------------------
+
+    async def apply_metadata(self, image) -> None:
+        """Make local replicas match `image`: create/delete logs, become leader/follower."""
+        async with self._metadata_lock:
+            await self._apply(image)
+            self._image = image
+
+    async def _apply(self, image) -> None:
+        now = self._clock_ms()
+        wanted: set[tuple[str, int]] = set()
+        topics = list(image.topics.items())  # snapshot: the image may change while we await
+        for name, topic in topics:
+            old_id = self._topic_ids.get(name)
+            if old_id is not None and old_id != topic.topic_id:
+                await self._delete_topic_local(name)  # deleted and re-created under the same name
+            self._topic_ids[name] = topic.topic_id
+            self._topic_configs[name] = dict(topic.configs)
+            for p, reg in list(topic.partitions.items()):
+                if self.broker_id not in reg.replicas:
+                    continue
+                key = (name, p)
+                wanted.add(key)
+                lg = self.logs.get(key)
+                if lg is None:
+                    cfg = self._log_config(dict(topic.configs))
+                    lg = await self._run_blocking(self.log_manager.get_or_create, name, p, cfg)
+                    self.logs[key] = lg
+                part = self.partitions.get(key)
+                if part is None:
+                    part = self.partitions[key] = Partition(name, p, self.broker_id,
+                                                            high_watermark=lg.high_watermark)
+                was_leader = part.is_leader
+                old_epoch = part.leader_epoch
+                if reg.leader == self.broker_id:
+                    changed = part.make_leader(
+                        replicas=list(reg.replicas), isr=list(reg.isr), leader_epoch=reg.leader_epoch,
+                        partition_epoch=reg.partition_epoch, log_end_offset=lg.log_end_offset,
+                        high_watermark=max(part.high_watermark, lg.high_watermark), now_ms=now)
+                else:
+                    changed = part.make_follower(
+                        replicas=list(reg.replicas), isr=list(reg.isr), leader_id=reg.leader,
+                        leader_epoch=reg.leader_epoch, partition_epoch=reg.partition_epoch,
+                        log_end_offset=lg.log_end_offset, high_watermark=lg.high_watermark)
+                if changed:
+                    self._sync_high_watermark(key, part, lg)
+                    if was_leader and (not part.is_leader or part.leader_epoch != old_epoch):
+                        self._fail_produce_waiters(key, part)
+                    self._wake_fetchers(key)
+        # replicas no longer hosted here (topic deleted or replica moved away)
+        for key in [k for k in self.logs if k not in wanted]:
+            await self._delete_partition_local(key)
+        names = {n for n, _ in topics}
+        for name in [n for n in self._topic_ids if n not in names]:
+            self._topic_ids.pop(name, None)
+            self._topic_configs.pop(name, None)
+
+    async def _delete_topic_local(self, name: str) -> None:
+        for key in [k for k in self.logs if k[0] == name]:
+            await self._delete_partition_local(key)
+
+    async def _delete_partition_local(self, key: tuple[str, int]) -> None:
+        part = self.partitions.pop(key, None)
+        self.logs.pop(key, None)
+        if part is not None:
+            self._fail_produce_waiters(key, part, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        self._wake_fetchers(key)
+        try:
+            await self._run_blocking(self.log_manager.delete_log, key[0], key[1])
+        except Exception:  # already gone is fine; anything else is logged, not fatal
+            log.exception("deleting local log %s-%s failed", *key)
+
+    # ---- lookups -----------------------------------------------------------------------
+
+    def leader_info(self, topic: str, partition: int) -> tuple[int, str | None]:
+        """(leader_id, leader_url) from the latest image, for 421 answers."""
+        img = self._image
+        if img is None:
+            return -1, None
+        reg = img.partition(topic, partition)
+        if reg is None:
+            return -1, None
+        b = img.brokers.get(reg.leader)
+        return reg.leader, (b.url if b is not None else None)
+
+    def leader_partition(self, topic: str, partition: int) -> tuple[Partition, Any]:
+        """The local leader replica, else UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER."""
+        key = (topic, partition)
+        part = self.partitions.get(key)
+        if part is not None and part.is_leader:
+            return part, self.logs[key]
+        img = self._image
+        if img is None or img.partition(topic, partition) is None:
+            if img is not None and topic in img.topics:
+                n = len(img.topics[topic].partitions)
+                raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"topic {topic!r} does not exist; create it first (POST /v1/topics)")
+        leader_id, leader_url = self.leader_info(topic, partition)
+        if leader_id < 0:
+            raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE,
+                                f"{topic}-{partition} has no leader right now; retry shortly",
+                                leader_id=leader_id, leader_url=leader_url)
+        raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            f"broker {self.broker_id} is not the leader of {topic}-{partition}; "
+                            f"send the request to broker {leader_id} at {leader_url}",
+                            leader_id=leader_id, leader_url=leader_url)
+
+    # ---- produce -----------------------------------------------------------------------
+
+    async def append(self, topic: str, partition: int, batches: bytes, *, acks: int,
+                     timeout_ms: int | None = None) -> AppendResult:
+        """Append validated raw batches as leader; with acks=all wait for the high watermark."""
+        part, lg = self.leader_partition(topic, partition)
+        key = (topic, partition)
+        if acks == ACKS_ALL:
+            part.check_enough_replicas(self.min_isr_for(topic))
+        try:
+            info = lg.append_as_leader(batches, part.leader_epoch)
+        except log_errors.RecordTooLargeError as e:
+            raise KraftlogError(ErrorCode.MESSAGE_TOO_LARGE, str(e)) from None
+        except log_errors.CorruptRecordError as e:
+            raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+        except log_errors.OutOfOrderSequenceError as e:
+            raise KraftlogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, str(e)) from None
+        except log_errors.InvalidProducerEpochError as e:
+            raise KraftlogError(ErrorCode.INVALID_PRODUCER_EPOCH, str(e)) from None
+        except log_errors.LogClosedError as e:
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"{topic}-{partition} is closing: {e}; refresh metadata and retry") from None
+        except OSError as e:
+            raise KraftlogError(ErrorCode.KAFKA_STORAGE_ERROR,
+                                f"writing {topic}-{partition} failed: {e}; check the broker's log dir") from None
+        if part.update_local_log_end_offset(lg.log_end_offset):
+            self._sync_high_watermark(key, part, lg)
+        self._wake_fetchers(key)  # followers care about the LEO too
+        result = AppendResult(info.first_offset, info.last_offset,
+                              getattr(info, "log_append_time_ms", -1) or -1, lg.log_start_offset)
+        if acks == ACKS_ALL and part.high_watermark <= info.last_offset:
+            await self._await_high_watermark(key, info.last_offset, timeout_ms)
+        return result
+
+    async def _await_high_watermark(self, key, last_offset: int, timeout_ms: int | None) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        waiters = self._produce_waiters.setdefault(key, [])
+        waiters.append((last_offset, fut))
+        timeout = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise KraftlogError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"{key[0]}-{key[1]}: the in-sync replicas did not acknowledge offset {last_offset} "
+                f"within {timeout * 1000:.0f} ms; the records are written on the leader and may "
+                "still be committed; retry (idempotently) or use acks=1") from None
+        finally:
+            lst = self._produce_waiters.get(key)
+            if lst is not None:
+                lst[:] = [w for w in lst if w[1] is not fut]
+                if not lst:
+                    self._produce_waiters.pop(key, None)
+
+    def _sync_high_watermark(self, key, part: Partition, lg) -> None:
+        """Push the partition's HW into the log and release produce waiters it passed."""
+        if part.high_watermark > lg.high_watermark:
+            lg.update_high_watermark(part.high_watermark)
+        waiters = self._produce_waiters.get(key)
+        if waiters:
+            hw = part.high_watermark
+            keep = []
+            for offset, fut in waiters:
+                if offset < hw:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    keep.append((offset, fut))
+            waiters[:] = keep
+
+    def _fail_produce_waiters(self, key, part: Partition,
+                              code: ErrorCode = ErrorCode.NOT_LEADER_OR_FOLLOWER) -> None:
+        for _, fut in self._produce_waiters.pop(key, []):
+            if not fut.done():
+                fut.set_exception(KraftlogError(
+                    code, f"{key[0]}-{key[1]}: leadership changed before the write was committed; "
+                          "refresh metadata and retry"))
+
+    def follower_fetched(self, topic: str, partition: int, replica_id: int, fetch_offset: int) -> None:
+        """A follower fetched at `fetch_offset`: update its LEO; the HW may move."""
+        part, lg = self.leader_partition(topic, partition)
+        if part.update_follower_fetch(replica_id, fetch_offset, self._clock_ms()):
+            self._sync_high_watermark((topic, partition), part, lg)
+            self._wake_fetchers((topic, partition))
+
+    # ---- fetch -------------------------------------------------------------------------
+
+    def _wake_fetchers(self, key) -> None:
+        waiters = self._fetch_waiters.pop(key, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _read_committed(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
+        part, lg = self.leader_partition(topic, partition)
+        hw = part.high_watermark
+        lso = lg.log_start_offset
+        if offset < lso or offset > hw:
+            raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                f"offset {offset} is outside [{lso}, {hw}] (log start offset, high "
+                                f"watermark) of {topic}-{partition}; seek to one of those",
+                                log_start_offset=lso, high_watermark=hw)
+        data = b""
+        if offset < hw:
+            try:
+                info = lg.read(offset, max_bytes, max_offset=hw, min_one_message=True)
+            except log_errors.OffsetOutOfRangeError as e:  # retention raced with us
+                raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE, str(e),
+                                    log_start_offset=lg.log_start_offset, high_watermark=hw) from None
+            data = info.records
+        return FetchResult(bytes(data), offset, hw, lg.log_start_offset, lg.log_end_offset)
+
+    async def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int,
+                    min_bytes: int = 1, max_wait_ms: int = 0) -> FetchResult:
+        """Committed batches from `offset`; waits up to max_wait_ms for min_bytes."""
+        result = self._read_committed(topic, partition, offset, max_bytes)
+        if len(result.records) >= min_bytes or max_wait_ms <= 0:
+            return result
+        if self._long_polls >= self.max_concurrent_long_polls:
+            raise KraftlogError(ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+                                f"{self._long_polls} fetches are already waiting (max_concurrent_long_polls="
+                                f"{self.max_concurrent_long_polls}); retry later or poll with max_wait_ms=0")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        key = (topic, partition)
+        self._long_polls += 1
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return result
+                fut = loop.create_future()
+                self._fetch_waiters.setdefault(key, []).append(fut)
+                handle = loop.call_later(remaining, _resolve, fut)
+                try:
+                    await fut
+                finally:
+                    handle.cancel()
+                    lst = self._fetch_waiters.get(key)
+                    if lst is not None and fut in lst:
+                        lst.remove(fut)
+                result = self._read_committed(topic, partition, offset, max_bytes)
+                if len(result.records) >= min_bytes:
+                    return result
+        finally:
+            self._long_polls -= 1
+
+    # ---- offsets & admin ---------------------------------------------------------------
+
+    def offsets(self, topic: str, partition: int) -> dict:
+        part, lg = self.leader_partition(topic, partition)
+        return {"log_start_offset": lg.log_start_offset, "high_watermark": part.high_watermark}
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """First offset whose timestamp >= timestamp_ms; the high watermark when none yet."""
+        part, lg = self.leader_partition(topic, partition)
+        found = lg.offset_for_timestamp(timestamp_ms)
+        if found is None:
+            return part.high_watermark
+        off = found if isinstance(found, int) else getattr(found, "offset", found[0] if isinstance(found, tuple) else found)
+        if off is None or off < 0 or off > part.high_watermark:
+            return part.high_watermark
+        return off
+
+    async def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
+        """Advance the log start offset to before_offset (-1 = the high watermark)."""
+        part, lg = self.leader_partition(topic, partition)
+        hw = part.high_watermark
+        if before_offset == -1:
+            before_offset = hw
+        if before_offset < 0 or before_offset > hw:
+            raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                f"before_offset {before_offset} is outside [0, {hw}] (high watermark) "
+                                f"of {topic}-{partition}; use an offset at or below the high watermark",
+                                high_watermark=hw)
+        if before_offset <= lg.log_start_offset:
+            return lg.log_start_offset
+        await self._run_blocking(lg.delete_records, before_offset)
+        self._wake_fetchers((topic, partition))
+        return lg.log_start_offset
+
+    def local_partition_counts(self) -> tuple[int, int]:
+        """(partitions hosted, partitions led) for metrics."""
+        leaders = sum(1 for p in self.partitions.values() if p.is_leader)
+        return len(self.partitions), leaders
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
