@@ -1,0 +1,360 @@
+"""The `kraftlog` sink: batch and streaming writes of DataFrames to topics.
+
+Input columns as in Spark's Kafka sink: `value` (binary or string, required), optional
+`key`, `topic` (else the `topic` option), `partition` (else keyed rows go to
+`crc32c(key) % partitions` like the broker's partitioner, keyless rows to a sticky
+partition that rotates after each sent batch), `headers` (array<struct<key, value>>).
+
+Each Spark task (`write`) gets Arrow batches, groups rows by (topic, partition), encodes
+record batches straight from the Arrow buffers (pipelines/arrow_codec.py) and POSTs them to
+the partition leader as `application/vnd.kraftlog.batch` (CBOR when a broker does not take
+raw batches). Delivery is at-least-once: a retried task or micro-batch may append again.
+`ProducerIdentity` is the seam for idempotence: it stamps producer id / epoch / sequence
+numbers into every batch; today it is the "no idempotence" identity (-1s).
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Iterator
+
+import numpy as np
+
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from pipelines import options as opt
+from pipelines.client import BrokerError, Cluster
+
+request_bytes_max_default = 4 * 1024 * 1024
+request_records_max_default = 100_000
+batch_overhead_bytes = 256
+
+
+@dataclasses.dataclass
+class KraftlogCommitMessage(WriterCommitMessage):
+    """What one task appended: per "topic-partition", record count and offset span."""
+
+    records: dict
+    first_offsets: dict
+    last_offsets: dict
+
+    @property
+    def total(self) -> int:
+        return sum(self.records.values())
+
+
+class ProducerIdentity:
+    """Producer id, epoch and per-partition sequence numbers stamped into batches.
+
+    Without idempotence (today) everything is -1 and the broker skips duplicate checks.
+    An idempotent identity (producer ids come with a later issue) returns the id and epoch
+    handed out by the cluster and advances one sequence per (topic, partition) by the
+    record count of each batch, so a retried request is recognised as a duplicate.
+    """
+
+    producer_id = -1
+    producer_epoch = -1
+
+    def next_sequence(self, topic: str, partition: int, record_count: int) -> int:
+        return -1
+
+
+class PartitionedProducer:
+    """Buffers Arrow rows per (topic, partition) and sends record batches to leaders."""
+
+    def __init__(self, sink: opt.SinkOptions, identity: ProducerIdentity | None = None,
+                 cluster: Cluster | None = None):
+        self.sink = sink
+        self.identity = identity or ProducerIdentity()
+        self.cluster = cluster or Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer")
+        self._pending: dict = {}   # (topic, partition) -> list of (keys, values, headers)
+        self._pending_bytes: dict = {}
+        self._pending_rows: dict = {}
+        self._sticky: dict = {}    # topic -> partition for keyless rows
+        self._raw = True
+        self.records: dict = {}
+        self.first_offsets: dict = {}
+        self.last_offsets: dict = {}
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def num_partitions(self, topic: str) -> int:
+        parts = self.cluster.topic_partitions().get(topic)
+        if not parts:
+            parts = self.cluster.topic_partitions(refresh=True).get(topic)
+        if not parts:
+            raise ValueError(f"topic {topic!r} does not exist: create it first "
+                             f"(kraftlog topic create {topic} --partitions N --replication-factor R)")
+        return len(parts)
+
+    def _sticky_partition(self, topic: str, n: int) -> int:
+        part = self._sticky.get(topic)
+        if part is None or part >= n:
+            part = self._sticky[topic] = random.randrange(n)
+        return part
+
+    def append_batch(self, batch) -> None:
+        """Route one Arrow RecordBatch of input rows."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        names = batch.schema.names
+        if "value" not in names:
+            raise ValueError("the kraftlog sink needs a 'value' column (binary or string)")
+        if batch.num_rows == 0:
+            return
+        if "topic" in names:
+            topics = batch.column("topic")
+            if self.sink.topic:
+                topics = pc.fill_null(topics, self.sink.topic)
+            elif topics.null_count:
+                raise ValueError("a row has a null 'topic' and no 'topic' option is set")
+            uniques = pc.unique(topics).to_pylist()
+            if len(uniques) == 1:
+                groups = [(uniques[0], batch)]
+            else:
+                groups = [(t, batch.filter(pc.equal(topics, t))) for t in uniques]
+        else:
+            if not self.sink.topic:
+                raise ValueError("set the 'topic' option or provide a 'topic' column")
+            groups = [(self.sink.topic, batch)]
+        for topic, rows in groups:
+            self._append_topic(topic, rows, pa)
+
+    def _append_topic(self, topic: str, rows, pa) -> None:
+        from http_api.partitioner import partition_for_key
+
+        names = rows.schema.names
+        n = self.num_partitions(topic)
+        keys = rows.column("key") if "key" in names else None
+        if keys is not None and keys.null_count == len(keys):
+            keys = None
+        values = rows.column("value")
+        headers = None
+        if "headers" in names:
+            headers = [[(h["key"], h["value"]) for h in (hs or ())] for hs in rows.column("headers").to_pylist()]
+        count = rows.num_rows
+        parts = np.full(count, -1, dtype=np.int64)
+        if "partition" in names:
+            col = rows.column("partition")
+            parts = np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            bad = parts[(parts >= n) | (parts < -1)]
+            if len(bad):
+                raise ValueError(f"partition {int(bad[0])} does not exist in topic {topic!r} "
+                                 f"({n} partitions)")
+        unset = parts < 0
+        if unset.any() and keys is not None:
+            key_list = keys.cast(pa.binary()).to_pylist()
+            idx = np.nonzero(unset)[0]
+            for i in idx:
+                key = key_list[i]
+                if key is not None:
+                    parts[i] = partition_for_key(key, n)
+            unset = parts < 0
+        if unset.any():
+            parts[unset] = self._sticky_partition(topic, n)
+        uniques = np.unique(parts)
+        for p in uniques:
+            p = int(p)
+            if len(uniques) == 1:
+                sel_k, sel_v, sel_h = keys, values, headers
+            else:
+                idx = np.nonzero(parts == p)[0]
+                take = pa.array(idx)
+                sel_k = None if keys is None else keys.take(take)
+                sel_v = values.take(take)
+                sel_h = None if headers is None else [headers[i] for i in idx]
+            self._buffer((topic, p), sel_k, sel_v, sel_h)
+
+    def _buffer(self, tp, keys, values, headers) -> None:
+        size = values.nbytes + (0 if keys is None else keys.nbytes)
+        self._pending.setdefault(tp, []).append((keys, values, headers))
+        self._pending_bytes[tp] = self._pending_bytes.get(tp, 0) + size
+        self._pending_rows[tp] = self._pending_rows.get(tp, 0) + len(values)
+        if (self._pending_bytes[tp] >= request_bytes_max_default
+                or self._pending_rows[tp] >= self.sink.linger_records):
+            self._send(tp)
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        for tp in list(self._pending):
+            self._send(tp)
+
+    def _send(self, tp) -> None:
+        import pyarrow as pa
+
+        chunks = self._pending.pop(tp, [])
+        self._pending_bytes.pop(tp, None)
+        self._pending_rows.pop(tp, None)
+        if not chunks:
+            return
+        values = pa.concat_arrays([_plain(c[1]) for c in chunks])
+        if any(c[0] is not None for c in chunks):
+            keys = pa.concat_arrays([_plain(c[0]) if c[0] is not None else pa.nulls(len(c[1]), pa.binary())
+                                     for c in chunks])
+        else:
+            keys = None
+        if any(c[2] is not None for c in chunks):
+            headers = [h for c in chunks for h in (c[2] if c[2] is not None else [[]] * len(c[1]))]
+        else:
+            headers = None
+        request, request_rows = [], 0
+        for lo, hi in self._cuts(keys, values):
+            batch = self._encode(tp, keys, values, headers, lo, hi)
+            if request and (sum(map(len, request)) + len(batch) > request_bytes_max_default
+                            or request_rows + (hi - lo) > request_records_max_default):
+                self._post(tp, request, request_rows)
+                request, request_rows = [], 0
+            request.append(batch)
+            request_rows += hi - lo
+        if request:
+            self._post(tp, request, request_rows)
+        # keyless rows move on to another partition after each send (sticky partitioner)
+        if self._sticky.get(tp[0]) == tp[1]:
+            self._sticky.pop(tp[0], None)
+
+    def _cuts(self, keys, values) -> list:
+        """Row ranges whose encoded batch stays under kraftlog.batch.size bytes."""
+        import pyarrow.compute as pc
+
+        def lengths(arr):
+            return pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+        sizes = lengths(values) + 8
+        if keys is not None:
+            sizes = sizes + lengths(keys) + 4
+        budget = max(1, self.sink.batch_bytes - batch_overhead_bytes)
+        cuts, lo, n = [], 0, len(sizes)
+        cum = np.cumsum(sizes)
+        base = 0
+        while lo < n:
+            hi = int(np.searchsorted(cum, base + budget, side="right"))
+            hi = max(hi, lo + 1)
+            cuts.append((lo, hi))
+            base = int(cum[hi - 1])
+            lo = hi
+        return cuts
+
+    def _encode(self, tp, keys, values, headers, lo, hi) -> bytes:
+        from pipelines import arrow_codec
+        count = hi - lo
+        return arrow_codec.encode_batch(
+            None if keys is None else keys.slice(lo, count), values.slice(lo, count),
+            None if headers is None else headers[lo:hi], compression=self.sink.compression,
+            producer_id=self.identity.producer_id, producer_epoch=self.identity.producer_epoch,
+            base_sequence=self.identity.next_sequence(tp[0], tp[1], count))
+
+    def _post(self, tp, batches: list, rows: int) -> None:
+        topic, partition = tp
+        body = b"".join(batches)
+        if self._raw:
+            try:
+                answer = self.cluster.produce_raw(topic, partition, body, acks=self.sink.acks)
+            except BrokerError as exc:
+                if exc.error_code != "UNSUPPORTED_MEDIA_TYPE":
+                    raise
+                self._raw = False
+        if not self._raw:
+            from partitions.log import record_batch as rb
+            records = [{"key": r.key, "value": r.value, "headers": {k: v for k, v in r.headers}}
+                       for r in rb.decode_batches(body)]
+            answer = self.cluster.produce_records(topic, partition, records, acks=self.sink.acks)
+        name = f"{topic}-{partition}"
+        self.records[name] = self.records.get(name, 0) + rows
+        first, last = _offset_span(answer, rows)
+        if first is not None:
+            self.first_offsets.setdefault(name, first)
+            self.last_offsets[name] = last
+
+    def commit_message(self) -> KraftlogCommitMessage:
+        return KraftlogCommitMessage(dict(self.records), dict(self.first_offsets), dict(self.last_offsets))
+
+
+def _plain(arr):
+    import pyarrow as pa
+    if isinstance(arr, pa.ChunkedArray):
+        arr = pa.concat_arrays(arr.chunks) if arr.num_chunks else pa.array([], pa.binary())
+    if arr.type != pa.binary():
+        arr = arr.cast(pa.binary())
+    return arr
+
+
+def _offset_span(answer: dict, rows: int):
+    """(first, last) offsets from a produce answer, whatever shape the broker used."""
+    if not isinstance(answer, dict):
+        return None, None
+    offsets = answer.get("offsets")
+    if isinstance(offsets, list) and offsets:
+        values = [o.get("offset") for o in offsets if isinstance(o, dict) and o.get("offset") is not None]
+        if values:
+            return min(values), max(values) if len(values) > 1 else min(values) + rows - 1
+    base = answer.get("base_offset")
+    if base is not None:
+        return int(base), int(base) + rows - 1
+    return None, None
+
+
+def _write(sink: opt.SinkOptions, iterator: Iterator) -> KraftlogCommitMessage:
+    producer = PartitionedProducer(sink)
+    for batch in iterator:
+        producer.append_batch(batch)
+    producer.flush()
+    return producer.commit_message()
+
+
+class KraftlogWriter(DataSourceArrowWriter):
+    """Batch write; each task returns a KraftlogCommitMessage (appends are not transactional)."""
+
+    def __init__(self, sink: opt.SinkOptions, schema: StructType):
+        self.sink = sink
+        _check_schema(schema, sink)
+
+    def write(self, iterator) -> KraftlogCommitMessage:
+        return _write(self.sink, iterator)
+
+    def commit(self, messages) -> None:
+        pass
+
+    def abort(self, messages) -> None:
+        pass  # appended records stay: at-least-once, as with Spark's Kafka sink
+
+
+class KraftlogStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming write, one call of `write` per task per micro-batch."""
+
+    def __init__(self, sink: opt.SinkOptions, schema: StructType):
+        self.sink = sink
+        _check_schema(schema, sink)
+
+    def write(self, iterator) -> KraftlogCommitMessage:
+        return _write(self.sink, iterator)
+
+    def commit(self, messages, batchId: int) -> None:
+        pass
+
+    def abort(self, messages, batchId: int) -> None:
+        pass
+
+
+def _check_schema(schema: StructType, sink: opt.SinkOptions) -> None:
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, ShortType, StringType
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise ValueError("the kraftlog sink needs a 'value' column (binary or string); "
+                         f"got columns {list(fields)}")
+    for name in ("key", "value"):
+        if name in fields and not isinstance(fields[name], (BinaryType, StringType)):
+            raise ValueError(f"column {name!r} must be binary or string, not {fields[name].simpleString()}; "
+                             f"cast it first, e.g. to_json(...) or col.cast('string')")
+    if "topic" in fields and not isinstance(fields["topic"], StringType):
+        raise ValueError("column 'topic' must be a string")
+    if "topic" not in fields and not sink.topic:
+        raise ValueError("set the 'topic' option or provide a 'topic' column")
+    if "partition" in fields and not isinstance(fields["partition"], (IntegerType, LongType, ShortType)):
+        raise ValueError("column 'partition' must be an integer")
