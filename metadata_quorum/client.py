@@ -1,0 +1,400 @@
+"""Broker-side access to the metadata quorum (asyncio + aiohttp).
+
+- `ControllerClient`: finds the active controller and retries on NOT_CONTROLLER,
+  connection errors and retriable errors until the request deadline; raises KraftlogError
+  otherwise. Writes carry a request id generated once per call and reused by its retries,
+  so a retry after an unknown outcome is applied at most once.
+- `MetadataFollower`: keeps a MetadataImage current by long-polling the controllers'
+  metadata record feed (falls back to a snapshot when it is too far behind).
+- `BrokerLifecycle`: registers the broker (a new incarnation id per process start),
+  heartbeats every interval, tracks `broker_epoch` / `is_fenced`, drives controlled shutdown.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import uuid
+from typing import Any, Callable, Optional
+
+import aiohttp
+
+from http_api.errors import ErrorCode, KraftlogError
+from metadata_quorum.image import MetadataImage
+from metadata_quorum.records import record_from_dict
+
+log = logging.getLogger("kraftlog.controller_client")
+
+PREFIX = "/controller/v1"
+
+
+def _error_from_body(status: int, body: Any) -> KraftlogError:
+    if isinstance(body, dict) and "error_code" in body:
+        name = body.get("error_code")
+        code = ErrorCode.__members__.get(name, ErrorCode.UNKNOWN_SERVER_ERROR)
+        extra = {k: v for k, v in body.items() if k not in ("error_code", "message")}
+        return KraftlogError(code, str(body.get("message", "")), **extra)
+    return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"controller answered HTTP {status}: {body!r}")
+
+
+class ControllerClient:
+    """Talks to whichever controller is active. `controller_urls` are the controllers'
+    HTTP base URLs (e.g. "http://127.0.0.1:9093")."""
+
+    def __init__(self, controller_urls: list, *, request_timeout_ms: int = 15_000,
+                 retry_backoff_ms: int = 50, session: Optional[aiohttp.ClientSession] = None):
+        if not controller_urls:
+            raise ValueError("give at least one controller URL")
+        self.controller_urls = [u.rstrip("/") for u in controller_urls]
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self._session = session
+        self._own_session = session is None
+        self._active: Optional[str] = None
+        self._next = 0
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=2))
+            self._own_session = True
+        return self._session
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> "ControllerClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def active_url(self) -> Optional[str]:
+        return self._active
+
+    def _pick(self) -> str:
+        if self._active is not None:
+            return self._active
+        url = self.controller_urls[self._next % len(self.controller_urls)]
+        self._next += 1
+        return url
+
+    async def request(self, method: str, path: str, *, json: Any = None, params: Optional[dict] = None,
+                      timeout_ms: Optional[int] = None, per_try_timeout_s: float = 5.0) -> Any:
+        """One logical request with retries until the deadline; returns the JSON body."""
+        deadline = time.monotonic() + (timeout_ms or self.request_timeout_ms) / 1000
+        session = await self._get_session()
+        last_error: Optional[BaseException] = None
+        backoff = self.retry_backoff_ms / 1000
+        while True:
+            url = self._pick()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                async with session.request(method, url + path, json=json, params=params,
+                                           timeout=aiohttp.ClientTimeout(total=min(remaining, per_try_timeout_s))) as resp:
+                    try:
+                        body = await resp.json(content_type=None)
+                    except ValueError:
+                        body = None
+                    if resp.status < 400:
+                        self._active = url
+                        return body
+                    err = _error_from_body(resp.status, body)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                last_error = exc
+                self._active = None
+                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                continue
+            last_error = err
+            if err.code is ErrorCode.NOT_CONTROLLER:
+                leader_url = err.extra.get("leader_url")
+                self._active = leader_url.rstrip("/") if leader_url and leader_url.rstrip("/") != url else None
+                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                continue
+            if err.code.retriable and err.code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and err.code not in (
+                    ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER):
+                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                continue
+            raise err
+        if isinstance(last_error, KraftlogError):
+            raise KraftlogError(last_error.code, f"gave up after the request deadline: {last_error.message}",
+                                **last_error.extra)
+        raise KraftlogError(ErrorCode.REQUEST_TIMED_OUT,
+                            f"no active controller answered {method} {path} within the deadline "
+                            f"(tried {', '.join(self.controller_urls)}; last error: {last_error!r})")
+
+    # ------------------------------------------------------------------ brokers
+    async def register_broker(self, broker_id: int, incarnation_id: str, url: str, rack: Optional[str] = None) -> int:
+        """Returns the broker epoch (the metadata offset of the registration)."""
+        body = await self.register_broker_full(broker_id, incarnation_id, url, rack)
+        return body["broker_epoch"]
+
+    async def register_broker_full(self, broker_id: int, incarnation_id: str, url: str,
+                                   rack: Optional[str] = None) -> dict:
+        return await self.request("POST", PREFIX + "/brokers/register", json={
+            "broker_id": broker_id, "incarnation_id": incarnation_id, "url": url, "rack": rack})
+
+    async def heartbeat(self, broker_id: int, broker_epoch: int, metadata_offset: int,
+                        want_shutdown: bool = False, timeout_ms: Optional[int] = None) -> dict:
+        """-> {"broker_epoch", "fenced", "in_controlled_shutdown", "should_shutdown", "metadata_offset", ...}"""
+        return await self.request("POST", PREFIX + "/brokers/heartbeat", json={
+            "broker_id": broker_id, "broker_epoch": broker_epoch, "metadata_offset": metadata_offset,
+            "want_shutdown": want_shutdown}, timeout_ms=timeout_ms)
+
+    async def controlled_shutdown(self, broker_id: int, broker_epoch: int, metadata_offset: int = 0) -> dict:
+        return await self.request("POST", PREFIX + "/brokers/controlled-shutdown", json={
+            "broker_id": broker_id, "broker_epoch": broker_epoch, "metadata_offset": metadata_offset})
+
+    async def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
+                              leader_epoch: int, partition_epoch: int, new_isr: list) -> dict:
+        """-> {"topic", "partition", "leader", "leader_epoch", "replicas", "isr", "partition_epoch"}"""
+        return await self.request("POST", PREFIX + "/alter-partition", json={
+            "broker_id": broker_id, "broker_epoch": broker_epoch, "topic": topic, "partition": partition,
+            "leader_epoch": leader_epoch, "partition_epoch": partition_epoch, "new_isr": list(new_isr),
+            "request_id": uuid.uuid4().hex})
+
+    async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
+        """-> (first_producer_id, block_size)"""
+        body = await self.request("POST", PREFIX + "/producer-ids", json={
+            "broker_id": broker_id, "broker_epoch": broker_epoch})
+        return body["first_producer_id"], body["size"]
+
+    # ------------------------------------------------------------------ admin
+    async def create_topic(self, name: str, partitions: int, replication_factor: int,
+                           configs: Optional[dict] = None) -> dict:
+        """-> the topic as in metadata plus "configs" (API.md)."""
+        return await self.request("POST", PREFIX + "/topics", json={
+            "name": name, "partitions": partitions, "replication_factor": replication_factor,
+            "configs": configs or {}, "request_id": uuid.uuid4().hex})
+
+    async def delete_topic(self, name: str) -> dict:
+        """-> {"deleted": name, "metadata_offset"}"""
+        return await self.request("DELETE", PREFIX + f"/topics/{name}", params={"request_id": uuid.uuid4().hex})
+
+    async def create_partitions(self, name: str, count: int) -> dict:
+        return await self.request("POST", PREFIX + f"/topics/{name}/partitions", json={
+            "count": count, "request_id": uuid.uuid4().hex})
+
+    async def alter_configs(self, name: str, configs: dict) -> dict:
+        """`configs`: key -> value, or None to delete the key. -> {"name", "configs"}"""
+        return await self.request("POST", PREFIX + f"/topics/{name}/configs", json={
+            "configs": configs, "request_id": uuid.uuid4().hex})
+
+    async def elect_leaders(self, partitions: Optional[list] = None) -> dict:
+        body = {} if partitions is None else {"partitions": [{"topic": t, "partition": p} for t, p in partitions]}
+        return await self.request("POST", PREFIX + "/elect-leaders", json=body)
+
+    async def metadata_json(self) -> dict:
+        """The API.md `GET /v1/metadata` body plus "metadata_offset", from the active controller."""
+        return await self.request("GET", PREFIX + "/metadata")
+
+    async def status(self) -> dict:
+        return await self.request("GET", PREFIX + "/status")
+
+    async def metadata_records(self, after: int, max_wait_ms: int = 0) -> dict:
+        return await self.request("GET", PREFIX + "/metadata/records",
+                                  params={"after": str(after), "max_wait_ms": str(max_wait_ms)},
+                                  timeout_ms=max_wait_ms + self.request_timeout_ms,
+                                  per_try_timeout_s=max_wait_ms / 1000 + 5)
+
+
+class MetadataFollower:
+    """Keeps `image` current from the controller feed. `on_change(image, changed_records)`
+    (sync or async) runs after each applied response; `changed_records` is the list of
+    records applied, or None after a snapshot replaced the whole image."""
+
+    def __init__(self, client: ControllerClient, on_change: Optional[Callable] = None, *,
+                 max_wait_ms: int = 10_000, error_backoff_ms: int = 200):
+        self.client = client
+        self.on_change = on_change
+        self.max_wait_ms = max_wait_ms
+        self.error_backoff_ms = error_backoff_ms
+        self.image = MetadataImage()
+        self._advanced = asyncio.Event()
+        self._stopped = False
+
+    @property
+    def offset(self) -> int:
+        return self.image.offset
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    async def poll_once(self, max_wait_ms: Optional[int] = None) -> bool:
+        """One feed request; True if the image changed."""
+        body = await self.client.metadata_records(self.image.offset,
+                                                  self.max_wait_ms if max_wait_ms is None else max_wait_ms)
+        changed: Optional[list]
+        if body.get("snapshot") is not None:
+            self.image = MetadataImage.from_snapshot(body["snapshot"])
+            changed = None
+        else:
+            changed = []
+            for item in body.get("records", []):
+                if item["offset"] != self.image.offset:
+                    break  # gap or overlap: ask again from our offset
+                record = record_from_dict(item["record"])
+                self.image.replay(record)
+                changed.append(record)
+            if not changed:
+                if body.get("cluster_id"):
+                    self.image.cluster_id = body["cluster_id"]
+                return False
+        if body.get("cluster_id"):
+            self.image.cluster_id = body["cluster_id"]
+        self._advanced.set()
+        self._advanced = asyncio.Event()
+        if self.on_change is not None:
+            res = self.on_change(self.image, changed)
+            if inspect.isawaitable(res):
+                await res
+        return True
+
+    async def run(self) -> None:
+        while not self._stopped:
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("metadata feed poll failed: %s", exc)
+                await asyncio.sleep(self.error_backoff_ms / 1000)
+
+    async def wait_for_offset(self, offset: int, timeout: float) -> bool:
+        """Wait until the image has applied `offset` records; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self.image.offset < offset:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._advanced.wait(), remaining)
+            except asyncio.TimeoutError:
+                return self.image.offset >= offset
+        return True
+
+
+class BrokerLifecycle:
+    """Registration + heartbeats of one broker process. Invariant: `broker_epoch` is the
+    epoch of this process's registration (None before it succeeds)."""
+
+    def __init__(self, client: ControllerClient, broker_id: int, url: str, rack: Optional[str] = None,
+                 metadata_follower: Optional[MetadataFollower] = None, *,
+                 heartbeat_interval_ms: Optional[int] = None):
+        self.client = client
+        self.broker_id = broker_id
+        self.url = url
+        self.rack = rack
+        self.follower = metadata_follower
+        self.incarnation_id = uuid.uuid4().hex
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.broker_epoch: Optional[int] = None
+        self.is_fenced = True
+        self.in_controlled_shutdown = False
+        self.should_shutdown = False
+        self.last_heartbeat: Optional[dict] = None
+        self._task: Optional[asyncio.Task] = None
+        self._state_changed = asyncio.Event()
+        self._paused = False
+
+    def _metadata_offset(self) -> int:
+        return self.follower.image.offset if self.follower is not None else 0
+
+    async def register(self) -> int:
+        body = await self.client.register_broker_full(self.broker_id, self.incarnation_id, self.url, self.rack)
+        self._update(body)
+        if self.heartbeat_interval_ms is None:
+            self.heartbeat_interval_ms = body.get("heartbeat_interval_ms", 2000)
+        return self.broker_epoch
+
+    def _update(self, body: dict) -> None:
+        self.broker_epoch = body["broker_epoch"]
+        self.is_fenced = body["fenced"]
+        self.in_controlled_shutdown = body.get("in_controlled_shutdown", False)
+        self.should_shutdown = body.get("should_shutdown", False)
+        self.last_heartbeat = body
+        self._state_changed.set()
+        self._state_changed = asyncio.Event()
+
+    async def heartbeat_once(self, want_shutdown: bool = False) -> dict:
+        if self.broker_epoch is None:
+            await self.register()
+        try:
+            body = await self.client.heartbeat(self.broker_id, self.broker_epoch, self._metadata_offset(),
+                                               want_shutdown=want_shutdown)
+        except KraftlogError as exc:
+            if exc.code is ErrorCode.STALE_BROKER_EPOCH:
+                # our registration was lost or replaced: register again (same incarnation)
+                await self.register()
+                body = await self.client.heartbeat(self.broker_id, self.broker_epoch, self._metadata_offset(),
+                                                   want_shutdown=want_shutdown)
+            else:
+                raise
+        self._update(body)
+        return body
+
+    async def start(self) -> None:
+        """Register, then heartbeat in the background."""
+        await self.register()
+        self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep((self.heartbeat_interval_ms or 2000) / 1000)
+            if self._paused:
+                continue
+            try:
+                await self.heartbeat_once(want_shutdown=self.in_controlled_shutdown)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("heartbeat failed: %s", exc)
+
+    def pause_heartbeats(self, paused: bool = True) -> None:
+        """Stop/restart heartbeating (tests and maintenance)."""
+        self._paused = paused
+
+    async def wait_until(self, predicate: Callable[["BrokerLifecycle"], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._state_changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return predicate(self)
+        return True
+
+    async def wait_unfenced(self, timeout: float) -> bool:
+        return await self.wait_until(lambda s: not s.is_fenced, timeout)
+
+    async def controlled_shutdown(self, timeout: float) -> bool:
+        """Ask the controller to move leaderships away; True once it says we may stop."""
+        deadline = time.monotonic() + timeout
+        self.in_controlled_shutdown = True
+        while time.monotonic() < deadline:
+            try:
+                body = await self.heartbeat_once(want_shutdown=True)
+                if body.get("should_shutdown"):
+                    await self.stop()
+                    return True
+            except KraftlogError as exc:
+                log.info("controlled shutdown heartbeat failed: %s", exc)
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        await self.stop()
+        return False
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None

@@ -1,0 +1,656 @@
+"""The controller process: one voter of the metadata quorum plus the controller HTTP API.
+
+    python -m metadata_quorum.controller_server --node-id 1 --data-dir DIR \
+        --http-host 127.0.0.1 --http-port 9093 --raft-port 9193 \
+        --voters "1@127.0.0.1:9193:9093,2@127.0.0.1:9194:9094,3@127.0.0.1:9195:9095" \
+        --password SECRET --cluster-id CLUSTER
+
+From Python: `run_controller(ControllerConfig(...))` blocks until SIGINT/SIGTERM (call it
+on the main thread of its own process: pysyncobj's tick thread must share the GIL with as
+little as possible, see DESIGN.md section 2); `run_controller_async(config)` is the same
+inside a running loop on the main thread.
+
+The raft leader is the *active controller* once its LeaderChangeRecord (epoch = raft term)
+is committed; only then does it accept writes and run the periodic lease check. Others
+answer writes with 421 NOT_CONTROLLER and {"leader_id", "leader_url"}. Writes are decided
+by the pure QuorumController against the committed image and proposed as one atomic batch
+carrying the controller epoch and the request id (from the body's "request_id" or the
+X-Request-Id header) so retries after an unknown outcome are idempotent.
+
+Routes (prefix /controller/v1, JSON): see docs/ARCHITECTURE.md "Controller API".
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from aiohttp import web
+
+from http_api.errors import ErrorCode, KraftlogError
+from metadata_quorum.controller import ControllerSettings, QuorumController
+from metadata_quorum.image import MetadataImage
+from metadata_quorum.records import LeaderChangeRecord, record_to_dict
+from metadata_quorum.state_machine import MetadataStateMachine
+from raft.log import NotLeaderError, OutcomeUnknownError
+
+log = logging.getLogger("kraftlog.controller")
+
+PREFIX = "/controller/v1"
+
+
+@dataclass(frozen=True)
+class Voter:
+    node_id: int
+    host: str
+    raft_port: int
+    http_port: int
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.host}:{self.raft_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+
+def parse_voters(spec: str) -> dict[int, Voter]:
+    """"1@host:raft_port:http_port,2@..." -> {1: Voter(...), ...}"""
+    voters: dict[int, Voter] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            nid, rest = part.split("@", 1)
+            host, raft_port, http_port = rest.rsplit(":", 2)
+            voters[int(nid)] = Voter(int(nid), host, int(raft_port), int(http_port))
+        except ValueError:
+            raise ValueError(f"bad voter {part!r}: expected ID@HOST:RAFT_PORT:HTTP_PORT") from None
+    if not voters:
+        raise ValueError("--voters must list at least one controller")
+    return voters
+
+
+def format_voters(voters: dict[int, Voter]) -> str:
+    return ",".join(f"{v.node_id}@{v.host}:{v.raft_port}:{v.http_port}" for v in voters.values())
+
+
+@dataclass
+class ControllerConfig:
+    """Everything a controller process needs. `voters` maps node id -> Voter (this node
+    included); `http_host`/`http_port` default to this node's voter entry."""
+
+    node_id: int
+    data_dir: str
+    voters: dict
+    password: Optional[str] = None
+    cluster_id: str = "kraftlog-cluster"
+    http_host: Optional[str] = None
+    http_port: Optional[int] = None
+    broker_session_timeout_ms: int = 9000
+    broker_heartbeat_interval_ms: int = 2000
+    maintenance_interval_ms: int = 200
+    leader_imbalance_check_interval_ms: int = 30_000
+    auto_leader_rebalance_enable: bool = True
+    propose_timeout_ms: int = 5000
+    long_poll_max_wait_ms: int = 30_000
+    feed_records_per_response_max: int = 5000
+    raft_min_timeout_s: float = 0.3
+    raft_max_timeout_s: float = 0.6
+    append_entries_period_s: float = 0.05
+    auto_tick_period_s: float = 0.015
+    connection_retry_time_s: float = 0.5
+    leader_fallback_timeout_s: float = 1.5
+    log_compaction_min_entries: int = 5000
+    log_compaction_min_time_s: float = 300.0
+
+    def __post_init__(self):
+        if isinstance(self.voters, str):
+            self.voters = parse_voters(self.voters)
+        me = self.voters.get(self.node_id)
+        if me is None:
+            raise ValueError(f"node id {self.node_id} is not among the voters {sorted(self.voters)}")
+        if self.http_host is None:
+            self.http_host = me.host
+        if self.http_port is None:
+            self.http_port = me.http_port
+
+    def settings(self) -> ControllerSettings:
+        return ControllerSettings(
+            broker_session_timeout_ms=self.broker_session_timeout_ms,
+            broker_heartbeat_interval_ms=self.broker_heartbeat_interval_ms,
+            auto_leader_rebalance_enable=self.auto_leader_rebalance_enable,
+        )
+
+    def raft_config(self):
+        from raft.syncobj_log import RaftConfig
+
+        return RaftConfig(
+            node_id=self.node_id,
+            voters={nid: v.raft_address for nid, v in self.voters.items()},
+            data_dir=os.path.join(self.data_dir, "raft"),
+            password=self.password,
+            raft_min_timeout_s=self.raft_min_timeout_s,
+            raft_max_timeout_s=self.raft_max_timeout_s,
+            append_entries_period_s=self.append_entries_period_s,
+            auto_tick_period_s=self.auto_tick_period_s,
+            connection_retry_time_s=self.connection_retry_time_s,
+            leader_fallback_timeout_s=self.leader_fallback_timeout_s,
+            log_compaction_min_entries=self.log_compaction_min_entries,
+            log_compaction_min_time_s=self.log_compaction_min_time_s,
+            propose_timeout_s=self.propose_timeout_ms / 1000,
+        )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ControllerServer:
+    """Wires the replicated log, the state machine, the pure controller and aiohttp."""
+
+    def __init__(self, config: ControllerConfig, state_machine: MetadataStateMachine, raft_log,
+                 clock_ms: Callable[[], int] = _now_ms, rng: Optional[random.Random] = None):
+        self.config = config
+        self.sm = state_machine
+        self.log = raft_log
+        self.clock_ms = clock_ms
+        self.controller = QuorumController(config.settings(), rng or random.Random())
+        self._applied = asyncio.Event()
+        self._activating: Optional[asyncio.Task] = None
+        self._maintenance_task: Optional[asyncio.Task] = None
+        self._was_active = False
+        self._last_rebalance_ms = 0
+        self.writes = 0
+        raft_log.add_listener(self._on_raft_event)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def image(self) -> MetadataImage:
+        return self.sm.image
+
+    @property
+    def is_active(self) -> bool:
+        img = self.sm.image
+        return (self.log.is_leader and img.controller_id == self.config.node_id
+                and img.controller_epoch == self.log.term)
+
+    def leader_url(self, leader_id: Optional[int]) -> Optional[str]:
+        v = self.config.voters.get(leader_id) if leader_id is not None else None
+        return v.url if v is not None else None
+
+    def _not_controller(self) -> KraftlogError:
+        leader_id = self.log.leader_id
+        if leader_id == self.config.node_id and not self.is_active:
+            msg = "this controller was just elected and is not active yet; retry in a moment"
+        else:
+            msg = "this controller is not the active controller; send writes to leader_url"
+        return KraftlogError(ErrorCode.NOT_CONTROLLER, msg, leader_id=leader_id, leader_url=self.leader_url(leader_id))
+
+    def _require_active(self) -> None:
+        if not self.is_active:
+            raise self._not_controller()
+
+    def _on_raft_event(self) -> None:
+        # wake long polls and status waiters
+        self._applied.set()
+        self._applied = asyncio.Event()
+        active = self.is_active
+        if active and not self._was_active:
+            self.controller.reset_sessions(self.sm.image, self.clock_ms())
+            log.info("node %s is the active controller (epoch %s)", self.config.node_id, self.log.term)
+        self._was_active = active
+        if (self.log.is_leader and not active and (self._activating is None or self._activating.done())):
+            self._activating = asyncio.get_running_loop().create_task(self._become_active())
+
+    async def _become_active(self) -> None:
+        """Commit a LeaderChangeRecord for our term before acting as active controller."""
+        while self.log.is_leader and not self.is_active:
+            term = self.log.term
+            if self.sm.image.controller_epoch >= term:
+                await asyncio.sleep(0.01)
+                continue
+            entry = {"request_id": None, "controller_epoch": term,
+                     "records": [record_to_dict(LeaderChangeRecord(self.config.node_id, term))]}
+            try:
+                await self.log.propose([entry], timeout_s=self.config.propose_timeout_ms / 1000)
+            except (NotLeaderError, OutcomeUnknownError) as exc:
+                log.info("leader change record not committed: %s", exc)
+                await asyncio.sleep(0.02)
+        self._on_raft_event_after_activation()
+
+    def _on_raft_event_after_activation(self) -> None:
+        if self.is_active and not self._was_active:
+            self.controller.reset_sessions(self.sm.image, self.clock_ms())
+            self._was_active = True
+
+    async def wait_applied(self, timeout_s: float) -> None:
+        ev = self._applied
+        try:
+            await asyncio.wait_for(ev.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    # ------------------------------------------------------------------ writes
+    async def write(self, decide: Callable[[MetadataImage], list], request_id: Optional[str] = None,
+                    attempts: int = 8) -> dict:
+        """Decide against the committed image and propose atomically; re-decide when the
+        batch lost a race (conflict). Returns the state machine result, or {"noop": True}
+        when there was nothing to write, or {"duplicate": True} for a replayed request id."""
+        for _ in range(attempts):
+            self._require_active()
+            if request_id is not None and self.sm.seen_request(request_id):
+                return {"ok": True, "duplicate": True}
+            with self.sm.lock:
+                records = decide(self.sm.image)
+                epoch = self.sm.image.controller_epoch
+            if not records:
+                return {"ok": True, "noop": True}
+            entry = {"request_id": request_id, "controller_epoch": epoch,
+                     "records": [record_to_dict(r) for r in records]}
+            try:
+                result = (await self.log.propose([entry], timeout_s=self.config.propose_timeout_ms / 1000))[0]
+            except NotLeaderError:
+                raise self._not_controller() from None
+            except OutcomeUnknownError as exc:
+                raise KraftlogError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"the outcome of this write is unknown ({exc.reason}); retry with the same request_id",
+                ) from None
+            self.writes += 1
+            if result.get("ok"):
+                return result
+            if result.get("stale_epoch"):
+                raise self._not_controller()
+            await asyncio.sleep(0)  # conflict: decide again on the newer image
+        raise KraftlogError(ErrorCode.REQUEST_TIMED_OUT, "the write kept conflicting with concurrent changes; retry")
+
+    # ------------------------------------------------------------------ maintenance
+    async def maintenance_loop(self) -> None:
+        interval = self.config.maintenance_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if not self.is_active:
+                continue
+            now = self.clock_ms()
+            rebalance = now - self._last_rebalance_ms >= self.config.leader_imbalance_check_interval_ms
+            if rebalance:
+                self._last_rebalance_ms = now
+            try:
+                await self.write(lambda img: self.controller.maintenance(img, now, rebalance))
+            except KraftlogError as exc:
+                log.info("maintenance write failed: %s", exc)
+            except Exception:
+                log.exception("maintenance failed")
+
+    # ------------------------------------------------------------------ app
+    def build_app(self) -> web.Application:
+        app = web.Application(middlewares=[_error_middleware], client_max_size=16 * 1024 * 1024)
+        r = app.router
+        r.add_get("/healthz", self.h_healthz)
+        r.add_get(PREFIX + "/healthz", self.h_healthz)
+        r.add_get(PREFIX + "/status", self.h_status)
+        r.add_get(PREFIX + "/metadata", self.h_metadata)
+        r.add_get(PREFIX + "/metadata/records", self.h_metadata_records)
+        r.add_post(PREFIX + "/brokers/register", self.h_register)
+        r.add_post(PREFIX + "/brokers/heartbeat", self.h_heartbeat)
+        r.add_post(PREFIX + "/brokers/controlled-shutdown", self.h_controlled_shutdown)
+        r.add_post(PREFIX + "/alter-partition", self.h_alter_partition)
+        r.add_post(PREFIX + "/topics", self.h_create_topic)
+        r.add_delete(PREFIX + "/topics/{topic}", self.h_delete_topic)
+        r.add_post(PREFIX + "/topics/{topic}/partitions", self.h_create_partitions)
+        r.add_post(PREFIX + "/topics/{topic}/configs", self.h_alter_configs)
+        r.add_post(PREFIX + "/producer-ids", self.h_producer_ids)
+        r.add_post(PREFIX + "/elect-leaders", self.h_elect_leaders)
+        return app
+
+    async def h_healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "node_id": self.config.node_id})
+
+    async def h_status(self, request: web.Request) -> web.Response:
+        leader_id = self.log.leader_id
+        img = self.sm.image
+        return web.json_response({
+            "node_id": self.config.node_id,
+            "is_active": self.is_active,
+            "is_leader": self.log.is_leader,
+            "term": self.log.term,
+            "leader_id": leader_id,
+            "leader_url": self.leader_url(leader_id),
+            "controller_id": img.controller_id,
+            "controller_epoch": img.controller_epoch,
+            "metadata_offset": img.offset,
+            "ready": self.log.ready,
+            "cluster_id": img.cluster_id,
+        })
+
+    async def h_metadata(self, request: web.Request) -> web.Response:
+        with self.sm.lock:
+            body = self.sm.image.to_metadata_json()
+            body["metadata_offset"] = self.sm.image.offset
+            body["controller_epoch"] = self.sm.image.controller_epoch
+        return web.json_response(body)
+
+    async def h_metadata_records(self, request: web.Request) -> web.Response:
+        after = _query_int(request, "after", 0)
+        max_wait_ms = min(_query_int(request, "max_wait_ms", 0), self.config.long_poll_max_wait_ms)
+        max_records = min(_query_int(request, "max_records", self.config.feed_records_per_response_max),
+                          self.config.feed_records_per_response_max)
+        if after < 0 or max_records < 1:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "after must be >= 0 and max_records >= 1")
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            offset = self.sm.image.offset
+            if after < offset:
+                records = self.sm.records_since(after, max_records)
+                if records is None:
+                    return self._snapshot_response()
+                return web.json_response({"cluster_id": self.sm.image.cluster_id, "records": records,
+                                          "metadata_offset": self.sm.image.offset})
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await self.wait_applied(remaining)
+        if after > self.sm.image.offset and self.is_active:
+            # the caller is ahead of the authoritative log (e.g. unsynced journal lost): resync it
+            return self._snapshot_response()
+        return web.json_response({"cluster_id": self.sm.image.cluster_id, "records": [],
+                                  "metadata_offset": self.sm.image.offset})
+
+    def _snapshot_response(self) -> web.Response:
+        with self.sm.lock:
+            snap = self.sm.image.to_snapshot()
+        return web.json_response({"cluster_id": snap["cluster_id"], "snapshot": snap,
+                                  "metadata_offset": snap["offset"]})
+
+    # ---- brokers
+    async def h_register(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        broker_id = body.get("broker_id")
+        now = self.clock_ms()
+        await self.write(lambda img: self.controller.register_broker(
+            img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now))
+        b = self.sm.image.brokers.get(broker_id)
+        if b is None or b.incarnation_id != body.get("incarnation_id"):
+            raise KraftlogError(ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+                                f"broker {broker_id} was re-registered concurrently by another incarnation; retry")
+        return web.json_response(self._broker_state(broker_id))
+
+    def _broker_state(self, broker_id: int) -> dict:
+        img = self.sm.image
+        b = img.brokers[broker_id]
+        return {
+            "broker_id": broker_id,
+            "broker_epoch": b.epoch,
+            "fenced": b.fenced,
+            "in_controlled_shutdown": b.in_controlled_shutdown,
+            "should_shutdown": QuorumController.should_shutdown(img, broker_id),
+            "metadata_offset": img.offset,
+            "controller_epoch": img.controller_epoch,
+            "cluster_id": img.cluster_id,
+            "heartbeat_interval_ms": self.config.broker_heartbeat_interval_ms,
+            "session_timeout_ms": self.config.broker_session_timeout_ms,
+        }
+
+    async def h_heartbeat(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        broker_id = body.get("broker_id")
+        now = self.clock_ms()
+        want_shutdown = bool(body.get("want_shutdown", False))
+        await self.write(lambda img: self.controller.heartbeat(
+            img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, want_shutdown))
+        return web.json_response(self._broker_state(broker_id))
+
+    async def h_controlled_shutdown(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        broker_id = body.get("broker_id")
+        now = self.clock_ms()
+        await self.write(lambda img: self.controller.heartbeat(
+            img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, True))
+        return web.json_response(self._broker_state(broker_id))
+
+    async def h_alter_partition(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        topic, partition = body.get("topic"), body.get("partition")
+        await self.write(lambda img: self.controller.alter_partition(
+            img, body.get("broker_id"), body.get("broker_epoch"), topic, partition,
+            body.get("leader_epoch"), body.get("partition_epoch"), body.get("new_isr")), _request_id(request, body))
+        p = self.sm.image.partition(topic, partition)
+        if p is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"partition {topic}-{partition} was deleted")
+        out = p.to_json()
+        out.update(topic=topic, partition_epoch=p.partition_epoch)
+        return web.json_response(out)
+
+    # ---- topics
+    async def h_create_topic(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        name = body.get("name")
+        rid = _request_id(request, body)
+        result = await self.write(lambda img: self.controller.create_topic(
+            img, name, body.get("partitions"), body.get("replication_factor"), body.get("configs")), rid)
+        topic = self.sm.image.topic_json(name, include_configs=True)
+        if topic is None:  # duplicate of a create that was deleted since
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} was deleted concurrently")
+        topic["metadata_offset"] = result.get("offset", self.sm.image.offset)
+        return web.json_response(topic, status=201)
+
+    async def h_delete_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        rid = _request_id(request, {})
+        result = await self.write(lambda img: self.controller.delete_topic(img, name), rid)
+        return web.json_response({"deleted": name, "metadata_offset": result.get("offset", self.sm.image.offset)})
+
+    async def h_create_partitions(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        body = await _json_body(request)
+        count = body.get("count")
+        rid = _request_id(request, body)
+        await self.write(lambda img: self.controller.create_partitions(img, name, count), rid)
+        return web.json_response(self.sm.image.topic_json(name, include_configs=True))
+
+    async def h_alter_configs(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        body = await _json_body(request)
+        rid = _request_id(request, body)
+        await self.write(lambda img: self.controller.alter_configs(img, name, body.get("configs")), rid)
+        t = self.sm.image.topic(name)
+        if t is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        return web.json_response({"name": name, "configs": dict(t.configs)})
+
+    async def h_producer_ids(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        allocated: dict = {}
+
+        def decide(img):
+            records, first, size = self.controller.allocate_producer_ids(img, body.get("broker_id"), body.get("broker_epoch"))
+            allocated.update(first_producer_id=first, size=size)
+            return records
+
+        await self.write(decide)
+        return web.json_response(allocated)
+
+    async def h_elect_leaders(self, request: web.Request) -> web.Response:
+        body = await _json_body(request, allow_empty=True)
+        parts = body.get("partitions")
+        wanted = None
+        if parts is not None:
+            if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+                raise KraftlogError(ErrorCode.INVALID_REQUEST, 'partitions must be a list of {"topic", "partition"}')
+            wanted = [(p.get("topic"), p.get("partition")) for p in parts]
+        elected: list = []
+
+        def decide(img):
+            records = self.controller.elect_preferred_leaders(img, wanted)
+            elected[:] = [{"topic": r.topic, "partition": r.partition, "leader": r.leader} for r in records]
+            return records
+
+        await self.write(decide)
+        return web.json_response({"elected": elected})
+
+
+# ---------------------------------------------------------------------- helpers
+@web.middleware
+async def _error_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except KraftlogError as exc:
+        return web.json_response(exc.to_body(), status=exc.http_status)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            code = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.UNKNOWN_SERVER_ERROR
+            return web.json_response({"error_code": code.name, "message": exc.reason}, status=exc.status)
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # never crash on a request
+        log.exception("controller request failed")
+        return web.json_response({"error_code": "UNKNOWN_SERVER_ERROR", "message": f"{type(exc).__name__}: {exc}"},
+                                 status=500)
+
+
+async def _json_body(request: web.Request, allow_empty: bool = False) -> dict:
+    raw = await request.read()
+    if not raw and allow_empty:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
+    return body
+
+
+def _query_int(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, f"query parameter {name} must be an integer, got {raw!r}") from None
+
+
+def _request_id(request: web.Request, body: dict) -> Optional[str]:
+    rid = body.get("request_id") or request.headers.get("X-Request-Id") or request.query.get("request_id")
+    if rid is not None and (not isinstance(rid, str) or len(rid) > 200):
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, "request_id must be a string of at most 200 characters")
+    return rid
+
+
+# ---------------------------------------------------------------------- process
+async def run_controller_async(config: ControllerConfig, started: Optional[asyncio.Event] = None,
+                               stop: Optional[asyncio.Event] = None) -> None:
+    """Run a controller inside the running loop (main thread) until `stop` is set or cancelled."""
+    from raft.syncobj_log import SyncObjReplicatedLog
+
+    os.makedirs(config.data_dir, exist_ok=True)
+    sm = MetadataStateMachine(config.cluster_id)
+    raft_log = SyncObjReplicatedLog(config.raft_config(), sm, loop=asyncio.get_running_loop())
+    server = ControllerServer(config, sm, raft_log)
+    raft_log.start()
+    runner = web.AppRunner(server.build_app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    await site.start()
+    maintenance = asyncio.create_task(server.maintenance_loop())
+    log.info("controller %s listening on http://%s:%s (raft %s)", config.node_id, config.http_host,
+             config.http_port, config.voters[config.node_id].raft_address)
+    if started is not None:
+        started.set()
+    try:
+        if stop is None:
+            await asyncio.Event().wait()
+        else:
+            await stop.wait()
+    finally:
+        maintenance.cancel()
+        await runner.cleanup()
+        raft_log.stop()
+
+
+def run_controller(config: ControllerConfig) -> None:
+    """Blocking entry point: run until SIGINT/SIGTERM. Call on the process's main thread."""
+
+    async def _main():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await run_controller_async(config, stop=stop)
+
+    asyncio.run(_main())
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m metadata_quorum.controller_server",
+                                description="Run one controller (metadata quorum voter + controller API).")
+    p.add_argument("--node-id", type=int, required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--http-host", default=None)
+    p.add_argument("--http-port", type=int, default=None)
+    p.add_argument("--raft-port", type=int, default=None, help="must match this node's entry in --voters")
+    p.add_argument("--voters", default=None, help='"ID@HOST:RAFT_PORT:HTTP_PORT,..." (default: this node alone)')
+    p.add_argument("--password", default=os.environ.get("KRAFTLOG_RAFT_PASSWORD"))
+    p.add_argument("--cluster-id", default="kraftlog-cluster")
+    p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
+    p.add_argument("--broker-heartbeat-interval-ms", type=int, default=2000)
+    p.add_argument("--leader-imbalance-check-interval-ms", type=int, default=30_000)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ControllerConfig:
+    if args.voters:
+        voters = parse_voters(args.voters)
+    else:
+        if args.raft_port is None or args.http_port is None:
+            raise SystemExit("give --voters, or --raft-port and --http-port for a single-controller quorum")
+        host = args.http_host or "127.0.0.1"
+        voters = {args.node_id: Voter(args.node_id, host, args.raft_port, args.http_port)}
+    me = voters.get(args.node_id)
+    if me is None:
+        raise SystemExit(f"--node-id {args.node_id} is not in --voters")
+    if args.raft_port is not None and args.raft_port != me.raft_port:
+        raise SystemExit(f"--raft-port {args.raft_port} does not match --voters entry {me.raft_port}")
+    return ControllerConfig(
+        node_id=args.node_id,
+        data_dir=args.data_dir,
+        voters=voters,
+        password=args.password,
+        cluster_id=args.cluster_id,
+        http_host=args.http_host,
+        http_port=args.http_port,
+        broker_session_timeout_ms=args.broker_session_timeout_ms,
+        broker_heartbeat_interval_ms=args.broker_heartbeat_interval_ms,
+        leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+    )
+
+
+def main(argv: Optional[list] = None) -> None:
+    args = build_arg_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = config_from_args(args)
+    try:
+        run_controller(config)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+if __name__ == "__main__":
+    main()
