@@ -10,7 +10,17 @@ import enum
 
 
 class ErrorCode(enum.Enum):
-    """(http_status, retriable) per Kafka error name."""
+    """(http_status, retriable) per Kafka error name.
+
+    Members with the same (status, retriable) must stay distinct (an Enum would otherwise
+    make INVALID_TOPIC_EXCEPTION an alias of CORRUPT_MESSAGE and report the wrong name), so
+    each value gets its definition index as a third, tie-breaking element.
+    """
+
+    def __new__(cls, http_status: int, retriable: bool):
+        obj = object.__new__(cls)
+        obj._value_ = (http_status, retriable, len(cls.__members__))
+        return obj
 
     UNKNOWN_SERVER_ERROR = (500, False)
     CORRUPT_MESSAGE = (400, False)
