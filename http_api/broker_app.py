@@ -1,0 +1,678 @@
+"""The broker's public HTTP API (API.md "Broker HTTP API v1") as an aiohttp app.
+
+`create_app(config, deps)` builds the app from a `BrokerConfig` and injected dependencies
+(`BrokerDeps`: replica manager, metadata view, controller client, group offset store), so
+functional tests run it in-process with a fake controller and the broker process
+(`broker_server.py`) wires the real ones.
+
+Routing rules: partition-level produce/fetch/offsets answer only on the partition leader
+(else 421 NOT_LEADER_OR_FOLLOWER with leader_id/leader_url); topic-level produce works on
+any broker and forwards each partition's batch to its leader as a raw batch; admin routes
+go to the controller. Bad input is rejected with a 4xx before anything is stored.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+import aiohttp
+import prometheus_client as prom
+
+from http_api import codecs
+from http_api.codecs import CBOR, JSON, RAW_BATCH
+from http_api.config import BrokerConfig
+from http_api.errors import ErrorCode, KraftlogError
+from http_api.group_offsets import GroupOffsetStore, validate_group_id
+from http_api.partitioner import RoundRobin, partition_for_key
+from partitions.log import record_batch as rb
+from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
+
+log = logging.getLogger("kraftlog.broker")
+
+TOPIC_NAME_MAX_CHARS = 249
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-]+$")
+CORRELATION_HEADER = "X-Correlation-Id"
+CLIENT_ID_HEADER = "X-Client-Id"
+BROKER_KEY: web.AppKey = web.AppKey("broker", object)
+
+
+def validate_topic_name(name: Any) -> str:
+    """Kafka's rule: 1-249 chars of [A-Za-z0-9._-], not '.' or '..'."""
+    if not isinstance(name, str) or not name:
+        raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION, "name: a topic name must be a non-empty string")
+    if len(name) > TOPIC_NAME_MAX_CHARS or name in (".", "..") or not _TOPIC_RE.match(name):
+        raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                            f"topic name {name!r} is invalid: use 1-{TOPIC_NAME_MAX_CHARS} characters from "
+                            "[A-Za-z0-9._-] (not '.' or '..')")
+    return name
+
+
+@dataclass
+class BrokerDeps:
+    """What the app needs from the broker process (or from a test)."""
+
+    replica_manager: Any
+    metadata: Any                    # MetadataView: .image, .wait_until(pred, timeout_s)
+    controller: Any                  # ControllerClient-like (async admin calls)
+    groups: GroupOffsetStore
+    registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
+    http_session: aiohttp.ClientSession | None = None   # for forwarding; created on startup
+
+
+class BrokerMetrics:
+    """Prometheus metrics of one broker app (own registry, so tests can run several)."""
+
+    def __init__(self, registry: prom.CollectorRegistry, deps: BrokerDeps) -> None:
+        buckets = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
+        self.produce_requests = prom.Counter("kraftlog_produce_requests", "Produce requests", ["status"],
+                                             registry=registry)
+        self.produce_records = prom.Counter("kraftlog_produce_records", "Records produced", registry=registry)
+        self.produce_bytes = prom.Counter("kraftlog_produce_bytes", "Produce request body bytes",
+                                          registry=registry)
+        self.produce_latency = prom.Histogram("kraftlog_produce_latency_seconds", "Produce request latency",
+                                              buckets=buckets, registry=registry)
+        self.fetch_requests = prom.Counter("kraftlog_fetch_requests", "Fetch requests", ["status"],
+                                           registry=registry)
+        self.fetch_bytes = prom.Counter("kraftlog_fetch_bytes", "Record batch bytes returned by fetches",
+                                        registry=registry)
+        self.fetch_latency = prom.Histogram("kraftlog_fetch_latency_seconds",
+                                            "Fetch request latency (long polls included)",
+                                            buckets=buckets, registry=registry)
+        rm = deps.replica_manager
+        g = prom.Gauge("kraftlog_partitions", "Partition replicas hosted by this broker", registry=registry)
+        g.set_function(lambda: rm.local_partition_counts()[0])
+        g = prom.Gauge("kraftlog_leader_partitions", "Partitions led by this broker", registry=registry)
+        g.set_function(lambda: rm.local_partition_counts()[1])
+        g = prom.Gauge("kraftlog_long_polls_waiting", "Fetches waiting for data", registry=registry)
+        g.set_function(lambda: rm.long_polls_waiting)
+        self._ok_produce = self.produce_requests.labels("200")
+        self._ok_fetch = self.fetch_requests.labels("200")
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+def _json_response(doc: Any, status: int = 200, media: str = JSON) -> web.Response:
+    return web.Response(body=codecs.encode_document(media, doc), status=status, content_type=media)
+
+
+def _error_response(err: KraftlogError) -> web.Response:
+    return web.Response(body=codecs.error_body(err), status=err.http_status, content_type=JSON)
+
+
+def _int_param(value: str | None, name: str, *, default: int | None = None, minimum: int = 0) -> int:
+    if value is None or value == "":
+        if default is None:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{name}: query parameter is required")
+        return default
+    try:
+        v = int(value)
+    except ValueError:
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{name}: must be an integer, got {value!r}") from None
+    if v < minimum:
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{name}: must be >= {minimum}, got {v}")
+    return v
+
+
+def _partition_param(request: web.Request) -> int:
+    raw = request.match_info["partition"]
+    try:
+        p = int(raw)
+    except ValueError:
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, f"partition: must be an integer, got {raw!r}") from None
+    if p < 0:
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, f"partition: must be >= 0, got {p}")
+    return p
+
+
+class BrokerApp:
+    """Request handlers; one instance per app."""
+
+    def __init__(self, config: BrokerConfig, deps: BrokerDeps) -> None:
+        self.config = config
+        self.deps = deps
+        self.rm = deps.replica_manager
+        self.metrics = BrokerMetrics(deps.registry, deps)
+        self.round_robin = RoundRobin()
+
+    # ---- body ---------------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise KraftlogError(ErrorCode.RECORD_LIST_TOO_LARGE,
+                                f"request body of {request.content_length} bytes exceeds max_request_bytes="
+                                f"{limit}; split it into smaller requests")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise KraftlogError(ErrorCode.RECORD_LIST_TOO_LARGE,
+                                f"request body exceeds max_request_bytes={limit}; split it into smaller "
+                                "requests") from None
+
+    async def _read_document(self, request: web.Request) -> Any:
+        body = await self._read_body(request)
+        mt = codecs.media_type(request.headers.get("Content-Type"))
+        if mt not in (JSON, CBOR):
+            raise KraftlogError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                                f"Content-Type {mt!r} is not supported here; use {JSON} or {CBOR}")
+        if not body:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "request body is empty; send a JSON object")
+        return codecs.decode_document(mt, body)
+
+    # ---- metadata & topics -------------------------------------------------------------
+
+    @property
+    def image(self):
+        img = self.deps.metadata.image
+        if img is None:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                "this broker has not loaded cluster metadata yet; retry in a moment")
+        return img
+
+    async def get_metadata(self, request: web.Request) -> web.Response:
+        return _json_response(self.image.to_metadata_json())
+
+    async def list_topics(self, request: web.Request) -> web.Response:
+        return _json_response({"topics": sorted(self.image.topics)})
+
+    async def create_topic(self, request: web.Request) -> web.Response:
+        doc = await self._read_document(request)
+        if not isinstance(doc, dict):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                'body must be an object {"name", "partitions", "replication_factor", "configs"}')
+        unknown = set(doc) - {"name", "partitions", "replication_factor", "configs"}
+        if unknown:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, f"unknown field(s) {sorted(map(str, unknown))}; "
+                                "allowed: name, partitions, replication_factor, configs")
+        name = validate_topic_name(doc.get("name"))
+        partitions = doc.get("partitions", self.config.num_partitions)
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
+                                f"partitions: must be an integer >= 1, got {partitions!r}")
+        rf = doc.get("replication_factor", self.config.default_replication_factor)
+        if isinstance(rf, bool) or not isinstance(rf, int) or rf < 1:
+            raise KraftlogError(ErrorCode.INVALID_REPLICATION_FACTOR,
+                                f"replication_factor: must be an integer >= 1, got {rf!r}")
+        configs = doc.get("configs") or {}
+        if not isinstance(configs, dict):
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, "configs: must be an object of string to string")
+        configs = self._check_configs(configs)
+        await self.deps.controller.create_topic(name, partitions, rf, configs)
+        topic = await self._await_topic(name)
+        return _json_response(topic, status=201)
+
+    @staticmethod
+    def _check_configs(configs: dict) -> dict:
+        out = {}
+        for k, v in configs.items():
+            if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
+                raise KraftlogError(ErrorCode.INVALID_CONFIG,
+                                    f"configs.{k}: values must be strings or numbers, got {type(v).__name__}")
+            out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+        try:
+            from partitions.log.config import validate_topic_configs
+        except ImportError:  # storage not there yet: the controller validates
+            return out
+        try:
+            validate_topic_configs(out)
+        except (ValueError, KeyError) as e:
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, f"configs: {e}") from None
+        return out
+
+    async def _await_topic(self, name: str) -> dict:
+        """Wait until this broker's metadata has the topic with leaders, then describe it."""
+        def ready(img) -> bool:
+            t = img.topics.get(name)
+            return t is not None and bool(t.partitions) and all(
+                p.leader >= 0 for p in t.partitions.values())
+        await self.deps.metadata.wait_until(ready, self.config.metadata_wait_ms / 1000)
+        topic = self.image.topic_json(name, include_configs=True)
+        if topic is None:
+            raise KraftlogError(ErrorCode.REQUEST_TIMED_OUT,
+                                f"topic {name!r} was created but this broker has not seen it within "
+                                f"{self.config.metadata_wait_ms} ms; retry GET /v1/topics/{name}")
+        return topic
+
+    async def describe_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        topic = self.image.topic_json(name, include_configs=True)
+        if topic is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"topic {name!r} does not exist; list topics with GET /v1/topics")
+        return _json_response(topic)
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        if name not in self.image.topics:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"topic {name!r} does not exist; list topics with GET /v1/topics")
+        await self.deps.controller.delete_topic(name)
+        self.deps.groups.delete_topic(name)
+        await self.deps.metadata.wait_until(lambda img: name not in img.topics,
+                                            self.config.metadata_wait_ms / 1000)
+        return web.Response(status=204)
+
+    async def create_partitions(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        doc = await self._read_document(request)
+        count = doc.get("partitions") if isinstance(doc, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
+                                'body must be {"partitions": N} with N the new total partition count')
+        if name not in self.image.topics:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        await self.deps.controller.create_partitions(name, count)
+        await self.deps.metadata.wait_until(
+            lambda img: name in img.topics and len(img.topics[name].partitions) >= count,
+            self.config.metadata_wait_ms / 1000)
+        return _json_response(self.image.topic_json(name, include_configs=True))
+
+    async def alter_configs(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        doc = await self._read_document(request)
+        if not isinstance(doc, dict) or not isinstance(doc.get("configs"), dict):
+            raise KraftlogError(ErrorCode.INVALID_CONFIG,
+                                'body must be {"configs": {"key": "value" or null to reset}}')
+        if name not in self.image.topics:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        sets = {k: v for k, v in doc["configs"].items() if v is not None}
+        configs = self._check_configs(sets)
+        configs.update({k: None for k, v in doc["configs"].items() if v is None})
+        await self.deps.controller.alter_configs(name, configs)
+        await self.deps.metadata.wait_until(
+            lambda img: name in img.topics and all(img.topics[name].configs.get(k) == v
+                                                   for k, v in configs.items()),
+            self.config.metadata_wait_ms / 1000)
+        return _json_response(self.image.topic_json(name, include_configs=True))
+
+    async def _ensure_topic(self, name: str):
+        """The topic's image; auto-creates it when auto.create.topics.enable."""
+        img = self.image
+        topic = img.topics.get(name)
+        if topic is not None:
+            return topic
+        validate_topic_name(name)
+        if not self.config.auto_create_topics_enable:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"topic {name!r} does not exist and auto.create.topics.enable is off; "
+                                "create it first (POST /v1/topics)")
+        try:
+            await self.deps.controller.create_topic(name, self.config.num_partitions,
+                                                    self.config.default_replication_factor, {})
+        except KraftlogError as e:
+            if e.code is not ErrorCode.TOPIC_ALREADY_EXISTS:
+                raise
+        await self._await_topic(name)
+        return self.image.topics[name]
+
+    # ---- produce -----------------------------------------------------------------------
+
+    async def produce_topic(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        status = "500"
+        try:
+            resp = await self._produce_topic(request)
+            status = str(resp.status)
+            return resp
+        except KraftlogError as e:
+            status = str(e.http_status)
+            raise
+        finally:
+            self.metrics.produce_requests.labels(status).inc()
+            self.metrics.produce_latency.observe(time.perf_counter() - started)
+
+    async def _produce_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        acks = parse_acks(request.query.get("acks"))
+        ct = request.headers.get("Content-Type")
+        mt = codecs.media_type(ct)
+        if mt == RAW_BATCH:
+            raise KraftlogError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                                "raw batches carry no partition: send them to "
+                                f"/v1/topics/{name}/partitions/{{p}}/records, or send JSON/CBOR records here")
+        body = await self._read_body(request)
+        records = codecs.parse_produce_body(ct, body, max_records=self.config.max_records_per_request)
+        topic = await self._ensure_topic(name)
+        n_parts = len(topic.partitions)
+        # assign partitions (validate all before storing anything)
+        by_partition: dict[int, list[int]] = {}
+        for i, r in enumerate(records):
+            p = r.partition
+            if p is None:
+                p = (partition_for_key(r.key, n_parts) if r.key is not None
+                     else self.round_robin.next(name, n_parts))
+            elif p >= n_parts:
+                raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"records[{i}].partition: topic {name!r} has partitions 0..{n_parts - 1}, "
+                                    f"not {p}")
+            by_partition.setdefault(p, []).append(i)
+        max_msg = self._max_message_bytes(name)
+        built = {p: codecs.build_batches([records[i] for i in idx], max_message_bytes=max_msg)
+                 for p, idx in by_partition.items()}
+        self.metrics.produce_bytes.inc(len(body))
+        self.metrics.produce_records.inc(len(records))
+        results = await asyncio.gather(*(self._append_anywhere(name, p, built[p], acks) for p in built))
+        entries: list[dict | None] = [None] * len(records)
+        first_error: KraftlogError | None = None
+        for (p, idx), res in zip(by_partition.items(), results):
+            if isinstance(res, KraftlogError):
+                first_error = first_error or res
+                for i in idx:
+                    entries[i] = {"partition": p, "error_code": res.code.name, "message": res.message}
+            else:
+                for j, i in enumerate(idx):
+                    entries[i] = {"partition": p, "offset": res + j}
+        if acks == ACKS_NONE and first_error is None:
+            return web.Response(status=202)
+        media = codecs.negotiate_response_type(request.headers.get("Accept"), mt)
+        if media == RAW_BATCH:
+            media = JSON
+        if first_error is not None:
+            doc = {"error_code": first_error.code.name, "message": first_error.message, "offsets": entries}
+            return _json_response(doc, first_error.http_status, media)
+        return _json_response({"offsets": entries}, 200, media)
+
+    def _max_message_bytes(self, topic: str) -> int:
+        raw = self.rm.topic_config(topic).get("max.message.bytes")
+        try:
+            return int(raw) if raw is not None else self.config.max_message_bytes
+        except ValueError:
+            return self.config.max_message_bytes
+
+    async def _append_anywhere(self, topic: str, partition: int, batches: list[bytes], acks: int):
+        """Append on the local leader or forward to the remote leader. Returns the first
+        offset or the KraftlogError (never raises, so one partition's failure is reported
+        per record)."""
+        payload = batches[0] if len(batches) == 1 else b"".join(batches)
+        try:
+            part = self.rm.partitions.get((topic, partition))
+            if part is not None and part.is_leader:
+                res = await self.rm.append(topic, partition, payload, acks=acks,
+                                           timeout_ms=self.config.request_timeout_ms)
+                return res.first_offset
+            leader_id, leader_url = self.rm.leader_info(topic, partition)
+            if leader_id < 0 or not leader_url:
+                raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE,
+                                    f"{topic}-{partition} has no leader right now; retry shortly")
+            if leader_id == self.config.broker_id:
+                # metadata says we lead but the replica manager has not caught up yet
+                raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                    f"{topic}-{partition}: this broker is becoming leader; retry")
+            return await self._forward(leader_url, topic, partition, payload, acks)
+        except KraftlogError as e:
+            return e
+        except Exception as e:  # noqa: BLE001 - reported per record, logged
+            log.exception("append to %s-%s failed", topic, partition)
+            return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"append failed: {e}")
+
+    async def _forward(self, leader_url: str, topic: str, partition: int, payload: bytes, acks: int) -> int:
+        session = self.deps.http_session
+        if session is None:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "forwarding is not configured on this broker")
+        acks_s = "all" if acks == ACKS_ALL else str(acks)
+        url = f"{leader_url.rstrip('/')}/v1/topics/{topic}/partitions/{partition}/records?acks={acks_s}"
+        try:
+            async with session.post(url, data=payload, headers={"Content-Type": RAW_BATCH, "Accept": JSON},
+                                    timeout=aiohttp.ClientTimeout(
+                                        total=self.config.request_timeout_ms / 1000 + 5)) as resp:
+                body = await resp.read()
+                if resp.status == 202:
+                    return -1
+                doc = codecs.decode_document(JSON, body) if body else {}
+                if resp.status != 200:
+                    code = ErrorCode.__members__.get(doc.get("error_code", ""), ErrorCode.UNKNOWN_SERVER_ERROR)
+                    raise KraftlogError(code, doc.get("message", f"leader answered HTTP {resp.status}"))
+                return int(doc["offsets"][0]["offset"])
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"cannot reach the leader of {topic}-{partition} at {leader_url}: {e}; "
+                                "retry after a metadata refresh") from None
+
+    async def produce_partition(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        status = "500"
+        try:
+            resp = await self._produce_partition(request)
+            status = str(resp.status)
+            return resp
+        except KraftlogError as e:
+            status = str(e.http_status)
+            raise
+        finally:
+            self.metrics.produce_requests.labels(status).inc()
+            self.metrics.produce_latency.observe(time.perf_counter() - started)
+
+    async def _produce_partition(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = _partition_param(request)
+        acks = parse_acks(request.query.get("acks"))
+        ct = request.headers.get("Content-Type")
+        mt = codecs.media_type(ct)
+        if mt not in (JSON, CBOR, RAW_BATCH):
+            raise KraftlogError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                                f"Content-Type {mt!r} is not supported; use {JSON}, {CBOR} or {RAW_BATCH}")
+        body = await self._read_body(request)
+        max_msg = self._max_message_bytes(name)
+        if mt == RAW_BATCH:
+            headers = codecs.validate_raw_batches(body, max_message_bytes=max_msg,
+                                                  max_records=self.config.max_records_per_request)
+            n_records = sum(h.record_count for h in headers)
+            payload = body
+        else:
+            records = codecs.parse_produce_body(ct, body, max_records=self.config.max_records_per_request)
+            for i, r in enumerate(records):
+                if r.partition is not None and r.partition != partition:
+                    raise KraftlogError(ErrorCode.INVALID_RECORD,
+                                        f"records[{i}].partition is {r.partition} but the URL names partition "
+                                        f"{partition}; drop the field or use the topic-level route")
+            headers = None
+            n_records = len(records)
+            if name not in self.image.topics:
+                await self._ensure_topic(name)
+            self.rm.leader_partition(name, partition)  # 404/421 before encoding
+            payload = b"".join(codecs.build_batches(records, max_message_bytes=max_msg))
+        if name not in self.image.topics:
+            await self._ensure_topic(name)
+        res = await self.rm.append(name, partition, payload, acks=acks, timeout_ms=self.config.request_timeout_ms)
+        self.metrics.produce_bytes.inc(len(body))
+        self.metrics.produce_records.inc(n_records)
+        if acks == ACKS_NONE:
+            return web.Response(status=202)
+        media = codecs.negotiate_response_type(request.headers.get("Accept"), mt)
+        if media == RAW_BATCH:
+            media = JSON
+        if headers is not None:
+            entries = []
+            off = res.first_offset
+            for h in headers:
+                last = off + h.last_offset_delta
+                entries.append({"partition": partition, "offset": off, "last_offset": last})
+                off = last + 1
+        else:
+            entries = [{"partition": partition, "offset": res.first_offset + j} for j in range(n_records)]
+        return _json_response({"offsets": entries}, 200, media)
+
+    # ---- fetch -------------------------------------------------------------------------
+
+    async def fetch(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        status = "500"
+        try:
+            resp = await self._fetch(request)
+            status = str(resp.status)
+            return resp
+        except KraftlogError as e:
+            status = str(e.http_status)
+            raise
+        finally:
+            self.metrics.fetch_requests.labels(status).inc()
+            self.metrics.fetch_latency.observe(time.perf_counter() - started)
+
+    async def _fetch(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = _partition_param(request)
+        q = request.query
+        offset = _int_param(q.get("offset"), "offset")
+        max_bytes = min(_int_param(q.get("max_bytes"), "max_bytes", default=self.config.fetch_default_max_bytes,
+                                   minimum=1), self.config.fetch_max_bytes)
+        min_bytes = _int_param(q.get("min_bytes"), "min_bytes", default=1)
+        max_wait_ms = min(_int_param(q.get("max_wait_ms"), "max_wait_ms", default=0),
+                          self.config.fetch_max_wait_ms)
+        media = codecs.negotiate_response_type(request.headers.get("Accept"), JSON)
+        res = await self.rm.fetch(name, partition, offset, max_bytes=max_bytes, min_bytes=min_bytes,
+                                  max_wait_ms=max_wait_ms)
+        self.metrics.fetch_bytes.inc(len(res.records))
+        if media == RAW_BATCH:
+            next_offset = offset
+            for h, _ in rb.iter_batches(res.records, validate=False):
+                next_offset = h.next_offset
+            return web.Response(body=res.records, content_type=RAW_BATCH, headers={
+                codecs.HEADER_HIGH_WATERMARK: str(res.high_watermark),
+                codecs.HEADER_NEXT_OFFSET: str(max(next_offset, offset)),
+                codecs.HEADER_LOG_START_OFFSET: str(res.log_start_offset),
+            })
+        records, next_offset = codecs.decode_fetched(res.records, offset, binary=(media == CBOR))
+        return _json_response({"records": records, "next_offset": next_offset,
+                               "high_watermark": res.high_watermark,
+                               "log_start_offset": res.log_start_offset}, 200, media)
+
+    async def offsets(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = _partition_param(request)
+        ts = request.query.get("timestamp")
+        if ts is not None:
+            t = _int_param(ts, "timestamp")
+            return _json_response({"offset": self.rm.offset_for_timestamp(name, partition, t)})
+        return _json_response(self.rm.offsets(name, partition))
+
+    async def delete_records(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = _partition_param(request)
+        doc = await self._read_document(request)
+        before = doc.get("before_offset") if isinstance(doc, dict) else None
+        if isinstance(before, bool) or not isinstance(before, int) or before < -1:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                'before_offset: body must be {"before_offset": N} with N >= 0 '
+                                "(or -1 for the high watermark)")
+        lso = await self.rm.delete_records(name, partition, before)
+        return _json_response({"log_start_offset": lso})
+
+    # ---- groups ------------------------------------------------------------------------
+
+    async def commit_offsets(self, request: web.Request) -> web.Response:
+        group = request.match_info["group"]
+        validate_group_id(group)
+        doc = await self._read_document(request)
+        entries = doc.get("offsets") if isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                'offsets: body must be {"offsets": [{"topic", "partition", "offset"}]}')
+        img = self.image
+        parsed = []
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise KraftlogError(ErrorCode.INVALID_REQUEST, f"offsets[{i}]: must be an object")
+            t, p, o = e.get("topic"), e.get("partition"), e.get("offset")
+            if not isinstance(t, str):
+                raise KraftlogError(ErrorCode.INVALID_REQUEST, f"offsets[{i}].topic: must be a string")
+            for fname, v in (("partition", p), ("offset", o)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                        f"offsets[{i}].{fname}: must be an integer >= 0, got {v!r}")
+            if img.partition(t, p) is None:
+                raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"offsets[{i}]: {t}-{p} does not exist")
+            parsed.append((t, p, o))
+        await self.deps.groups.commit(group, parsed)
+        return _json_response({"offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o in parsed]})
+
+    async def fetch_offsets(self, request: web.Request) -> web.Response:
+        group = request.match_info["group"]
+        validate_group_id(group)
+        return _json_response({"offsets": self.deps.groups.fetch(group)})
+
+    # ---- ops ---------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        ready = self.deps.metadata.image is not None
+        return _json_response({"status": "ok" if ready else "starting", "broker_id": self.config.broker_id},
+                              200 if ready else 503)
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(body=prom.generate_latest(self.deps.registry),
+                            headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        from http_api.openapi import openapi_document
+        return _json_response(openapi_document(self.config.url))
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler):
+    cid = request.headers.get(CORRELATION_HEADER)
+    client_id = request.headers.get(CLIENT_ID_HEADER)
+    if client_id and log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %s client_id=%s correlation_id=%s", request.method, request.path, client_id, cid)
+    try:
+        resp = await handler(request)
+    except KraftlogError as e:
+        resp = _error_response(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = ErrorCode.RECORD_LIST_TOO_LARGE if e.status == 413 else ErrorCode.INVALID_REQUEST
+        msg = (f"no route {request.method} {request.path}; see GET /openapi.json" if e.status in (404, 405)
+               else e.reason)
+        resp = web.Response(body=codecs.error_body(KraftlogError(code, msg)), status=e.status,
+                            content_type=JSON)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a bug must not kill the broker
+        log.exception("unhandled error in %s %s (client_id=%s)", request.method, request.path, client_id)
+        resp = _error_response(KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                             f"internal error: {type(e).__name__}: {e}; see the broker log"))
+    if cid is not None:
+        resp.headers[CORRELATION_HEADER] = cid
+    return resp
+
+
+def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
+    """The broker aiohttp app; `deps` are injected (real in broker_server.py, fakes in tests)."""
+    app = web.Application(middlewares=[_error_middleware], client_max_size=config.max_request_bytes)
+    h = BrokerApp(config, deps)
+    app[BROKER_KEY] = h
+    r = app.router
+    r.add_get("/v1/metadata", h.get_metadata)
+    r.add_get("/v1/topics", h.list_topics)
+    r.add_post("/v1/topics", h.create_topic)
+    r.add_get("/v1/topics/{topic}", h.describe_topic)
+    r.add_delete("/v1/topics/{topic}", h.delete_topic)
+    r.add_post("/v1/topics/{topic}/partitions", h.create_partitions)
+    r.add_post("/v1/topics/{topic}/configs", h.alter_configs)
+    r.add_post("/v1/topics/{topic}/records", h.produce_topic)
+    r.add_post("/v1/topics/{topic}/partitions/{partition}/records", h.produce_partition)
+    r.add_get("/v1/topics/{topic}/partitions/{partition}/records", h.fetch)
+    r.add_get("/v1/topics/{topic}/partitions/{partition}/offsets", h.offsets)
+    r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", h.delete_records)
+    r.add_post("/v1/groups/{group}/offsets", h.commit_offsets)
+    r.add_get("/v1/groups/{group}/offsets", h.fetch_offsets)
+    r.add_get("/healthz", h.healthz)
+    r.add_get("/metrics", h.metrics_handler)
+    r.add_get("/openapi.json", h.openapi)
+
+    async def _session(app: web.Application):
+        own = deps.http_session is None
+        if own:
+            deps.http_session = aiohttp.ClientSession()
+        yield
+        if own and deps.http_session is not None:
+            await deps.http_session.close()
+            deps.http_session = None
+
+    app.cleanup_ctx.append(_session)
+    return app

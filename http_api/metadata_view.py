@@ -1,0 +1,56 @@
+"""The broker's current view of cluster metadata, with a way to await changes.
+
+Job: hold the latest `MetadataImage` the broker has applied, apply each new image to the
+ReplicaManager *before* publishing it (so a request that sees a partition in the image
+also finds its local replica), and let handlers wait — on futures, not sleeps — until a
+condition holds (a topic just created by the controller becomes visible, ...).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+
+class MetadataView:
+    """Latest applied MetadataImage (`image`) plus `wait_until(predicate, timeout_s)`."""
+
+    def __init__(self, replica_manager: Any, image: Any = None) -> None:
+        self.replica_manager = replica_manager
+        self.image = image
+        self.version = 0
+        self._waiters: list[asyncio.Future] = []
+        self._listeners: list[Callable[[Any], None]] = []
+        self._lock = asyncio.Lock()
+
+    def add_listener(self, fn: Callable[[Any], None]) -> None:
+        self._listeners.append(fn)
+
+    async def update(self, image: Any) -> None:
+        """Apply `image` to the replica manager, publish it, wake waiters."""
+        async with self._lock:
+            await self.replica_manager.apply_metadata(image)
+            self.image = image
+            self.version += 1
+            for fn in self._listeners:
+                fn(image)
+            waiters, self._waiters = self._waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait_until(self, predicate: Callable[[Any], bool], timeout_s: float) -> bool:
+        """True once predicate(image) holds; False if it still does not after timeout_s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if self.image is not None and predicate(self.image):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                pass

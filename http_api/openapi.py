@@ -1,0 +1,174 @@
+"""OpenAPI 3 description of the broker HTTP API v1 (served at GET /openapi.json)."""
+from __future__ import annotations
+
+
+def _err(desc: str) -> dict:
+    return {"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _json(schema_ref: str, desc: str = "OK") -> dict:
+    return {"description": desc, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}}}
+
+
+_T = {"name": "topic", "in": "path", "required": True, "schema": {"type": "string"}}
+_P = {"name": "partition", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
+_G = {"name": "group", "in": "path", "required": True, "schema": {"type": "string"}}
+_ACKS = {"name": "acks", "in": "query", "schema": {"type": "string", "enum": ["0", "1", "all"], "default": "all"}}
+_RECORDS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
+        "application/cbor": {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
+    },
+}
+
+
+def openapi_document(server_url: str) -> dict:
+    """The OpenAPI 3.0 document; every route of the broker app is listed."""
+    produce_partition_body = {
+        "required": True,
+        "content": dict(_RECORDS_BODY["content"], **{
+            "application/vnd.kraftlog.batch": {
+                "schema": {"type": "string", "format": "binary",
+                           "description": "concatenated record batches (partitions/log/record_batch.py)"}}}),
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "kraftlog broker API", "version": "1",
+                 "description": "Kafka-style replicated commit log over HTTP. Errors are "
+                                "{error_code, message} with Kafka error names."},
+        "servers": [{"url": server_url}],
+        "paths": {
+            "/v1/metadata": {"get": {"summary": "Cluster metadata", "responses": {"200": _json("Metadata")}}},
+            "/v1/topics": {
+                "get": {"summary": "List topics", "responses": {"200": _json("TopicList")}},
+                "post": {"summary": "Create a topic",
+                         "requestBody": {"required": True, "content": {"application/json": {
+                             "schema": {"$ref": "#/components/schemas/CreateTopic"}}}},
+                         "responses": {"201": _json("Topic", "Created"), "400": _err("Invalid name/partitions/RF/config"),
+                                       "409": _err("TOPIC_ALREADY_EXISTS")}},
+            },
+            "/v1/topics/{topic}": {
+                "parameters": [_T],
+                "get": {"summary": "Describe a topic (with configs)",
+                        "responses": {"200": _json("Topic"), "404": _err("UNKNOWN_TOPIC_OR_PARTITION")}},
+                "delete": {"summary": "Delete a topic", "responses": {"204": {"description": "Deleted"},
+                                                                       "404": _err("UNKNOWN_TOPIC_OR_PARTITION")}},
+            },
+            "/v1/topics/{topic}/partitions": {
+                "parameters": [_T],
+                "post": {"summary": "Increase the partition count",
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                             "type": "object", "properties": {"partitions": {"type": "integer"}}}}}},
+                         "responses": {"200": _json("Topic"), "400": _err("INVALID_PARTITIONS")}},
+            },
+            "/v1/topics/{topic}/configs": {
+                "parameters": [_T],
+                "post": {"summary": "Set (or reset with null) topic configs",
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                             "type": "object", "properties": {"configs": {"type": "object"}}}}}},
+                         "responses": {"200": _json("Topic"), "400": _err("INVALID_CONFIG")}},
+            },
+            "/v1/topics/{topic}/records": {
+                "parameters": [_T, _ACKS],
+                "post": {"summary": "Produce to a topic (any broker; routed to partition leaders)",
+                         "requestBody": _RECORDS_BODY,
+                         "responses": {"200": _json("ProduceResponse"), "202": {"description": "acks=0"},
+                                       "400": _err("Invalid request/record"), "413": _err("Too large"),
+                                       "503": _err("NOT_ENOUGH_REPLICAS / LEADER_NOT_AVAILABLE")}},
+            },
+            "/v1/topics/{topic}/partitions/{partition}/records": {
+                "parameters": [_T, _P],
+                "post": {"summary": "Produce to one partition (leader only)",
+                         "parameters": [_ACKS], "requestBody": produce_partition_body,
+                         "responses": {"200": _json("ProduceResponse"), "202": {"description": "acks=0"},
+                                       "421": _err("NOT_LEADER_OR_FOLLOWER with leader_id, leader_url")}},
+                "get": {"summary": "Fetch committed records (long poll)",
+                        "parameters": [
+                            {"name": "offset", "in": "query", "required": True, "schema": {"type": "integer"}},
+                            {"name": "max_bytes", "in": "query", "schema": {"type": "integer"}},
+                            {"name": "min_bytes", "in": "query", "schema": {"type": "integer", "default": 1}},
+                            {"name": "max_wait_ms", "in": "query", "schema": {"type": "integer", "default": 0}}],
+                        "responses": {"200": {"description": "Records (JSON/CBOR) or raw batches with "
+                                                             "X-Kraftlog-High-Watermark, X-Kraftlog-Next-Offset, "
+                                                             "X-Kraftlog-Log-Start-Offset headers",
+                                              "content": {"application/json": {"schema": {
+                                                  "$ref": "#/components/schemas/FetchResponse"}},
+                                                  "application/cbor": {"schema": {
+                                                      "$ref": "#/components/schemas/FetchResponse"}},
+                                                  "application/vnd.kraftlog.batch": {"schema": {
+                                                      "type": "string", "format": "binary"}}}},
+                                      "416": _err("OFFSET_OUT_OF_RANGE"), "421": _err("NOT_LEADER_OR_FOLLOWER"),
+                                      "429": _err("THROTTLING_QUOTA_EXCEEDED (too many long polls)")}},
+            },
+            "/v1/topics/{topic}/partitions/{partition}/offsets": {
+                "parameters": [_T, _P, {"name": "timestamp", "in": "query", "schema": {"type": "integer"}}],
+                "get": {"summary": "Log start offset and high watermark, or the offset for a timestamp",
+                        "responses": {"200": {"description": "{log_start_offset, high_watermark} or {offset}",
+                                              "content": {"application/json": {"schema": {"type": "object"}}}}}},
+            },
+            "/v1/topics/{topic}/partitions/{partition}/delete-records": {
+                "parameters": [_T, _P],
+                "post": {"summary": "Advance the log start offset",
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                             "type": "object", "properties": {"before_offset": {"type": "integer"}}}}}},
+                         "responses": {"200": {"description": "{log_start_offset}",
+                                               "content": {"application/json": {"schema": {"type": "object"}}}},
+                                       "416": _err("OFFSET_OUT_OF_RANGE")}},
+            },
+            "/v1/groups/{group}/offsets": {
+                "parameters": [_G],
+                "post": {"summary": "Commit group offsets (offset = next record to read)",
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                             "$ref": "#/components/schemas/GroupOffsets"}}}},
+                         "responses": {"200": _json("GroupOffsets")}},
+                "get": {"summary": "Committed group offsets", "responses": {"200": _json("GroupOffsets")}},
+            },
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI"}}}},
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["error_code", "message"],
+                      "properties": {"error_code": {"type": "string"}, "message": {"type": "string"}}},
+            "Partition": {"type": "object", "properties": {
+                "partition": {"type": "integer"}, "leader": {"type": "integer"},
+                "leader_epoch": {"type": "integer"},
+                "replicas": {"type": "array", "items": {"type": "integer"}},
+                "isr": {"type": "array", "items": {"type": "integer"}}}},
+            "Topic": {"type": "object", "properties": {
+                "name": {"type": "string"},
+                "partitions": {"type": "array", "items": {"$ref": "#/components/schemas/Partition"}},
+                "configs": {"type": "object", "additionalProperties": {"type": "string"}}}},
+            "TopicList": {"type": "object", "properties": {"topics": {"type": "array", "items": {"type": "string"}}}},
+            "CreateTopic": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"}, "partitions": {"type": "integer", "minimum": 1},
+                "replication_factor": {"type": "integer", "minimum": 1},
+                "configs": {"type": "object", "additionalProperties": {"type": "string"}}}},
+            "Metadata": {"type": "object", "properties": {
+                "cluster_id": {"type": "string"}, "controller_id": {"type": "integer"},
+                "brokers": {"type": "array", "items": {"type": "object", "properties": {
+                    "id": {"type": "integer"}, "url": {"type": "string"}, "rack": {"type": "string", "nullable": True},
+                    "fenced": {"type": "boolean"}}}},
+                "topics": {"type": "array", "items": {"$ref": "#/components/schemas/Topic"}}}},
+            "Record": {"type": "object", "properties": {
+                "key": {"type": "string", "nullable": True}, "value": {"type": "string", "nullable": True},
+                "key_b64": {"type": "string"}, "value_b64": {"type": "string"},
+                "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                "partition": {"type": "integer"}, "timestamp": {"type": "integer"}}},
+            "ProduceRequest": {"type": "object", "required": ["records"], "properties": {
+                "records": {"type": "array", "items": {"$ref": "#/components/schemas/Record"}}}},
+            "ProduceResponse": {"type": "object", "properties": {"offsets": {"type": "array", "items": {
+                "type": "object", "properties": {"partition": {"type": "integer"}, "offset": {"type": "integer"},
+                                                 "error_code": {"type": "string"}}}}}},
+            "FetchResponse": {"type": "object", "properties": {
+                "records": {"type": "array", "items": {"allOf": [
+                    {"$ref": "#/components/schemas/Record"},
+                    {"type": "object", "properties": {"offset": {"type": "integer"}}}]}},
+                "next_offset": {"type": "integer"}, "high_watermark": {"type": "integer"},
+                "log_start_offset": {"type": "integer"}}},
+            "GroupOffsets": {"type": "object", "properties": {"offsets": {"type": "array", "items": {
+                "type": "object", "properties": {"topic": {"type": "string"}, "partition": {"type": "integer"},
+                                                 "offset": {"type": "integer"}}}}}},
+        }},
+    }
