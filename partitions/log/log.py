@@ -1,0 +1,748 @@
+"""`Log`: one partition replica's log, a list of segments plus its offsets.
+
+Offsets: log_start_offset <= high_watermark <= log_end_offset, recovery_point <=
+log_end_offset. Batches are contiguous in offset order across segments; only the last
+(active) segment is appended to; the active segment is never deleted by retention.
+
+Threading: one owner thread appends, reads and truncates; `flush` may run in another
+thread (group commit). `_lock` guards the segment list and counters; `_flush_lock` is
+held while fsyncing so that segments are not closed under an fsync (operations that
+close segments take `_flush_lock` first, then `_lock`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .config import LogConfig
+from .errors import (
+    CorruptRecordError,
+    LogClosedError,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
+from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache, fsync_dir
+from .record_batch import (
+    LOG_OVERHEAD,
+    BatchHeader,
+    set_log_append_time,
+    stamp_batch,
+    validate_batch,
+)
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_segment_base
+
+log = logging.getLogger(__name__)
+
+LATEST_TIMESTAMP = -1  # offset_for_timestamp(-1) -> log end offset (Kafka ListOffsets LATEST)
+EARLIEST_TIMESTAMP = -2  # offset_for_timestamp(-2) -> log start offset (EARLIEST)
+
+# Files left behind by an interrupted operation; removed on open.
+LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned", ".swap")
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def parse_topic_partition(name: str) -> tuple[str, int]:
+    """`orders-3` -> ("orders", 3). Raises ValueError for anything else."""
+    topic, sep, part = name.rpartition("-")
+    if not sep or not topic or not part.isdigit():
+        raise ValueError(f"log directory name {name!r} is not <topic>-<partition>")
+    return topic, int(part)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """Result of an append: offsets assigned, timestamps, sizes. `duplicate` is True when
+    an idempotent producer's retry was recognised and nothing was written (the offsets
+    are those of the original append)."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    num_records: int
+    num_bytes: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FetchDataInfo:
+    """Whole batches read from the log. `first_offset` is the base offset of the first
+    batch (may be below the requested offset: the client skips those records);
+    `next_offset` is the offset to fetch next. Empty records: first == next == start."""
+
+    records: bytes
+    first_offset: int
+    next_offset: int
+    high_watermark: int = 0
+    log_start_offset: int = 0
+    log_end_offset: int = 0
+
+
+class Log:
+    """One partition replica's log (see module docstring for invariants)."""
+
+    def __init__(self) -> None:  # use Log.open
+        raise TypeError("use Log.open(dir, config, ...)")
+
+    # ================================================================== opening
+
+    @classmethod
+    def open(
+        cls,
+        dir: str | Path,
+        config: LogConfig,
+        *,
+        recovery_point: int = 0,
+        log_start_offset: int | None = None,
+        high_watermark: int = 0,
+        clean_shutdown: bool = False,
+        time_ms: Callable[[], int] = _wall_clock_ms,
+    ) -> "Log":
+        """Load (and, unless clean_shutdown, recover) the log in `dir`, creating it if
+        missing. Corrupt or torn data is truncated with a warning, never raised."""
+        self = object.__new__(cls)
+        self._dir = Path(dir)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._topic, self._partition = parse_topic_partition(self._dir.name)
+        except ValueError:
+            self._topic, self._partition = self._dir.name, -1
+        self._config = config
+        self._time_ms = time_ms
+        self._lock = threading.RLock()
+        self._flush_lock = threading.RLock()
+        self._closed = False
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._unflushed_messages = 0
+        self._last_flush_ms = time_ms()
+        self.producer_state = None
+        self._load(recovery_point, log_start_offset, high_watermark, clean_shutdown)
+        return self
+
+    def _remove_leftovers(self) -> None:
+        for path in self._dir.iterdir():
+            name = path.name
+            if name.endswith(LEFTOVER_SUFFIXES) and path.is_file():
+                log.info("removing leftover file %s", path)
+                path.unlink(missing_ok=True)
+
+    def _load(self, recovery_point: int, log_start_offset: int | None, high_watermark: int, clean: bool) -> None:
+        self._complete_swaps()
+        self._remove_leftovers()
+        bases: list[int] = []
+        for path in self._dir.iterdir():
+            base = parse_segment_base(path.name)
+            if base is None:
+                continue
+            if path.name.endswith(LOG_SUFFIX) and path.name.count(".") == 1:
+                bases.append(base)
+        bases.sort()
+        base_set = set(bases)
+        for path in self._dir.iterdir():
+            base = parse_segment_base(path.name)
+            if base is not None and path.name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)) and base not in base_set:
+                log.info("removing index %s without its segment", path)
+                path.unlink(missing_ok=True)
+
+        cache = LeaderEpochCache.load(self._dir / LEADER_EPOCH_CHECKPOINT)
+        self.leader_epoch_cache = cache
+        rebuild_cache = not cache.loaded_ok
+
+        def on_batch(header: BatchHeader) -> None:
+            if header.partition_leader_epoch >= 0:
+                cache.assign(header.partition_leader_epoch, header.base_offset, persist=False)
+
+        recover_from = None
+        if not clean:
+            candidates = [b for b in bases if b <= recovery_point]
+            recover_from = candidates[-1] if candidates else (bases[0] if bases else 0)
+        now = self._time_ms()
+        corrupt_at: int | None = None
+        recovered_any = False
+        for base in bases:
+            if corrupt_at is not None:
+                log.warning(
+                    "%s: deleting segment %d after the corrupt segment at %d", self._dir, base, corrupt_at
+                )
+                self._delete_segment_files(base)
+                continue
+            recover = recover_from is not None and base >= recover_from
+            seg, truncated = LogSegment.load(self._dir, base, self._config, now, recover=recover, on_batch=on_batch)
+            recovered_any = recovered_any or recover
+            if self._segments and seg.base_offset < self._segments[-1].next_offset:
+                log.warning(
+                    "%s: segment %d overlaps the previous one (ends at %d); deleting it and the rest",
+                    self._dir, base, self._segments[-1].next_offset,
+                )
+                seg.delete()
+                corrupt_at = base
+                continue
+            self._segments.append(seg)
+            if truncated:
+                corrupt_at = base
+        if not self._segments:
+            start = log_start_offset if log_start_offset is not None else 0
+            self._segments.append(LogSegment.create(self._dir, start, self._config, now))
+            fsync_dir(self._dir)
+        self._bases = [s.base_offset for s in self._segments]
+
+        if rebuild_cache:
+            cache.clear(persist=False)
+            for seg in self._segments:
+                try:
+                    for _, header in seg.scan_batches(0):
+                        on_batch(header)
+                except CorruptRecordError:
+                    pass
+
+        self._log_start_offset = max(log_start_offset or 0, self._segments[0].base_offset)
+        leo = self.log_end_offset
+        if self._log_start_offset > leo:
+            log.warning(
+                "%s: log start offset %d is beyond the log end %d; starting an empty log there",
+                self._dir, self._log_start_offset, leo,
+            )
+            self._truncate_fully(self._log_start_offset)
+            leo = self.log_end_offset
+        if recovered_any:
+            for seg in self._segments:
+                if recover_from is not None and seg.base_offset >= recover_from:
+                    seg.flush()
+            self._recovery_point = leo
+        else:
+            self._recovery_point = min(max(recovery_point, self._log_start_offset), leo)
+        self._high_watermark = min(max(high_watermark, self._log_start_offset), leo)
+        cache.truncate_from_end(leo, persist=False)
+        cache.truncate_from_start(self._log_start_offset, persist=False)
+        cache.persist()
+        self._rebuild_producer_state()
+
+    def _complete_swaps(self) -> None:
+        """Finish a cleaner swap interrupted by a crash (see cleaner.py): a `.swap` segment
+        is a complete replacement; the segments it replaces were renamed `.deleted`."""
+        swaps = sorted(p for p in self._dir.iterdir() if p.name.endswith(LOG_SUFFIX + ".swap"))
+        for swap in swaps:
+            final = swap.with_name(swap.name[: -len(".swap")])
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                idx = final.with_suffix(suffix)
+                idx.unlink(missing_ok=True)
+            os.replace(swap, final)
+            log.info("%s: completed interrupted segment swap %s", self._dir, final.name)
+
+    def _rebuild_producer_state(self) -> None:
+        """Hook for idempotent producer state (producer_state.py); rebuilt from the log."""
+        try:
+            from .producer_state import ProducerStateManager
+        except ImportError:  # pragma: no cover - optional module
+            return
+        self.producer_state = ProducerStateManager.rebuild(self)
+
+    def _delete_segment_files(self, base: int) -> None:
+        from .segment import segment_file_name
+
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            (self._dir / segment_file_name(base, suffix)).unlink(missing_ok=True)
+
+    # ================================================================== properties
+
+    @property
+    def dir(self) -> Path:
+        return self._dir
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def partition(self) -> int:
+        return self._partition
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    def update_config(self, config: LogConfig) -> None:
+        with self._lock:
+            self._config = config
+            for seg in self._segments:
+                seg.config = config
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        """A snapshot of the segments, oldest first (the last one is active)."""
+        return list(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.leader_epoch_cache.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch (see LeaderEpochCache.end_offset_for_epoch)."""
+        with self._lock:
+            return self.leader_epoch_cache.end_offset_for_epoch(epoch, self.log_end_offset)
+
+    @property
+    def unflushed_messages(self) -> int:
+        return self._unflushed_messages
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self._dir} is closed; reopen it through the LogManager")
+
+    def __repr__(self) -> str:
+        return (
+            f"Log({self._dir.name}, start={self._log_start_offset}, hw={self._high_watermark}, "
+            f"end={self.log_end_offset}, segments={len(self._segments)})"
+        )
+
+    # ================================================================== appends
+
+    @staticmethod
+    def _validate_all(data, max_batch_bytes: int | None) -> list[tuple[int, BatchHeader]]:
+        batches = []
+        pos = 0
+        end = len(data)
+        if end == 0:
+            raise CorruptRecordError("no record batch to append: the request body is empty")
+        while pos < end:
+            header = validate_batch(data, pos, max_batch_bytes=max_batch_bytes)
+            batches.append((pos, header))
+            pos += LOG_OVERHEAD + header.batch_length
+        return batches
+
+    def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> AppendInfo:
+        """Validate every batch (CRC, size <= max.message.bytes) before writing anything,
+        stamp consecutive offsets and `leader_epoch` in place, append, roll if needed."""
+        with self._lock:
+            self._check_open()
+            data = bytearray(records)
+            batches = self._validate_all(data, self._config.max_message_bytes)
+            if leader_epoch < self.leader_epoch_cache.latest_epoch:
+                raise ValueError(
+                    f"leader epoch {leader_epoch} is older than the log's latest epoch "
+                    f"{self.leader_epoch_cache.latest_epoch}: this replica is no longer the leader"
+                )
+            now = self._time_ms()
+            append_time = self._config.log_append_time
+            first_offset = offset = self.log_end_offset
+            stamped: list[tuple[int, BatchHeader]] = []
+            max_ts = -1
+            num_records = 0
+            for pos, header in batches:
+                stamp_batch(data, offset, leader_epoch, pos)
+                if append_time:
+                    set_log_append_time(data, now, pos)
+                header = BatchHeader.parse(data, pos)
+                stamped.append((pos, header))
+                offset = header.next_offset
+                num_records += header.record_count
+                if header.max_timestamp > max_ts:
+                    max_ts = header.max_timestamp
+            duplicate = None
+            if self.producer_state is not None:
+                duplicate = self.producer_state.check_batches(stamped, first_offset)
+            if duplicate is not None:
+                return duplicate
+            self.leader_epoch_cache.assign(leader_epoch, first_offset)
+            self._append(data, stamped, max_ts, now)
+            if self.producer_state is not None:
+                self.producer_state.update(stamped, now)
+            return AppendInfo(
+                first_offset, offset - 1, max_ts, now if append_time else -1, num_records, len(data)
+            )
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append batches that already carry the leader's offsets and epochs. The first
+        batch must start at the log end offset (on compacted topics: at or after it)."""
+        with self._lock:
+            self._check_open()
+            data = bytes(records)
+            batches = self._validate_all(data, None)
+            leo = self.log_end_offset
+            first = batches[0][1].base_offset
+            if first != leo and not (self._config.compact and first > leo):
+                raise OffsetMismatchError(leo, first)
+            prev_next = leo
+            max_ts = -1
+            num_records = 0
+            for _, header in batches:
+                if header.base_offset < prev_next:
+                    raise CorruptRecordError(
+                        f"follower batches are not in offset order: base offset {header.base_offset} "
+                        f"after offset {prev_next - 1}"
+                    )
+                prev_next = header.next_offset
+                num_records += header.record_count
+                if header.max_timestamp > max_ts:
+                    max_ts = header.max_timestamp
+            changed = False
+            for _, header in batches:
+                if header.partition_leader_epoch >= 0:
+                    changed |= self.leader_epoch_cache.assign(
+                        header.partition_leader_epoch, header.base_offset, persist=False
+                    )
+            if changed:
+                self.leader_epoch_cache.persist()
+            now = self._time_ms()
+            self._append(data, batches, max_ts, now)
+            if self.producer_state is not None:
+                self.producer_state.update(batches, now)
+            return AppendInfo(first, prev_next - 1, max_ts, -1, num_records, len(data))
+
+    def _append(self, data, batches: list[tuple[int, BatchHeader]], max_ts: int, now: int) -> None:
+        last_offset = batches[-1][1].last_offset
+        if self._segments[-1].should_roll(len(data), max_ts, last_offset, now):
+            self._roll(now)
+        self._segments[-1].append(data, batches)
+        for _, header in batches:
+            self._unflushed_messages += header.record_count
+
+    def roll(self) -> LogSegment:
+        """Start a new active segment at the log end offset (no-op if the active one is empty)."""
+        with self._lock:
+            self._check_open()
+            return self._roll(self._time_ms())
+
+    def _roll(self, now: int) -> LogSegment:
+        active = self._segments[-1]
+        if active.is_empty:
+            return active
+        active.offset_index.flush(fsync=False)
+        active.time_index.flush(fsync=False)
+        seg = LogSegment.create(self._dir, active.next_offset, self._config, now)
+        self._segments.append(seg)
+        self._bases.append(seg.base_offset)
+        fsync_dir(self._dir)
+        return seg
+
+    # ================================================================== reads
+
+    def read(
+        self,
+        start_offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one_message: bool = True,
+    ) -> FetchDataInfo:
+        """Whole batches from the one containing `start_offset`, up to `max_bytes` (at
+        least one batch if min_one_message), none whose base offset >= `max_offset`."""
+        with self._lock:
+            self._check_open()
+            leo = self.log_end_offset
+            start = self._log_start_offset
+            if start_offset < start or start_offset > leo:
+                raise OffsetOutOfRangeError(start_offset, start, leo)
+            hw = self._high_watermark
+            if start_offset == leo or (max_offset is not None and start_offset >= max_offset):
+                return FetchDataInfo(b"", start_offset, start_offset, hw, start, leo)
+            i = max(bisect_right(self._bases, start_offset) - 1, 0)
+            chunks: list[bytes] = []
+            remaining = max_bytes
+            first_offset = None
+            next_offset = start_offset
+            min_one = min_one_message
+            while i < len(self._segments):
+                seg = self._segments[i]
+                result = seg.read(next_offset, remaining, max_offset, min_one)
+                i += 1
+                if result is None:
+                    continue
+                data, first, nxt = result
+                if not data:
+                    break
+                chunks.append(data)
+                if first_offset is None:
+                    first_offset = first
+                next_offset = nxt
+                remaining -= len(data)
+                min_one = False
+                if remaining <= 0 or nxt < seg.next_offset:
+                    break
+            if first_offset is None:
+                return FetchDataInfo(b"", start_offset, start_offset, hw, start, leo)
+            records = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return FetchDataInfo(records, first_offset, next_offset, hw, start, leo)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """First offset whose record timestamp >= `timestamp_ms` (None if none). Kafka's
+        special values: -1 (LATEST) -> log end offset, -2 (EARLIEST) -> log start offset."""
+        with self._lock:
+            self._check_open()
+            if timestamp_ms == LATEST_TIMESTAMP:
+                return self.log_end_offset
+            if timestamp_ms == EARLIEST_TIMESTAMP:
+                return self._log_start_offset
+            for seg in self._segments:
+                if seg.largest_timestamp < timestamp_ms or seg.next_offset <= self._log_start_offset:
+                    continue
+                found = seg.find_offset_by_timestamp(timestamp_ms, self._log_start_offset)
+                if found is not None:
+                    return found
+            return None
+
+    # ================================================================== offsets
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Move the high watermark forward to `offset`, clamped to [log start, log end]."""
+        with self._lock:
+            offset = min(max(offset, self._log_start_offset), self.log_end_offset)
+            if offset > self._high_watermark:
+                self._high_watermark = offset
+            return self._high_watermark
+
+    def truncate_to(self, offset: int) -> bool:
+        """Drop every batch whose last offset >= `offset` (a batch containing `offset` is
+        dropped whole, so the new log end may be below `offset`). Lowers the high watermark
+        and recovery point if needed; truncates the leader epoch cache. True if anything
+        was removed."""
+        with self._flush_lock, self._lock:
+            self._check_open()
+            if offset < 0:
+                raise ValueError(f"cannot truncate to negative offset {offset}")
+            if offset >= self.log_end_offset:
+                return False
+            if offset < self._log_start_offset:
+                self._truncate_fully(offset)
+                return True
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                seg = self._segments.pop()
+                self._bases.pop()
+                seg.delete()
+            self._segments[-1].truncate_to(offset)
+            leo = self.log_end_offset
+            if leo < self._log_start_offset:
+                self._truncate_fully(self._log_start_offset)
+                return True
+            self._after_truncation(leo)
+            return True
+
+    def _after_truncation(self, leo: int) -> None:
+        self._high_watermark = min(self._high_watermark, leo)
+        self._recovery_point = min(self._recovery_point, leo)
+        self.leader_epoch_cache.truncate_from_end(leo)
+        if self.producer_state is not None:
+            self._rebuild_producer_state()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete everything and continue with an empty log starting at `offset`."""
+        with self._flush_lock, self._lock:
+            self._check_open()
+            self._truncate_fully(offset)
+
+    def _truncate_fully(self, offset: int) -> None:
+        for seg in self._segments:
+            seg.delete()
+        seg = LogSegment.create(self._dir, offset, self._config, self._time_ms())
+        fsync_dir(self._dir)
+        self._segments = [seg]
+        self._bases = [offset]
+        self._log_start_offset = offset
+        self._high_watermark = offset
+        self._recovery_point = offset
+        self._unflushed_messages = 0
+        self.leader_epoch_cache.clear()
+        if self.producer_state is not None:
+            self._rebuild_producer_state()
+
+    def delete_records(self, before_offset: int) -> int:
+        """DeleteRecords: advance the log start offset to `before_offset` (at most the high
+        watermark) and delete segments entirely below it. Returns the new log start."""
+        with self._flush_lock, self._lock:
+            self._check_open()
+            if before_offset > self._high_watermark or before_offset < 0:
+                raise OffsetOutOfRangeError(
+                    before_offset,
+                    self._log_start_offset,
+                    self._high_watermark,
+                    f"cannot delete records before offset {before_offset}: it must be in "
+                    f"[0, high watermark {self._high_watermark}]",
+                )
+            if before_offset <= self._log_start_offset:
+                return self._log_start_offset
+            self._log_start_offset = before_offset
+            self._delete_segments_below_log_start()
+            self.leader_epoch_cache.truncate_from_start(before_offset)
+            return self._log_start_offset
+
+    def _delete_segments_below_log_start(self) -> int:
+        active = self._segments[-1]
+        if not active.is_empty and active.next_offset <= self._log_start_offset:
+            self._roll(self._time_ms())
+        deleted = 0
+        while len(self._segments) > 1 and self._segments[0].next_offset <= self._log_start_offset and (
+            self._segments[1].base_offset <= self._log_start_offset
+        ):
+            self._delete_first_segment()
+            deleted += 1
+        return deleted
+
+    def _delete_first_segment(self) -> None:
+        seg = self._segments.pop(0)
+        self._bases.pop(0)
+        seg.delete()
+        if self._segments[0].base_offset > self._log_start_offset:
+            self._log_start_offset = self._segments[0].base_offset
+
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Delete closed segments past retention.ms (by largest timestamp) or while the log
+        is larger than retention.bytes, and segments below the log start offset. Never the
+        active segment; only segments wholly below the high watermark. Returns the number
+        of segments deleted."""
+        with self._flush_lock, self._lock:
+            self._check_open()
+            deleted = self._delete_segments_below_log_start()
+            if not self._config.delete:
+                return deleted
+            now = self._time_ms() if now_ms is None else now_ms
+            hw = self._high_watermark
+
+            def deletable() -> bool:
+                return len(self._segments) > 1 and self._segments[1].base_offset <= hw
+
+            retention_ms = self._config.retention_ms
+            if retention_ms >= 0:
+                while deletable() and now - self._segments[0].largest_timestamp > retention_ms:
+                    self._delete_first_segment()
+                    deleted += 1
+            retention_bytes = self._config.retention_bytes
+            if retention_bytes >= 0:
+                total = self.size_bytes
+                while deletable() and total - self._segments[0].size >= retention_bytes:
+                    total -= self._segments[0].size
+                    self._delete_first_segment()
+                    deleted += 1
+            if deleted:
+                self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
+                self._recovery_point = max(self._recovery_point, self._log_start_offset)
+            return deleted
+
+    # ================================================================== durability
+
+    def needs_flush(self, now_ms: int | None = None) -> bool:
+        """True when flush.messages or flush.ms says unflushed data must be fsynced."""
+        unflushed = self._unflushed_messages
+        if unflushed <= 0:
+            return False
+        cfg = self._config
+        if cfg.flush_messages is not None and unflushed >= cfg.flush_messages:
+            return True
+        if cfg.flush_ms is not None:
+            now = self._time_ms() if now_ms is None else now_ms
+            if now - self._last_flush_ms >= cfg.flush_ms:
+                return True
+        return False
+
+    def flush(self, up_to_offset: int | None = None) -> None:
+        """fsync the segments holding offsets [recovery_point, up_to_offset) (default: the
+        log end) and advance the recovery point. Safe to call from a worker thread while
+        the owner thread appends."""
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                leo = self.log_end_offset
+                target = leo if up_to_offset is None else min(up_to_offset, leo)
+                rp = self._recovery_point
+                if target <= rp and not (target == leo and self._unflushed_messages):
+                    return
+                segments = [s for s in self._segments if s.next_offset > rp and s.base_offset < target]
+                if not segments:
+                    segments = [self._segments[-1]]
+                flushed_messages = self._unflushed_messages if target == leo else 0
+            for seg in segments:
+                seg.flush()
+            with self._lock:
+                if target > self._recovery_point:
+                    self._recovery_point = target
+                self._unflushed_messages = max(0, self._unflushed_messages - flushed_messages)
+                self._last_flush_ms = self._time_ms()
+
+    def maybe_flush(self) -> bool:
+        if self.needs_flush():
+            self.flush()
+            return True
+        return False
+
+    def close(self) -> None:
+        """Flush and close every file. Further calls raise LogClosedError."""
+        with self._flush_lock, self._lock:
+            if self._closed:
+                return
+            self.flush()
+            for seg in self._segments:
+                seg.close()
+            self.leader_epoch_cache.persist()
+            if self.producer_state is not None:
+                self.producer_state.close()
+            self._closed = True
+
+    def close_without_flush(self) -> None:
+        """Close file handles without fsync (tests simulate a crash with this)."""
+        with self._flush_lock, self._lock:
+            for seg in self._segments:
+                seg.close()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Close and remove the whole log directory."""
+        with self._flush_lock, self._lock:
+            for seg in self._segments:
+                seg.close()
+            self._closed = True
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+__all__ = [
+    "Log",
+    "AppendInfo",
+    "FetchDataInfo",
+    "parse_topic_partition",
+    "LATEST_TIMESTAMP",
+    "EARLIEST_TIMESTAMP",
+    "RecordTooLargeError",
+]

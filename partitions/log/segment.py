@@ -1,0 +1,414 @@
+"""One log segment: `<base_offset:020d>.log` plus its `.index` and `.timeindex`.
+
+The `.log` file is a plain concatenation of record batches (the wire format). The segment
+appends whole batches at the end (O_APPEND), reads whole batches from a position, keeps
+the sparse indexes up to date and can rebuild them (`recover`) by scanning the file with
+CRC validation, truncating at the first invalid batch.
+
+Invariants: batches in the file have strictly increasing offsets, all >= base_offset;
+`size` is the file length; `next_offset` is the offset after the last batch (base_offset
+when empty); index entries point at batch starts inside [0, size).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .config import LogConfig
+from .errors import CorruptRecordError
+from .index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, OffsetIndex, TimeIndex
+from .record_batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, decode_records, validate_batch
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+
+_MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+_LENGTH = struct.Struct(">qi")
+_LAST_DELTA = struct.Struct(">i")
+_RECOVERY_READ_BYTES = 4 << 20
+_SCAN_READ_BYTES = 64 << 10
+_MAX_RELATIVE_OFFSET = 2**31 - 1
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+def segment_file_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+def parse_segment_base(name: str) -> int | None:
+    """Base offset from `<20 digits>.log`, or None for any other name."""
+    stem, dot, _ = name.partition(".")
+    if len(stem) == 20 and stem.isdigit():
+        return int(stem)
+    return None
+
+
+class LogSegment:
+    """A segment file with its sparse offset and time indexes (see module docstring)."""
+
+    def __init__(self, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int):
+        self.dir = Path(directory)
+        self.base_offset = base_offset
+        self.config = config
+        self.log_path = self.dir / segment_file_name(base_offset, LOG_SUFFIX)
+        self.offset_index = OffsetIndex(
+            self.dir / segment_file_name(base_offset, INDEX_SUFFIX), config.segment_index_bytes // OFFSET_ENTRY_SIZE
+        )
+        self.time_index = TimeIndex(
+            self.dir / segment_file_name(base_offset, TIME_INDEX_SUFFIX), config.segment_index_bytes // TIME_ENTRY_SIZE
+        )
+        self._fd: int | None = None
+        self.size = 0
+        self.next_offset = base_offset
+        self.largest_timestamp = -1
+        self.created_ms = now_ms
+        self.rolling_timestamp: int | None = None  # max timestamp of the first batch
+        self._bytes_since_last_index_entry = 0
+        self._max_timestamp_so_far = -1
+        self.closed = False
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def create(cls, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int) -> "LogSegment":
+        """A new empty segment (existing files with the same base are replaced)."""
+        seg = cls(directory, base_offset, config, now_ms)
+        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+        seg.offset_index.reset()
+        seg.time_index.reset()
+        return seg
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | Path,
+        base_offset: int,
+        config: LogConfig,
+        now_ms: int,
+        *,
+        recover: bool,
+        on_batch: Callable[[BatchHeader], None] | None = None,
+    ) -> tuple["LogSegment", int]:
+        """Open an existing segment. recover=True rescans it with CRC validation (calling
+        `on_batch` per valid batch) and truncates at the first invalid batch; otherwise the
+        indexes are loaded and sanity-checked, and rebuilt (via recover) if they fail.
+        Returns (segment, bytes truncated)."""
+        seg = cls(directory, base_offset, config, now_ms)
+        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        seg.size = os.fstat(seg._fd).st_size
+        if recover:
+            return seg, seg.recover(on_batch)
+        problem = seg._load_indexes()
+        if problem is None:
+            try:
+                seg._load_tail_state()
+            except CorruptRecordError as exc:
+                problem = f"tail does not parse ({exc})"
+        if problem is not None:
+            log.warning("segment %s: %s; rebuilding it from the log", seg.log_path, problem)
+            return seg, seg.recover(on_batch)
+        return seg, 0
+
+    def _load_indexes(self) -> str | None:
+        """Load both indexes; a reason string if they cannot be trusted."""
+        if not self.offset_index.load():
+            return f"offset index {self.offset_index.corrupt_reason}"
+        if not self.time_index.load():
+            return f"time index {self.time_index.corrupt_reason}"
+        offsets, positions = self.offset_index.relative_offsets, self.offset_index.positions
+        if offsets and (offsets[0] < 0 or positions[0] < 0 or positions[-1] >= self.size):
+            return "offset index points outside the log file"
+        if offsets:
+            # the last entry must point at a batch starting at that offset
+            head = os.pread(self._fd, LOG_OVERHEAD, positions[-1])
+            if len(head) < LOG_OVERHEAD or _LENGTH.unpack(head)[0] != self.base_offset + offsets[-1]:
+                return "offset index last entry does not point at its batch"
+        if self.time_index.relative_offsets:
+            rel = self.time_index.relative_offsets[-1]
+            if self.time_index.relative_offsets[0] < 0 or (offsets and rel > offsets[-1]) or (not offsets):
+                return "time index refers to offsets the offset index does not have"
+        return None
+
+    def _load_tail_state(self) -> None:
+        """Derive next_offset, largest timestamp and index bookkeeping by scanning the
+        batch headers after the last offset index entry (raises CorruptRecordError if the
+        tail does not parse as whole batches)."""
+        _, position = self.offset_index.last_entry()
+        next_offset = self.base_offset
+        max_ts = self.time_index.last_entry()[0]
+        for _, header in self.scan_batches(position):
+            next_offset = header.next_offset
+            if header.max_timestamp > max_ts:
+                max_ts = header.max_timestamp
+        if position > 0 and next_offset == self.base_offset:
+            raise CorruptRecordError("offset index entry beyond the last batch")
+        self.next_offset = next_offset
+        self.largest_timestamp = max_ts
+        self._max_timestamp_so_far = max_ts
+        self._bytes_since_last_index_entry = self.size - position
+        self._load_rolling_timestamp()
+
+    def _load_rolling_timestamp(self) -> None:
+        self.rolling_timestamp = None
+        if self.size >= HEADER_SIZE:
+            try:
+                self.rolling_timestamp = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+            except CorruptRecordError:
+                pass
+
+    # ------------------------------------------------------------------ scanning
+
+    def scan_batches(self, start_position: int = 0, *, validate: bool = False) -> Iterator[tuple[int, BatchHeader]]:
+        """Yield (position, header) for each batch from `start_position` to the end of the
+        file. validate=True checks CRCs. Raises CorruptRecordError at the first torn or
+        invalid batch (after yielding every batch before it)."""
+        fd = self._require_open()
+        end = self.size
+        pos = start_position
+        buf = b""
+        buf_start = pos
+        read_bytes = _RECOVERY_READ_BYTES if validate else _SCAN_READ_BYTES
+        expected = None
+        while pos < end:
+            rel = pos - buf_start
+            if len(buf) - rel < HEADER_SIZE:
+                buf = os.pread(fd, min(read_bytes, end - pos), pos)
+                buf_start, rel = pos, 0
+                if len(buf) < HEADER_SIZE:
+                    raise CorruptRecordError(f"torn batch header at position {pos} ({len(buf)} bytes left)")
+            base, length = _LENGTH.unpack_from(buf, rel)
+            size = LOG_OVERHEAD + length
+            if length < _MIN_BATCH_LENGTH or pos + size > end:
+                raise CorruptRecordError(f"batch at position {pos} has length {length} beyond the file end {end}")
+            if validate and len(buf) - rel < size:
+                buf = os.pread(fd, max(read_bytes, size), pos)
+                buf_start, rel = pos, 0
+            header = validate_batch(buf, rel) if validate else BatchHeader.parse(buf, rel)
+            if header.base_offset < self.base_offset or (expected is not None and header.base_offset < expected):
+                raise CorruptRecordError(
+                    f"batch at position {pos} has base offset {header.base_offset}, expected >= "
+                    f"{expected if expected is not None else self.base_offset}"
+                )
+            if header.last_offset - self.base_offset > _MAX_RELATIVE_OFFSET:
+                raise CorruptRecordError(f"batch at position {pos} overflows the segment's relative offsets")
+            expected = header.next_offset
+            yield pos, header
+            pos += size
+
+    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
+        """Rebuild the indexes by scanning with validation; truncate at the first invalid
+        batch. Returns the number of bytes truncated."""
+        self.offset_index.reset()
+        self.time_index.reset()
+        self.next_offset = self.base_offset
+        self.largest_timestamp = -1
+        self._max_timestamp_so_far = -1
+        self._bytes_since_last_index_entry = 0
+        valid_end = 0
+        try:
+            for pos, header in self.scan_batches(0, validate=True):
+                self._index_batch(pos, header)
+                self.next_offset = header.next_offset
+                valid_end = pos + header.size
+                if on_batch is not None:
+                    on_batch(header)
+        except CorruptRecordError as exc:
+            log.warning(
+                "segment %s: %s; truncating %d bytes at position %d",
+                self.log_path, exc, self.size - valid_end, valid_end,
+            )
+        truncated = self.size - valid_end
+        if truncated:
+            os.ftruncate(self._fd, valid_end)
+            self.size = valid_end
+        self.largest_timestamp = self._max_timestamp_so_far
+        self._load_rolling_timestamp()
+        return truncated
+
+    # ------------------------------------------------------------------ appending
+
+    def _index_batch(self, position: int, header: BatchHeader) -> None:
+        if header.max_timestamp > self._max_timestamp_so_far:
+            self._max_timestamp_so_far = header.max_timestamp
+        if self._bytes_since_last_index_entry > self.config.index_interval_bytes or position == 0:
+            rel = header.base_offset - self.base_offset
+            if not self.offset_index.is_full:
+                self.offset_index.append(rel, position)
+                if not self.time_index.is_full:
+                    self.time_index.maybe_append(self._max_timestamp_so_far, rel)
+            self._bytes_since_last_index_entry = 0
+        self._bytes_since_last_index_entry += header.size
+
+    def append(self, data: bytes | bytearray | memoryview, batches: list[tuple[int, BatchHeader]]) -> None:
+        """Append validated, offset-stamped batches. `batches` gives each batch's position
+        within `data` and its header (in order)."""
+        fd = self._require_open()
+        start = self.size
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+        for rel_pos, header in batches:
+            self._index_batch(start + rel_pos, header)
+        self.size = start + len(view)
+        last = batches[-1][1]
+        self.next_offset = last.next_offset
+        if self._max_timestamp_so_far > self.largest_timestamp:
+            self.largest_timestamp = self._max_timestamp_so_far
+        if self.rolling_timestamp is None:
+            self.rolling_timestamp = batches[0][1].max_timestamp
+
+    def should_roll(self, append_bytes: int, max_timestamp: int, last_offset: int, now_ms: int) -> bool:
+        """Kafka's roll conditions: size, age (record time since the first batch, or wall
+        time since creation), full index, or relative offset overflow."""
+        if self.size == 0:
+            return False
+        if self.size + append_bytes > self.config.segment_bytes:
+            return True
+        if self.rolling_timestamp is not None and self.rolling_timestamp >= 0:
+            waited = max_timestamp - self.rolling_timestamp
+        else:
+            waited = now_ms - self.created_ms
+        if waited > self.config.segment_ms:
+            return True
+        if self.offset_index.is_full or self.time_index.is_full:
+            return True
+        return last_offset - self.base_offset > _MAX_RELATIVE_OFFSET
+
+    # ------------------------------------------------------------------ reading
+
+    def translate_offset(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the first batch whose last offset >= `offset`, or None."""
+        _, position = self.offset_index.lookup(offset - self.base_offset)
+        try:
+            for pos, header in self.scan_batches(position):
+                if header.last_offset >= offset:
+                    return pos, header
+        except CorruptRecordError:
+            return None
+        return None
+
+    def read(
+        self, start_offset: int, max_bytes: int, max_offset: int | None = None, min_one_message: bool = True
+    ) -> tuple[bytes, int, int] | None:
+        """Whole batches from the one containing `start_offset`: (bytes, first batch base
+        offset, next offset after the last batch). None if no batch here reaches
+        `start_offset` or the first batch is at/after `max_offset`; empty bytes if the first
+        batch does not fit `max_bytes` and not min_one_message."""
+        found = self.translate_offset(start_offset)
+        if found is None:
+            return None
+        position, first = found
+        if max_offset is not None and first.base_offset >= max_offset:
+            return b"", first.base_offset, start_offset
+        fd = self._require_open()
+        available = self.size - position
+        buf = os.pread(fd, max(min(max_bytes, available), 0), position) if max_bytes > 0 else b""
+        end = 0
+        next_offset = start_offset
+        n = len(buf)
+        while end + HEADER_SIZE <= n:
+            base, length = _LENGTH.unpack_from(buf, end)
+            size = LOG_OVERHEAD + length
+            if end + size > n or (max_offset is not None and base >= max_offset):
+                break
+            next_offset = base + _LAST_DELTA.unpack_from(buf, end + 23)[0] + 1
+            end += size
+        if end == 0:
+            if not min_one_message:
+                return b"", first.base_offset, start_offset
+            return os.pread(fd, first.size, position), first.base_offset, first.next_offset
+        return (buf if end == n else buf[:end]), first.base_offset, next_offset
+
+    def read_bytes(self, position: int, size: int) -> bytes:
+        return os.pread(self._require_open(), size, position)
+
+    def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> int | None:
+        """First offset >= start_offset whose record timestamp >= `timestamp`, or None."""
+        if self.largest_timestamp < timestamp:
+            return None
+        _, rel = self.time_index.lookup_before(timestamp)
+        position = 0
+        if rel >= 0:
+            _, position = self.offset_index.lookup(rel)
+        found = self.translate_offset(max(start_offset, self.base_offset))
+        if found is not None and found[0] > position:
+            position = found[0]
+        try:
+            for pos, header in self.scan_batches(position):
+                if header.max_timestamp < timestamp or header.last_offset < start_offset:
+                    continue
+                for record in decode_records(self.read_bytes(pos, header.size), validate=False):
+                    if record.offset >= start_offset and record.timestamp >= timestamp:
+                        return record.offset
+        except CorruptRecordError:
+            return None
+        return None
+
+    # ------------------------------------------------------------------ truncation, lifecycle
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every batch whose last offset >= `offset` (a batch containing `offset` goes
+        entirely). Returns bytes removed."""
+        found = self.translate_offset(offset)
+        if found is None:
+            return 0
+        position, first_removed = found
+        removed = self.size - position
+        self.offset_index.truncate_to_position(position)
+        self.time_index.truncate_to_offset(first_removed.base_offset - self.base_offset)
+        os.ftruncate(self._require_open(), position)
+        self.size = position
+        self._load_tail_state()
+        return removed
+
+    def flush(self) -> None:
+        """fsync the log and both indexes."""
+        fd = self._fd
+        if fd is None:
+            return
+        _fdatasync(fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        self.closed = True
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            finally:
+                self._fd = None
+        self.offset_index.flush(fsync=False)
+        self.offset_index.close()
+        self.time_index.flush(fsync=False)
+        self.time_index.close()
+
+    def delete(self) -> None:
+        """Close and remove the segment's files (the log file first: a leftover index
+        without its log is removed on the next open)."""
+        self.close()
+        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _require_open(self) -> int:
+        if self._fd is None:
+            from .errors import LogClosedError
+
+            raise LogClosedError(f"segment {self.log_path} is closed")
+        return self._fd
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    def __repr__(self) -> str:
+        return f"LogSegment(base={self.base_offset}, next={self.next_offset}, size={self.size})"
