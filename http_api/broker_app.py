@@ -62,6 +62,7 @@ class BrokerDeps:
     groups: GroupOffsetStore
     registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
     http_session: aiohttp.ClientSession | None = None   # for forwarding; created on startup
+    health: Any = None               # () -> (ready, info dict); default: ready once metadata is loaded
 
 
 class BrokerMetrics:
@@ -599,9 +600,12 @@ class BrokerApp:
     # ---- ops ---------------------------------------------------------------------------
 
     async def healthz(self, request: web.Request) -> web.Response:
-        ready = self.deps.metadata.image is not None
-        return _json_response({"status": "ok" if ready else "starting", "broker_id": self.config.broker_id},
-                              200 if ready else 503)
+        if self.deps.health is not None:
+            ready, info = self.deps.health()
+        else:
+            ready, info = self.deps.metadata.image is not None, {"broker_id": self.config.broker_id}
+        ready = ready and self.deps.metadata.image is not None
+        return _json_response(dict(info, status="ok" if ready else "starting"), 200 if ready else 503)
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
         return web.Response(body=prom.generate_latest(self.deps.registry),

@@ -92,6 +92,7 @@ class ReplicaManager:
         self._fetch_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._produce_waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
         self._long_polls = 0
+        self._flushing: dict[tuple[str, int], asyncio.Future] = {}
         self._image = None
         self._metadata_lock = asyncio.Lock()
 
@@ -248,6 +249,9 @@ class ReplicaManager:
             raise KraftlogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, str(e)) from None
         except log_errors.InvalidProducerEpochError as e:
             raise KraftlogError(ErrorCode.INVALID_PRODUCER_EPOCH, str(e)) from None
+        except ValueError as e:  # e.g. a leader epoch older than the log's (we were deposed)
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"{topic}-{partition}: {e}; refresh metadata and retry") from None
         except log_errors.LogClosedError as e:
             raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                 f"{topic}-{partition} is closing: {e}; refresh metadata and retry") from None
@@ -257,11 +261,32 @@ class ReplicaManager:
         if part.update_local_log_end_offset(lg.log_end_offset):
             self._sync_high_watermark(key, part, lg)
         self._wake_fetchers(key)  # followers care about the LEO too
+        needs_flush = getattr(lg, "needs_flush", None)
+        if needs_flush is not None and needs_flush():
+            await self._flush(key, lg, info.last_offset + 1)
         result = AppendResult(info.first_offset, info.last_offset,
                               getattr(info, "log_append_time_ms", -1) or -1, lg.log_start_offset)
         if acks == ACKS_ALL and part.high_watermark <= info.last_offset:
             await self._await_high_watermark(key, info.last_offset, timeout_ms)
         return result
+
+    async def _flush(self, key, lg, up_to: int) -> None:
+        """Group commit: one fsync in flight per log, off the event loop; returns once the
+        log's recovery point covers `up_to`."""
+        while lg.recovery_point < up_to:
+            fut = self._flushing.get(key)
+            if fut is None:
+                fut = asyncio.ensure_future(self._run_blocking(lg.flush))
+                self._flushing[key] = fut
+                fut.add_done_callback(lambda f, k=key: self._flushing.pop(k, None)
+                                      if self._flushing.get(k) is f else None)
+            try:
+                await asyncio.shield(fut)
+            except OSError as e:
+                raise KraftlogError(ErrorCode.KAFKA_STORAGE_ERROR,
+                                    f"fsync of {key[0]}-{key[1]} failed: {e}; check the log dir") from None
+            if lg.closed:
+                return
 
     async def _await_high_watermark(self, key, last_offset: int, timeout_ms: int | None) -> None:
         fut = asyncio.get_running_loop().create_future()

@@ -1,0 +1,220 @@
+"""The broker process: storage + metadata follower + lifecycle + HTTP API.
+
+    python -m http_api.broker_server --config-json '{"broker_id": 1, ...}'   (BrokerConfig fields)
+    python -m http_api.broker_server --broker-id 1 --http-port 8082 --log-dir DIR --controller-url URL
+
+Startup: open the LogManager (recovery, off the event loop), bind the HTTP port (healthz
+answers 503 until ready), follow metadata from the controllers, register and heartbeat
+(BrokerLifecycle), apply every metadata change to the ReplicaManager, run retention and
+checkpoints periodically. SIGTERM/SIGINT: controlled shutdown (leaderships move away),
+stop serving, close the logs (writes the clean-shutdown marker so the next start skips
+recovery).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+from aiohttp import web
+
+from http_api.broker_app import BrokerDeps, create_app
+from http_api.config import BrokerConfig
+from http_api.group_offsets import GroupOffsetStore
+from http_api.metadata_view import MetadataView
+from partitions.replication.replica_manager import ReplicaManager
+
+log = logging.getLogger("kraftlog.broker")
+
+CONTROLLED_SHUTDOWN_TIMEOUT_S = 10.0
+REGISTER_RETRY_BACKOFF_S = 0.5
+
+
+class Broker:
+    """One broker's running parts; `start()` then `stop()`."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="broker-io")
+        self.log_manager = None
+        self.runner: Optional[web.AppRunner] = None
+        self.tasks: list[asyncio.Task] = []
+        self.lifecycle = None
+        self.follower = None
+        self.client = None
+        self.ready = False
+
+    async def _blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def start(self) -> None:
+        from metadata_quorum.client import BrokerLifecycle, ControllerClient, MetadataFollower
+        from partitions.log.config import LogConfig
+        from partitions.log.log_manager import LogManager
+
+        cfg = self.config
+        for d in cfg.log_dirs:
+            os.makedirs(d, exist_ok=True)
+        os.makedirs(cfg.state_dir, exist_ok=True)
+        t0 = time.monotonic()
+        self.log_manager = LogManager(cfg.log_dirs, LogConfig())
+        await self._blocking(self.log_manager.open_all)
+        log.info("broker %s opened logs in %.0f ms", cfg.broker_id, (time.monotonic() - t0) * 1000)
+
+        self.rm = ReplicaManager(cfg.broker_id, self.log_manager, min_insync_replicas=cfg.min_insync_replicas,
+                                 request_timeout_ms=cfg.request_timeout_ms,
+                                 max_concurrent_long_polls=cfg.max_concurrent_long_polls, executor=self.executor)
+        self.view = MetadataView(self.rm)
+        self.client = ControllerClient(cfg.controller_urls, request_timeout_ms=cfg.request_timeout_ms)
+
+        async def on_change(image, _changed=None):
+            await self.view.update(image)
+
+        self.follower = MetadataFollower(self.client, on_change)
+        self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
+        deps = BrokerDeps(replica_manager=self.rm, metadata=self.view, controller=self.client,
+                          groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")),
+                          health=self._health)
+        app = create_app(cfg, deps)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024)
+        await site.start()
+        log.info("broker %s listening on %s", cfg.broker_id, cfg.url)
+        self.tasks.append(asyncio.create_task(self.follower.run(), name="metadata-follower"))
+        while True:
+            try:
+                await self.lifecycle.start()
+                break
+            except Exception as e:  # controller not up yet: keep trying, say so
+                log.warning("registering with the controllers %s failed (%s); retrying", cfg.controller_urls, e)
+                await asyncio.sleep(REGISTER_RETRY_BACKOFF_S)
+        self.tasks.append(asyncio.create_task(self._periodic(cfg.log_retention_check_interval_ms,
+                                                             self.log_manager.run_retention), name="retention"))
+        self.tasks.append(asyncio.create_task(self._periodic(cfg.offset_checkpoint_interval_ms,
+                                                             self.log_manager.checkpoint), name="checkpoint"))
+        self.tasks.append(asyncio.create_task(self._await_ready(), name="ready"))
+
+    def _health(self) -> tuple[bool, dict]:
+        lc = self.lifecycle
+        info = {"broker_id": self.config.broker_id,
+                "broker_epoch": getattr(lc, "broker_epoch", None),
+                "fenced": getattr(lc, "is_fenced", True),
+                "metadata_offset": getattr(getattr(self.follower, "image", None), "offset", 0)}
+        return self.ready, info
+
+    async def _await_ready(self) -> None:
+        await self.lifecycle.wait_unfenced(timeout=3600)
+        self.ready = True
+        log.info("broker %s is ready (unfenced) at %s", self.config.broker_id, self.config.url)
+
+    async def _periodic(self, interval_ms: int, fn) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await self._blocking(fn)
+            except Exception:
+                log.exception("periodic %s failed", getattr(fn, "__name__", fn))
+
+    async def stop(self) -> None:
+        """Controlled shutdown, then close everything (clean-shutdown marker last)."""
+        log.info("broker %s shutting down", self.config.broker_id)
+        if self.lifecycle is not None and self.lifecycle.broker_epoch is not None:
+            try:
+                ok = await self.lifecycle.controlled_shutdown(CONTROLLED_SHUTDOWN_TIMEOUT_S)
+                log.info("controlled shutdown %s", "completed" if ok else "timed out")
+            except Exception as e:
+                log.warning("controlled shutdown failed: %s", e)
+        if self.follower is not None:
+            self.follower.stop()
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.client is not None:
+            await self.client.close()
+        if self.log_manager is not None:
+            await self._blocking(self.log_manager.close)
+        self.executor.shutdown(wait=True)
+        log.info("broker %s stopped cleanly", self.config.broker_id)
+
+
+async def run_broker_async(config: BrokerConfig, stop: Optional[asyncio.Event] = None) -> None:
+    broker = Broker(config)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    start = asyncio.create_task(broker.start())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if start.done() and start.exception() is not None:
+        stopper.cancel()
+        await broker.stop()
+        raise start.exception()
+    if not start.done():
+        start.cancel()
+        try:
+            await start
+        except (asyncio.CancelledError, Exception):
+            pass
+    else:
+        await stopper
+    await broker.stop()
+
+
+def run_broker(config: BrokerConfig) -> None:
+    """Blocking entry point (uvloop when available) until SIGINT/SIGTERM."""
+    try:
+        import uvloop
+        uvloop.run(run_broker_async(config))
+    except ImportError:
+        asyncio.run(run_broker_async(config))
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m http_api.broker_server", description="Run one kraftlog broker.")
+    p.add_argument("--config-json", help="BrokerConfig fields as a JSON object")
+    p.add_argument("--broker-id", type=int)
+    p.add_argument("--http-host")
+    p.add_argument("--http-port", type=int)
+    p.add_argument("--log-dir", action="append", dest="log_dirs")
+    p.add_argument("--state-dir")
+    p.add_argument("--controller-url", action="append", dest="controller_urls")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: Optional[list] = None) -> None:
+    args = build_arg_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    values = json.loads(args.config_json) if args.config_json else {}
+    for name in ("broker_id", "http_host", "http_port", "log_dirs", "state_dir", "controller_urls"):
+        v = getattr(args, name)
+        if v is not None:
+            values[name] = v
+    known = {f.name for f in dataclasses.fields(BrokerConfig)}
+    unknown = set(values) - known
+    if unknown:
+        raise SystemExit(f"unknown broker settings {sorted(unknown)}; known: {sorted(known)}")
+    run_broker(BrokerConfig(**values))
+
+
+if __name__ == "__main__":
+    main()
