@@ -289,11 +289,14 @@ def _offset_span(answer: dict, rows: int):
     """(first, last) offsets from a produce answer, whatever shape the broker used."""
     if not isinstance(answer, dict):
         return None, None
-    offsets = answer.get("offsets")
-    if isinstance(offsets, list) and offsets:
-        values = [o.get("offset") for o in offsets if isinstance(o, dict) and o.get("offset") is not None]
-        if values:
-            return min(values), max(values) if len(values) > 1 else min(values) + rows - 1
+    offsets = [o for o in answer.get("offsets") or [] if isinstance(o, dict) and o.get("offset") is not None]
+    if offsets:
+        first = min(int(o["offset"]) for o in offsets)
+        if any("last_offset" in o for o in offsets):  # raw batches: one entry per batch
+            return first, max(int(o.get("last_offset", o["offset"])) for o in offsets)
+        if len(offsets) == 1:
+            return first, first + rows - 1
+        return first, max(int(o["offset"]) for o in offsets)
     base = answer.get("base_offset")
     if base is not None:
         return int(base), int(base) + rows - 1
