@@ -1,0 +1,284 @@
+"""`LogManager`: every partition log on this broker, spread over one or more log dirs.
+
+Per log dir it keeps Kafka's checkpoint files (text: version `0`, a count, then
+`<topic> <partition> <offset>` lines), written temp + fsync + rename + fsync dir:
+
+- `recovery-point-offset-checkpoint`  offsets known to be fsynced (recovery starts there)
+- `log-start-offset-checkpoint`       log start offsets (after DeleteRecords / retention)
+- `replication-offset-checkpoint`     high watermarks
+
+and the clean shutdown marker `.kraftlog_cleanshutdown`, written by `close()` after
+everything is flushed and checkpointed and deleted once the logs are opened again: when
+it is present at open, recovery is skipped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from .config import LogConfig
+from .leader_epoch_cache import fsync_dir, write_checkpoint_file
+from .log import Log, parse_topic_partition
+
+log = logging.getLogger(__name__)
+
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
+CLEAN_SHUTDOWN_MARKER = ".kraftlog_cleanshutdown"
+DELETE_SUFFIX = "-delete"
+
+TopicPartition = tuple[str, int]
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def read_offset_checkpoint(path: Path) -> dict[TopicPartition, int]:
+    """Parse a Kafka offset checkpoint file; a missing or malformed file gives {}."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        log.warning("cannot read checkpoint %s: %s; ignoring it", path, exc)
+        return {}
+    try:
+        if int(lines[0]) != 0:
+            raise ValueError(f"unknown version {lines[0]!r}")
+        count = int(lines[1])
+        out: dict[TopicPartition, int] = {}
+        for line in lines[2 : 2 + count]:
+            topic, partition, offset = line.split()
+            out[(topic, int(partition))] = int(offset)
+        if len(out) != count:
+            raise ValueError(f"expected {count} entries, found {len(out)}")
+        return out
+    except (ValueError, IndexError) as exc:
+        log.warning("malformed checkpoint %s (%s); ignoring it", path, exc)
+        return {}
+
+
+def write_offset_checkpoint(path: Path, offsets: dict[TopicPartition, int]) -> None:
+    lines = ["0", str(len(offsets))] + [f"{t} {p} {o}" for (t, p), o in sorted(offsets.items())]
+    write_checkpoint_file(path, lines)
+
+
+class LogManager:
+    """Owns the Log of every partition replica hosted here (see module docstring)."""
+
+    def __init__(
+        self,
+        log_dirs: list[str],
+        default_config: LogConfig,
+        *,
+        recovery_threads: int = 2,
+        time_ms: Callable[[], int] = _wall_clock_ms,
+    ):
+        if not log_dirs:
+            raise ValueError("log_dirs is empty: configure at least one log directory")
+        self.log_dirs = [Path(d) for d in log_dirs]
+        for d in self.log_dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        self.default_config = default_config
+        self.recovery_threads = max(1, recovery_threads)
+        self._time_ms = time_ms
+        self._logs: dict[TopicPartition, Log] = {}
+        self._topic_configs: dict[str, LogConfig] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ opening
+
+    def open_all(self) -> None:
+        """Open every `<topic>-<partition>` dir in every log dir (recovering those not
+        shut down cleanly), then delete the clean shutdown markers."""
+        jobs = []
+        for log_dir in self.log_dirs:
+            clean = (log_dir / CLEAN_SHUTDOWN_MARKER).exists()
+            recovery_points = read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
+            log_starts = read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
+            high_watermarks = read_offset_checkpoint(log_dir / REPLICATION_OFFSET_CHECKPOINT)
+            for sub in sorted(log_dir.iterdir()):
+                if not sub.is_dir():
+                    continue
+                if sub.name.endswith(DELETE_SUFFIX):
+                    log.info("removing partially deleted log %s", sub)
+                    shutil.rmtree(sub, ignore_errors=True)
+                    continue
+                try:
+                    tp = parse_topic_partition(sub.name)
+                except ValueError:
+                    log.warning("ignoring %s: not a <topic>-<partition> log directory", sub)
+                    continue
+                jobs.append(
+                    (tp, sub, clean, recovery_points.get(tp, 0), log_starts.get(tp), high_watermarks.get(tp, 0))
+                )
+
+        def open_one(job):
+            tp, path, clean, rp, ls, hw = job
+            started = time.monotonic()
+            lg = Log.open(
+                path,
+                self.config_for(tp[0]),
+                recovery_point=rp,
+                log_start_offset=ls,
+                high_watermark=hw,
+                clean_shutdown=clean,
+                time_ms=self._time_ms,
+            )
+            log.debug("opened %s in %.1f ms", lg, (time.monotonic() - started) * 1000)
+            return tp, lg
+
+        if len(jobs) > 1 and self.recovery_threads > 1:
+            with ThreadPoolExecutor(max_workers=self.recovery_threads, thread_name_prefix="log-recovery") as pool:
+                opened = list(pool.map(open_one, jobs))
+        else:
+            opened = [open_one(job) for job in jobs]
+        with self._lock:
+            for tp, lg in opened:
+                if tp in self._logs:
+                    log.error(
+                        "partition %s-%d exists in both %s and %s; using the first, remove the other",
+                        tp[0], tp[1], self._logs[tp].dir, lg.dir,
+                    )
+                    lg.close()
+                    continue
+                self._logs[tp] = lg
+        for log_dir in self.log_dirs:
+            marker = log_dir / CLEAN_SHUTDOWN_MARKER
+            if marker.exists():
+                marker.unlink()
+                fsync_dir(log_dir)
+
+    # ------------------------------------------------------------------ lookup
+
+    def config_for(self, topic: str) -> LogConfig:
+        return self._topic_configs.get(topic, self.default_config)
+
+    def get(self, topic: str, partition: int) -> Log | None:
+        return self._logs.get((topic, partition))
+
+    def get_or_create(self, topic: str, partition: int, config: LogConfig | None = None) -> Log:
+        """The partition's log, created in the log dir with the fewest partitions if new."""
+        with self._lock:
+            lg = self._logs.get((topic, partition))
+            if lg is not None:
+                return lg
+            if config is not None:
+                self._topic_configs[topic] = config
+            counts = {d: 0 for d in self.log_dirs}
+            for other in self._logs.values():
+                parent = other.dir.parent
+                if parent in counts:
+                    counts[parent] += 1
+            target = min(self.log_dirs, key=lambda d: (counts[d], self.log_dirs.index(d)))
+            lg = Log.open(
+                target / f"{topic}-{partition}",
+                config or self.config_for(topic),
+                clean_shutdown=True,
+                time_ms=self._time_ms,
+            )
+            fsync_dir(target)
+            self._logs[(topic, partition)] = lg
+            return lg
+
+    def all_logs(self) -> list[Log]:
+        return list(self._logs.values())
+
+    def partitions(self) -> list[TopicPartition]:
+        return sorted(self._logs)
+
+    def update_config(self, topic: str, config: LogConfig) -> None:
+        """Use `config` for `topic` from now on (existing and future partitions)."""
+        with self._lock:
+            self._topic_configs[topic] = config
+            for (t, _), lg in self._logs.items():
+                if t == topic:
+                    lg.update_config(config)
+
+    def delete_log(self, topic: str, partition: int) -> bool:
+        """Close the log, rename its dir to `<dir>.<uuid>-delete`, then remove it."""
+        with self._lock:
+            lg = self._logs.pop((topic, partition), None)
+        if lg is None:
+            return False
+        lg.close_without_flush()
+        doomed = lg.dir.with_name(f"{lg.dir.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        try:
+            lg.dir.rename(doomed)
+            fsync_dir(doomed.parent)
+        except FileNotFoundError:
+            return True
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    # ------------------------------------------------------------------ maintenance
+
+    def checkpoint(self) -> None:
+        """Write the recovery point, log start and high watermark checkpoints of every dir."""
+        with self._lock:
+            logs = list(self._logs.items())
+        for log_dir in self.log_dirs:
+            mine = [(tp, lg) for tp, lg in logs if lg.dir.parent == log_dir]
+            write_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT, {tp: lg.recovery_point for tp, lg in mine})
+            write_offset_checkpoint(
+                log_dir / LOG_START_OFFSET_CHECKPOINT, {tp: lg.log_start_offset for tp, lg in mine}
+            )
+            write_offset_checkpoint(
+                log_dir / REPLICATION_OFFSET_CHECKPOINT, {tp: lg.high_watermark for tp, lg in mine}
+            )
+
+    def run_retention(self, now_ms: int | None = None) -> int:
+        """Apply retention to every log; returns the number of segments deleted."""
+        return sum(lg.apply_retention(now_ms) for lg in self.all_logs() if not lg.closed)
+
+    def flush_all(self) -> None:
+        for lg in self.all_logs():
+            if not lg.closed:
+                lg.flush()
+
+    def flush_needed(self, now_ms: int | None = None) -> int:
+        """Flush the logs whose flush.messages / flush.ms policy asks for it; returns how many."""
+        n = 0
+        for lg in self.all_logs():
+            if not lg.closed and lg.needs_flush(now_ms):
+                lg.flush()
+                n += 1
+        return n
+
+    def close(self) -> None:
+        """Flush, checkpoint, close every log and write the clean shutdown markers."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.flush_all()
+            self.checkpoint()
+            for lg in self._logs.values():
+                lg.close()
+            for log_dir in self.log_dirs:
+                marker = log_dir / CLEAN_SHUTDOWN_MARKER
+                with open(marker, "w") as f:
+                    f.flush()
+                    os.fsync(f.fileno())
+                fsync_dir(log_dir)
+
+
+__all__ = [
+    "LogManager",
+    "read_offset_checkpoint",
+    "write_offset_checkpoint",
+    "CLEAN_SHUTDOWN_MARKER",
+    "RECOVERY_POINT_CHECKPOINT",
+    "LOG_START_OFFSET_CHECKPOINT",
+    "REPLICATION_OFFSET_CHECKPOINT",
+]
