@@ -334,16 +334,18 @@ class QuorumController:
         return []
 
     def controlled_shutdown(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> list:
-        """First call: mark in controlled shutdown, move its leaderships away and drop it
-        from ISRs that have other members. Once it leads nothing: fence it."""
+        """One atomic batch: mark the broker in controlled shutdown, move its leaderships to
+        other ISR members, drop it from ISRs that have other members (a partition where it
+        is the last ISR member becomes leaderless), and fence it. It then leads nothing and
+        may stop (`should_shutdown`)."""
         b = self._broker(image, broker_id, broker_epoch)
+        records: list = []
         if not b.in_controlled_shutdown:
-            records: list = [BrokerRegistrationChangeRecord(broker_id, b.epoch, in_controlled_shutdown=True)]
-            records.extend(self._remove_broker_changes(image, broker_id))
-            return records
-        if not b.fenced and not self.leaderships(image, broker_id):
-            return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
-        return []
+            records.append(BrokerRegistrationChangeRecord(broker_id, b.epoch, in_controlled_shutdown=True))
+        records.extend(self._remove_broker_changes(image, broker_id))
+        if not b.fenced:
+            records.append(FenceBrokerRecord(broker_id, b.epoch))
+        return records
 
     @staticmethod
     def leaderships(image: MetadataImage, broker_id: int) -> list:

@@ -193,16 +193,18 @@ def test_controlled_shutdown_moves_leadership_then_fences():
     h.create("solo", 1, 1)
     solo_leader = h.image.partition("solo", 0).leader
     b = solo_leader
-    h.heartbeat(b, want_shutdown=True)
-    assert h.image.brokers[b].in_controlled_shutdown
+    batch = h.heartbeat(b, want_shutdown=True)
+    assert h.image.brokers[b].in_controlled_shutdown and h.image.brokers[b].fenced
+    assert isinstance(batch[-1], FenceBrokerRecord)
     assert not h.controller.leaderships(h.image, b)
     for p in h.image.topic("t").partitions.values():
         assert b not in p.isr and p.leader != b
     assert h.image.partition("solo", 0).leader == -1
     from metadata_quorum.controller import QuorumController
     assert QuorumController.should_shutdown(h.image, b)
-    h.heartbeat(b, want_shutdown=True)
-    assert h.image.brokers[b].fenced
+    assert h.heartbeat(b, want_shutdown=True) == []  # idempotent
+    h.run(h.controller.register_broker(h.image, b, "next-start", "http://h", None, 0))
+    assert not h.image.brokers[b].in_controlled_shutdown
 
 
 # ------------------------------------------------------------------ AlterPartition
