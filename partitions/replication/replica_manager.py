@@ -138,7 +138,15 @@ class ReplicaManager:
             if old_id is not None and old_id != topic.topic_id:
                 await self._delete_topic_local(name)  # deleted and re-created under the same name
             self._topic_ids[name] = topic.topic_id
-            self._topic_configs[name] = dict(topic.configs)
+            configs = dict(topic.configs)
+            if name in self._topic_configs and self._topic_configs[name] != configs:
+                update = getattr(self.log_manager, "update_config", None)
+                if update is not None:
+                    try:
+                        update(name, self._log_config(configs))
+                    except (ValueError, KeyError):
+                        log.exception("topic %s has invalid configs %s; keeping the old ones", name, configs)
+            self._topic_configs[name] = configs
             for p, reg in list(topic.partitions.items()):
                 if self.broker_id not in reg.replicas:
                     continue
