@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import make_batch
+from logtest_helpers import make_batch
 
 from partitions.log.config import LogConfig
 from partitions.log.record_batch import BatchHeader, decode_batches, iter_batches
