@@ -89,6 +89,7 @@ class ControllerClient:
         session = await self._get_session()
         last_error: Optional[BaseException] = None
         backoff = self.retry_backoff_ms / 1000
+        failures_in_round = 0
         while True:
             url = self._pick()
             remaining = deadline - time.monotonic()
@@ -108,7 +109,10 @@ class ControllerClient:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 last_error = exc
                 self._active = None
-                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                failures_in_round += 1
+                if failures_in_round >= len(self.controller_urls):  # every controller tried: back off
+                    failures_in_round = 0
+                    await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                 continue
             last_error = err
             if err.code is ErrorCode.NOT_CONTROLLER:

@@ -1,6 +1,6 @@
 """SyncObjReplicatedLog: the ReplicatedLog over pysyncobj 0.3.17, bridged to asyncio.
 
-Rules this module enforces (measured pitfalls, see docs/ARCHITECTURE.md "Metadata quorum"):
+Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
 
 - exactly one replicated method, `apply(entries)`, on a consumer built before the SyncObj
   (replicated method ids are positional; state assigned after SyncObj.__init__ can wipe a
