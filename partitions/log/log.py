@@ -139,20 +139,24 @@ class Log:
                 path.unlink(missing_ok=True)
 
     def _load(self, recovery_point: int, log_start_offset: int | None, high_watermark: int, clean: bool) -> None:
-        self._complete_swaps()
         self._remove_leftovers()
         bases: list[int] = []
         for path in self._dir.iterdir():
             base = parse_segment_base(path.name)
             if base is None:
                 continue
-            if path.name.endswith(LOG_SUFFIX) and path.name.count(".") == 1:
+            if path.name.endswith(LOG_SUFFIX) and path.name.count(".") == 1 and path.is_file():
                 bases.append(base)
         bases.sort()
         base_set = set(bases)
         for path in self._dir.iterdir():
             base = parse_segment_base(path.name)
-            if base is not None and path.name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)) and base not in base_set:
+            if (
+                base is not None
+                and path.name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+                and base not in base_set
+                and path.is_file()
+            ):
                 log.info("removing index %s without its segment", path)
                 path.unlink(missing_ok=True)
 
@@ -181,6 +185,14 @@ class Log:
             recover = recover_from is not None and base >= recover_from
             seg, truncated = LogSegment.load(self._dir, base, self._config, now, recover=recover, on_batch=on_batch)
             recovered_any = recovered_any or recover
+            if self._segments and seg.base_offset < self._segments[-1].next_offset and (
+                seg.next_offset <= self._segments[-1].next_offset
+            ):
+                # wholly covered by the previous segment: left over from an interrupted
+                # cleaner swap (the cleaned segment replaced the first one it covers)
+                log.info("%s: removing segment %d covered by the previous segment", self._dir, base)
+                seg.delete()
+                continue
             if self._segments and seg.base_offset < self._segments[-1].next_offset:
                 log.warning(
                     "%s: segment %d overlaps the previous one (ends at %d); deleting it and the rest",
@@ -189,9 +201,13 @@ class Log:
                 seg.delete()
                 corrupt_at = base
                 continue
-            self._segments.append(seg)
             if truncated:
                 corrupt_at = base
+                if seg.is_empty and self._segments and seg.base_offset > self._segments[-1].next_offset:
+                    # nothing valid in it: drop it rather than let its base offset open a gap
+                    seg.delete()
+                    continue
+            self._segments.append(seg)
         if not self._segments:
             start = log_start_offset if log_start_offset is not None else 0
             self._segments.append(LogSegment.create(self._dir, start, self._config, now))
@@ -228,18 +244,6 @@ class Log:
         cache.truncate_from_start(self._log_start_offset, persist=False)
         cache.persist()
         self._rebuild_producer_state()
-
-    def _complete_swaps(self) -> None:
-        """Finish a cleaner swap interrupted by a crash (see cleaner.py): a `.swap` segment
-        is a complete replacement; the segments it replaces were renamed `.deleted`."""
-        swaps = sorted(p for p in self._dir.iterdir() if p.name.endswith(LOG_SUFFIX + ".swap"))
-        for swap in swaps:
-            final = swap.with_name(swap.name[: -len(".swap")])
-            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-                idx = final.with_suffix(suffix)
-                idx.unlink(missing_ok=True)
-            os.replace(swap, final)
-            log.info("%s: completed interrupted segment swap %s", self._dir, final.name)
 
     def _rebuild_producer_state(self) -> None:
         """Hook for idempotent producer state (producer_state.py); rebuilt from the log."""

@@ -164,17 +164,25 @@ class LogSegment:
 
     # ------------------------------------------------------------------ scanning
 
-    def scan_batches(self, start_position: int = 0, *, validate: bool = False) -> Iterator[tuple[int, BatchHeader]]:
+    def scan_batches(
+        self, start_position: int = 0, *, validate: bool = False, contiguous: bool = False
+    ) -> Iterator[tuple[int, BatchHeader]]:
         """Yield (position, header) for each batch from `start_position` to the end of the
-        file. validate=True checks CRCs. Raises CorruptRecordError at the first torn or
-        invalid batch (after yielding every batch before it)."""
+        file. Raises CorruptRecordError at the first torn or invalid batch (after yielding
+        every batch before it).
+
+        validate=True checks CRCs and that leader epochs never decrease. Base offset and
+        leader epoch are not covered by the CRC (Kafka's layout), so contiguous=True (logs
+        that were never compacted) also requires every batch to start exactly where the
+        previous one ended, the first one at the segment's base offset."""
         fd = self._require_open()
         end = self.size
         pos = start_position
         buf = b""
         buf_start = pos
         read_bytes = _RECOVERY_READ_BYTES if validate else _SCAN_READ_BYTES
-        expected = None
+        expected = self.base_offset if (contiguous and start_position == 0) else None
+        last_epoch = -1
         while pos < end:
             rel = pos - buf_start
             if len(buf) - rel < HEADER_SIZE:
@@ -195,8 +203,19 @@ class LogSegment:
                     f"batch at position {pos} has base offset {header.base_offset}, expected >= "
                     f"{expected if expected is not None else self.base_offset}"
                 )
+            if contiguous and expected is not None and header.base_offset != expected:
+                raise CorruptRecordError(
+                    f"batch at position {pos} has base offset {header.base_offset}, expected {expected}"
+                )
             if header.last_offset - self.base_offset > _MAX_RELATIVE_OFFSET:
                 raise CorruptRecordError(f"batch at position {pos} overflows the segment's relative offsets")
+            if validate:
+                epoch = header.partition_leader_epoch
+                if epoch < last_epoch:
+                    raise CorruptRecordError(
+                        f"batch at position {pos} has leader epoch {epoch}, below the previous batch's {last_epoch}"
+                    )
+                last_epoch = epoch
             expected = header.next_offset
             yield pos, header
             pos += size
@@ -212,7 +231,7 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         valid_end = 0
         try:
-            for pos, header in self.scan_batches(0, validate=True):
+            for pos, header in self.scan_batches(0, validate=True, contiguous=not self.config.compact):
                 self._index_batch(pos, header)
                 self.next_offset = header.next_offset
                 valid_end = pos + header.size
