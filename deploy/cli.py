@@ -1,0 +1,350 @@
+"""The `kraftlog` command.
+
+    kraftlog serve [--node-id N] [--data-dir DIR] [--http-port P] [--controller-port P]
+                   [--raft-port P] [--config FILE]
+    kraftlog topic create NAME --partitions P --replication-factor R [--config k=v ...]
+    kraftlog topic list | describe NAME | delete NAME
+    kraftlog produce TOPIC [--key-separator SEP] [--acks all|1|0]
+    kraftlog consume TOPIC [--from-beginning] [--group G] [--max-records N]
+    kraftlog cluster up|down|status ...
+
+Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082)
+and --output text|json. Every error message says what to do next.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+from http_api.errors import ErrorCode, KraftlogError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def _err(msg: str) -> None:
+    sys.stderr.write(f"kraftlog: {msg}\n")
+    sys.stderr.flush()
+
+
+# ---- serve ---------------------------------------------------------------------------
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from deploy.config import NodeConfig
+    from deploy.supervisor import serve_combined
+
+    overrides = {"node_id": args.node_id, "data_dir": args.data_dir, "http_port": args.http_port,
+                 "controller_port": args.controller_port, "raft_port": args.raft_port,
+                 "http_host": args.http_host, "log_level": args.log_level}
+    try:
+        cfg = NodeConfig.load(args.config, overrides)
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    return serve_combined(cfg)
+
+
+# ---- client commands -----------------------------------------------------------------
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=None) + "\n")
+    sys.stdout.flush()
+
+
+def _parse_configs(items: list[str] | None) -> dict:
+    out = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, f"--config {item!r} is not key=value; e.g. --config retention.ms=60000")
+        out[k.strip()] = v.strip()
+    return out
+
+
+async def _topic(args: argparse.Namespace) -> int:
+    from http_api.client import AdminClient
+
+    async with AdminClient(args.bootstrap) as admin:
+        if args.topic_cmd == "create":
+            doc = await admin.create_topic(args.name, args.partitions, args.replication_factor,
+                                           _parse_configs(args.config))
+            if args.output == "json":
+                _print_json(doc)
+            else:
+                print(f"Created topic {args.name} with {len(doc['partitions'])} partition(s), "
+                      f"replication factor {args.replication_factor}.")
+        elif args.topic_cmd == "list":
+            topics = await admin.list_topics()
+            if args.output == "json":
+                _print_json({"topics": topics})
+            else:
+                for t in topics:
+                    print(t)
+        elif args.topic_cmd == "describe":
+            doc = await admin.describe_topic(args.name)
+            if args.output == "json":
+                _print_json(doc)
+            else:
+                print(f"Topic: {doc['name']}\tPartitions: {len(doc['partitions'])}\t"
+                      f"Configs: {','.join(f'{k}={v}' for k, v in sorted(doc.get('configs', {}).items()))}")
+                for p in doc["partitions"]:
+                    print(f"\tPartition: {p['partition']}\tLeader: {p['leader']}\tLeaderEpoch: {p['leader_epoch']}"
+                          f"\tReplicas: {','.join(map(str, p['replicas']))}\tIsr: {','.join(map(str, p['isr']))}")
+        elif args.topic_cmd == "delete":
+            await admin.delete_topic(args.name)
+            if args.output == "json":
+                _print_json({"deleted": args.name})
+            else:
+                print(f"Deleted topic {args.name}.")
+    return 0
+
+
+class _Progress:
+    """A one-line progress counter on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.label = label
+        self.count = 0
+        self.last = 0.0
+        self.started = time.monotonic()
+
+    def add(self, n: int = 1) -> None:
+        self.count += n
+        now = time.monotonic()
+        if self.enabled and now - self.last > 0.2:
+            self.last = now
+            rate = self.count / max(now - self.started, 1e-9)
+            sys.stderr.write(f"\r{self.label}: {self.count} records ({rate:,.0f}/s)")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write(f"\r{self.label}: {self.count} records in {time.monotonic() - self.started:.1f}s\n")
+            sys.stderr.flush()
+
+
+async def _produce(args: argparse.Namespace) -> int:
+    from http_api.client import Producer
+
+    progress = _Progress(f"produced to {args.topic}")
+    sep = args.key_separator.encode() if args.key_separator else None
+    pending: list[asyncio.Future] = []
+    errors = 0
+    loop = asyncio.get_running_loop()
+    stdin = sys.stdin.buffer
+    async with Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms) as producer:
+        while True:
+            line = await loop.run_in_executor(None, stdin.readline)
+            if not line:
+                break
+            line = line.rstrip(b"\n").rstrip(b"\r")
+            key = None
+            if sep is not None:
+                k, found, v = line.partition(sep)
+                if found:
+                    key, line = k, v
+            pending.append(await producer.send(args.topic, line, key=key))
+            progress.add()
+            if len(pending) >= 10_000:
+                errors += await _settle(pending)
+                pending = []
+        await producer.flush()
+        errors += await _settle(pending)
+    progress.done()
+    if args.output == "json":
+        _print_json({"topic": args.topic, "records": progress.count, "errors": errors})
+    return EXIT_ERROR if errors else 0
+
+
+async def _settle(futures: list) -> int:
+    errors = 0
+    first: Optional[BaseException] = None
+    for r in await asyncio.gather(*futures, return_exceptions=True):
+        if isinstance(r, BaseException):
+            errors += 1
+            first = first or r
+    if first is not None:
+        _err(f"{errors} record(s) failed: {first}")
+    return errors
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    from http_api.client import Consumer
+
+    out = sys.stdout.buffer
+    count = 0
+    reset = "earliest" if args.from_beginning else "latest"
+    async with Consumer(args.bootstrap, group_id=args.group, auto_offset_reset=reset,
+                        max_wait_ms=args.max_wait_ms) as consumer:
+        await consumer.subscribe([args.topic])
+        if args.from_beginning and not args.group:
+            for tp in consumer.assignment():
+                await consumer.seek_to_beginning(tp)
+        last_commit = time.monotonic()
+        try:
+            while args.max_records is None or count < args.max_records:
+                records = await consumer.poll(args.max_wait_ms)
+                for r in records:
+                    if args.max_records is not None and count >= args.max_records:
+                        # don't commit past what we printed
+                        consumer.seek((r.topic, r.partition), r.offset)
+                        break
+                    if args.output == "json":
+                        out.write(json.dumps(_record_json(r)).encode() + b"\n")
+                    else:
+                        if args.print_key:
+                            out.write((r.key or b"") + args.key_separator.encode())
+                        out.write((r.value or b"") + b"\n")
+                    count += 1
+                out.flush()
+                if args.group and time.monotonic() - last_commit > 1.0:
+                    await consumer.commit()
+                    last_commit = time.monotonic()
+        finally:
+            if args.group:
+                try:
+                    await consumer.commit()
+                except Exception as e:  # noqa: BLE001
+                    _err(f"committing offsets for group {args.group} failed: {e}; they will be re-read")
+    return 0
+
+
+def _record_json(r) -> dict:
+    import base64
+
+    doc: dict = {"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp": r.timestamp}
+    for name, data in (("key", r.key), ("value", r.value)):
+        if data is None:
+            doc[name] = None
+            continue
+        try:
+            doc[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            doc[name + "_b64"] = base64.b64encode(data).decode()
+    doc["headers"] = {k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in r.headers}
+    return doc
+
+
+def _run_client(coro_fn, args) -> int:
+    try:
+        return asyncio.run(coro_fn(args))
+    except KraftlogError as e:
+        _err(f"{e.code.name}: {e.message}")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+# ---- argument parsing ----------------------------------------------------------------
+
+def _client_parent() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--bootstrap", default=os.environ.get("KRAFTLOG_URL") or "http://127.0.0.1:8082",
+                   help="broker URL(s), comma separated (default $KRAFTLOG_URL or http://127.0.0.1:8082)")
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kraftlog", description="kraftlog: a Kafka-style commit log over HTTP")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
+    client = _client_parent()
+
+    s = sub.add_parser("serve", help="run one node (controller + broker processes) in the foreground")
+    s.add_argument("--node-id", type=int)
+    s.add_argument("--data-dir")
+    s.add_argument("--http-host")
+    s.add_argument("--http-port", type=int)
+    s.add_argument("--controller-port", type=int)
+    s.add_argument("--raft-port", type=int)
+    s.add_argument("--config", help="TOML / INI / JSON file of node settings (flags override it)")
+    s.add_argument("--log-level")
+    s.set_defaults(func=cmd_serve)
+
+    t = sub.add_parser("topic", help="create, list, describe, delete topics")
+    tsub = t.add_subparsers(dest="topic_cmd", metavar="ACTION")
+    tc = tsub.add_parser("create", parents=[client])
+    tc.add_argument("name")
+    tc.add_argument("--partitions", type=int, default=1)
+    tc.add_argument("--replication-factor", type=int, default=1)
+    tc.add_argument("--config", action="append", metavar="KEY=VALUE")
+    tsub.add_parser("list", parents=[client])
+    td = tsub.add_parser("describe", parents=[client])
+    td.add_argument("name")
+    tdel = tsub.add_parser("delete", parents=[client])
+    tdel.add_argument("name")
+    t.set_defaults(func=lambda a: _run_client(_topic, a) if a.topic_cmd else _usage(t))
+
+    p = sub.add_parser("produce", parents=[client], help="produce one record per stdin line")
+    p.add_argument("topic")
+    p.add_argument("--key-separator", help="split each line into key SEP value at the first SEP")
+    p.add_argument("--acks", default="all", choices=("0", "1", "all"))
+    p.add_argument("--linger-ms", type=int, default=5)
+    p.set_defaults(func=lambda a: _run_client(_produce, a))
+
+    c = sub.add_parser("consume", parents=[client], help="print one record value per line, following new records")
+    c.add_argument("topic")
+    c.add_argument("--from-beginning", action="store_true")
+    c.add_argument("--group", help="consumer group: start at its committed offsets and commit progress")
+    c.add_argument("--max-records", type=int)
+    c.add_argument("--max-wait-ms", type=int, default=1000)
+    c.add_argument("--print-key", action="store_true", help="print KEY<sep>VALUE (separator --key-separator)")
+    c.add_argument("--key-separator", default="\t")
+    c.set_defaults(func=lambda a: _run_client(_consume, a))
+
+    cl = sub.add_parser("cluster", help="local multi-node cluster: up, down, status")
+    clsub = cl.add_subparsers(dest="cluster_cmd", metavar="ACTION")
+    up = clsub.add_parser("up")
+    up.add_argument("--nodes", type=int, required=True)
+    up.add_argument("--data-dir", required=True)
+    up.add_argument("--base-port", type=int, default=8082)
+    down = clsub.add_parser("down")
+    down.add_argument("--data-dir", required=True)
+    st = clsub.add_parser("status")
+    st.add_argument("--data-dir", required=True)
+    st.add_argument("--output", choices=("text", "json"), default="text")
+    cl.set_defaults(func=_cluster)
+    return parser
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    try:
+        from deploy import cluster
+    except ImportError:
+        _err("`kraftlog cluster` is not available in this build; run `kraftlog serve` per node instead")
+        return EXIT_ERROR
+    if not args.cluster_cmd:
+        _err("give an action: kraftlog cluster up|down|status --data-dir DIR")
+        return EXIT_USAGE
+    return cluster.main(args)
+
+
+def main(argv: Optional[list] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        sys.exit(EXIT_USAGE)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Combined mode: one controller process and one broker process, supervised together.
+
+The two children run in their own session (a terminal's Ctrl-C reaches only the
+supervisor, which then stops them in order: broker first, so its controlled shutdown can
+still talk to the controller, then the controller). Each child also gets
+PR_SET_PDEATHSIG=SIGTERM on Linux, so it dies with the supervisor even on kill -9.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Optional
+
+from deploy.config import NodeConfig
+
+READY_TIMEOUT_S = 60.0
+BROKER_STOP_TIMEOUT_S = 25.0
+CONTROLLER_STOP_TIMEOUT_S = 10.0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _set_pdeathsig() -> None:
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def raft_password(cfg: NodeConfig) -> str:
+    """The configured password, else one generated once and kept in <data_dir>/raft.password."""
+    if cfg.password:
+        return cfg.password
+    path = os.path.join(cfg.data_dir, "raft.password")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip()
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    pw = secrets.token_hex(16)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(pw + "\n")
+    return pw
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def controller_command(cfg: NodeConfig) -> list[str]:
+    return [sys.executable, "-m", "metadata_quorum.controller_server", "--node-id", str(cfg.node_id),
+            "--data-dir", cfg.controller_data_dir(), "--http-host", cfg.http_host,
+            "--http-port", str(cfg.controller_port), "--raft-port", str(cfg.raft_port),
+            "--voters", cfg.voters, "--cluster-id", cfg.cluster_id, "--log-level", cfg.log_level]
+
+
+def broker_command(cfg: NodeConfig) -> list[str]:
+    bc = dataclasses.asdict(cfg.broker_config())
+    return [sys.executable, "-m", "http_api.broker_server", "--config-json", json.dumps(bc),
+            "--log-level", cfg.log_level]
+
+
+def spawn(cmd: list[str], env_extra: dict | None = None, log_path: str | None = None,
+          detach: bool = False) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(env_extra or {})
+    out = None
+    if log_path is not None:
+        out = open(log_path, "ab")
+    try:
+        return subprocess.Popen(cmd, env=env, cwd=os.getcwd(), start_new_session=True,
+                                preexec_fn=None if detach else _set_pdeathsig,
+                                stdout=out, stderr=subprocess.STDOUT if out else None,
+                                stdin=subprocess.DEVNULL)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def stop_process(p: subprocess.Popen, timeout: float) -> None:
+    if p.poll() is not None:
+        return
+    try:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+def serve_combined(cfg: NodeConfig) -> int:
+    """Run controller + broker until Ctrl-C / SIGTERM; returns the exit code."""
+    for name, port in (("--http-port", cfg.http_port), ("--controller-port", cfg.controller_port),
+                       ("--raft-port", cfg.raft_port)):
+        if port_in_use(cfg.http_host, port):
+            sys.stderr.write(f"kraftlog: port {port} ({name}) on {cfg.http_host} is already in use: stop the "
+                             f"process using it (another kraftlog?) or pass a different {name}\n")
+            return 1
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    env = {"KRAFTLOG_RAFT_PASSWORD": raft_password(cfg)}
+
+    stopping = {"sig": None}
+
+    def on_signal(signum, _frame):
+        stopping["sig"] = signum
+
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    controller = spawn(controller_command(cfg), env)
+    broker = spawn(broker_command(cfg))
+    code = 0
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        ready = False
+        while stopping["sig"] is None:
+            for name, p in (("controller", controller), ("broker", broker)):
+                if p.poll() is not None:
+                    sys.stderr.write(f"kraftlog: the {name} process exited with code {p.returncode} during "
+                                     "startup; see its log above\n")
+                    return 1
+            if http_ok(cfg.broker_url + "/healthz"):
+                ready = True
+                break
+            if time.monotonic() > deadline:
+                sys.stderr.write(f"kraftlog: the broker did not become ready within {READY_TIMEOUT_S:.0f}s; "
+                                 "see the logs above\n")
+                return 1
+            time.sleep(0.1)
+        if ready:
+            sys.stdout.write(f"kraftlog node {cfg.node_id} ready: broker {cfg.broker_url} "
+                             f"(controller {cfg.controller_url}, data in {cfg.data_dir}); Ctrl-C to stop\n")
+            sys.stdout.write(cfg.broker_url + "\n")
+            sys.stdout.flush()
+        while stopping["sig"] is None:
+            for name, p in (("controller", controller), ("broker", broker)):
+                if p.poll() is not None:
+                    sys.stderr.write(f"kraftlog: the {name} process exited unexpectedly (code {p.returncode}); "
+                                     "stopping the node — see its log above, then run kraftlog serve again\n")
+                    code = 1
+                    stopping["sig"] = -1
+                    break
+            time.sleep(0.2)
+        return code
+    finally:
+        stop_process(broker, BROKER_STOP_TIMEOUT_S)
+        stop_process(controller, CONTROLLER_STOP_TIMEOUT_S)
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+        if stopping["sig"] not in (None, -1):
+            sys.stdout.write("kraftlog stopped cleanly\n")
+            sys.stdout.flush()
