@@ -156,14 +156,17 @@ RECORD_TYPES: dict[str, type] = {
 _TUPLE_FIELDS = {"replicas", "isr"}
 
 
+_FIELD_NAMES: dict[type, tuple] = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in RECORD_TYPES.values()}
+
+
 def record_to_dict(record: Any) -> dict:
     """Plain-data form: {"type": TYPE, field: value, ...} with lists instead of tuples."""
     out: dict = {"type": record.TYPE}
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
+    for name in _FIELD_NAMES[type(record)]:
+        value = getattr(record, name)
         if isinstance(value, tuple):
             value = list(value)
-        out[f.name] = value
+        out[name] = value
     return out
 
 
@@ -174,12 +177,12 @@ def record_from_dict(data: dict) -> Any:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"unknown metadata record {data!r}") from exc
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            value = data[f.name]
-            if f.name in _TUPLE_FIELDS and value is not None:
+    for name in _FIELD_NAMES[cls]:
+        if name in data:
+            value = data[name]
+            if name in _TUPLE_FIELDS and value is not None:
                 value = tuple(value)
-            kwargs[f.name] = value
+            kwargs[name] = value
     try:
         return cls(**kwargs)
     except TypeError as exc:

@@ -66,7 +66,8 @@ class MetadataStateMachine:
         if request_id is not None and request_id in self.request_ids:
             return {"ok": True, "duplicate": True, "base_offset": self.request_ids[request_id],
                     "offset": image.offset}
-        records = [record_from_dict(d) for d in entry["records"]]
+        dicts = entry["records"]
+        records = [record_from_dict(d) for d in dicts]
         epoch = entry.get("controller_epoch", 0)
         if records and isinstance(records[0], LeaderChangeRecord):
             if records[0].epoch <= image.controller_epoch:
@@ -82,12 +83,13 @@ class MetadataStateMachine:
             self.rejected_batches += 1
             return {"ok": False, "conflict": True, "reason": conflict}
         base = image.offset
-        for record in records:
+        for record, as_dict in zip(records, dicts):
             offset = image.offset
             if isinstance(record, RegisterBrokerRecord):
                 record = dataclasses.replace(record, broker_epoch=offset)
+                as_dict = record_to_dict(record)
             image.replay(record)
-            self.tail.append((offset, record_to_dict(record)))
+            self.tail.append((offset, as_dict))
         if len(self.tail) > 2 * self.feed_retained_records:
             drop = len(self.tail) - self.feed_retained_records
             del self.tail[:drop]

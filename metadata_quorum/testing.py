@@ -85,16 +85,17 @@ class ControllerCluster:
         return None
 
     def wait_active(self, timeout: float = 15.0, exclude: tuple = ()) -> int:
+        """Wait until exactly one running controller (not in `exclude`) is active and every
+        other reachable one names it as leader; returns its node id."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for nid in self.procs:
-                if nid in exclude:
-                    continue
-                st = self.status(nid)
-                if st and st.get("is_active"):
-                    return nid
+            statuses = {nid: self.status(nid) for nid in self.procs if nid not in exclude}
+            active = [nid for nid, st in statuses.items() if st and st.get("is_active")]
+            if len(active) == 1 and all(st is None or st.get("leader_id") == active[0]
+                                        for st in statuses.values()):
+                return active[0]
             time.sleep(0.02)
-        raise TimeoutError(f"no active controller within {timeout} s")
+        raise TimeoutError(f"no single active controller within {timeout} s")
 
     def __enter__(self) -> "ControllerCluster":
         return self
