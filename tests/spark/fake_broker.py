@@ -124,6 +124,20 @@ class FakeBroker:
         p = int(request.match_info["p"])
         return web.json_response({"offsets": [{"partition": p, "offset": base + i} for i in range(n)]})
 
+    async def produce_topic(self, request):
+        from http_api.partitioner import partition_for_key
+        t = request.match_info["t"]
+        doc = json.loads(await request.read())
+        parts = self.topics[t]
+        out = []
+        for i, r in enumerate(doc["records"]):
+            p = r.get("partition")
+            if p is None:
+                p = partition_for_key(_b(r["key"]), len(parts)) if r.get("key") is not None else i % len(parts)
+            base = parts[p].append(rb.build_batch([rb.Record(key=_b(r.get("key")), value=_b(r.get("value")))]))
+            out.append({"partition": p, "offset": base})
+        return web.json_response({"offsets": out})
+
     async def delete_records(self, request):
         part = self._part(request)
         before = int((await request.json())["before_offset"])
@@ -146,6 +160,7 @@ class FakeBroker:
         app.router.add_get("/v1/topics/{t}/partitions/{p}/offsets", self.offsets)
         app.router.add_get("/v1/topics/{t}/partitions/{p}/records", self.fetch)
         app.router.add_post("/v1/topics/{t}/partitions/{p}/records", self.produce)
+        app.router.add_post("/v1/topics/{t}/records", self.produce_topic)
         app.router.add_post("/v1/topics/{t}/partitions/{p}/delete-records", self.delete_records)
         app.router.add_get("/healthz", self.healthz)
         ready = threading.Event()
