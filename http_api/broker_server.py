@@ -64,9 +64,14 @@ class Broker:
             os.makedirs(d, exist_ok=True)
         os.makedirs(cfg.state_dir, exist_ok=True)
         t0 = time.monotonic()
+        from partitions.log.log_manager import CLEAN_SHUTDOWN_MARKER
+        clean = all(os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_MARKER)) for d in cfg.log_dirs)
         self.log_manager = LogManager(cfg.log_dirs, LogConfig())
         await self._blocking(self.log_manager.open_all)
-        log.info("broker %s opened logs in %.0f ms", cfg.broker_id, (time.monotonic() - t0) * 1000)
+        n = len(self.log_manager.partitions())
+        log.info("broker %s opened %d logs in %.0f ms %s", cfg.broker_id, n, (time.monotonic() - t0) * 1000,
+                 "after a clean shutdown (recovery skipped)" if clean or n == 0
+                 else "after an unclean shutdown (recovered from the recovery points)")
 
         self.rm = ReplicaManager(cfg.broker_id, self.log_manager, min_insync_replicas=cfg.min_insync_replicas,
                                  request_timeout_ms=cfg.request_timeout_ms,
@@ -111,6 +116,15 @@ class Broker:
         return self.ready, info
 
     async def _await_ready(self) -> None:
+        # heartbeat as soon as our metadata covers our registration: the controller
+        # unfences us then, instead of at the next periodic heartbeat
+        try:
+            epoch = self.lifecycle.broker_epoch
+            if epoch is not None and self.lifecycle.is_fenced:
+                await self.follower.wait_for_offset(epoch + 1, timeout=10)
+                await self.lifecycle.heartbeat_once()
+        except Exception as e:  # the periodic heartbeat will retry
+            log.info("early heartbeat failed: %s", e)
         await self.lifecycle.wait_unfenced(timeout=3600)
         self.ready = True
         log.info("broker %s is ready (unfenced) at %s", self.config.broker_id, self.config.url)

@@ -8,6 +8,7 @@ condition holds (a topic just created by the controller becomes visible, ...).
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any, Callable
 
 
@@ -26,7 +27,12 @@ class MetadataView:
         self._listeners.append(fn)
 
     async def update(self, image: Any) -> None:
-        """Apply `image` to the replica manager, publish it, wake waiters."""
+        """Apply a snapshot of `image` to the replica manager, publish it, wake waiters.
+
+        The metadata follower replays records into its image in place, so we copy it:
+        handlers must never see a partition the replica manager has not applied yet.
+        """
+        image = copy.deepcopy(image)
         async with self._lock:
             await self.replica_manager.apply_metadata(image)
             self.image = image
