@@ -18,10 +18,6 @@ from pipelines.localcluster import LocalNode
 
 @pytest.fixture(scope="session")
 def broker_url(tmp_path_factory):
-    if os.environ.get("KRAFTLOG_SPARK_FAKE_BROKER") == "1":  # connector development only
-        from tests.spark.fake_broker import FakeBroker
-        yield FakeBroker().start()
-        return
     node = LocalNode(str(tmp_path_factory.mktemp("kraftlog-spark")))
     node.start()
     try:
