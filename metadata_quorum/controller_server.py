@@ -112,6 +112,7 @@ class ControllerConfig:
     leader_fallback_timeout_s: float = 1.5
     log_compaction_min_entries: int = 5000
     log_compaction_min_time_s: float = 300.0
+    raft_fsync_journal: bool = True
 
     def __post_init__(self):
         if isinstance(self.voters, str):
@@ -148,6 +149,7 @@ class ControllerConfig:
             log_compaction_min_entries=self.log_compaction_min_entries,
             log_compaction_min_time_s=self.log_compaction_min_time_s,
             propose_timeout_s=self.propose_timeout_ms / 1000,
+            fsync_journal=self.raft_fsync_journal,
         )
 
 
@@ -610,6 +612,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
     p.add_argument("--broker-heartbeat-interval-ms", type=int, default=2000)
     p.add_argument("--leader-imbalance-check-interval-ms", type=int, default=30_000)
+    p.add_argument("--no-raft-fsync", action="store_true",
+                   help="do not sync the raft journal per entry (survives kill -9, not power loss)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -638,6 +642,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         broker_session_timeout_ms=args.broker_session_timeout_ms,
         broker_heartbeat_interval_ms=args.broker_heartbeat_interval_ms,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+        raft_fsync_journal=not args.no_raft_fsync,
     )
 
 
