@@ -83,8 +83,11 @@ class ControllerClient:
         return url
 
     async def request(self, method: str, path: str, *, json: Any = None, params: Optional[dict] = None,
-                      timeout_ms: Optional[int] = None, per_try_timeout_s: float = 5.0) -> Any:
-        """One logical request with retries until the deadline; returns the JSON body."""
+                      timeout_ms: Optional[int] = None, per_try_timeout_s: float = 5.0,
+                      answered_by_active: bool = True) -> Any:
+        """One logical request with retries until the deadline; returns the JSON body.
+        `answered_by_active`: a success proves the URL is the active controller (writes and
+        require_active reads); False for reads any controller serves."""
         deadline = time.monotonic() + (timeout_ms or self.request_timeout_ms) / 1000
         session = await self._get_session()
         last_error: Optional[BaseException] = None
@@ -103,7 +106,8 @@ class ControllerClient:
                     except ValueError:
                         body = None
                     if resp.status < 400:
-                        self._active = url
+                        if answered_by_active:
+                            self._active = url
                         return body
                     err = _error_from_body(resp.status, body)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -193,18 +197,22 @@ class ControllerClient:
         body = {} if partitions is None else {"partitions": [{"topic": t, "partition": p} for t, p in partitions]}
         return await self.request("POST", PREFIX + "/elect-leaders", json=body)
 
-    async def metadata_json(self) -> dict:
-        """The API.md `GET /v1/metadata` body plus "metadata_offset", from the active controller."""
-        return await self.request("GET", PREFIX + "/metadata")
+    async def metadata_json(self, require_active: bool = True) -> dict:
+        """The API.md `GET /v1/metadata` body plus "metadata_offset" and "controller_epoch".
+        From the active controller (reads its own writes) unless require_active=False, in
+        which case any controller may answer with the metadata offset it has reached."""
+        return await self.request("GET", PREFIX + "/metadata",
+                                  params={"require_active": "true" if require_active else "false"},
+                                  answered_by_active=require_active)
 
     async def status(self) -> dict:
-        return await self.request("GET", PREFIX + "/status")
+        return await self.request("GET", PREFIX + "/status", answered_by_active=False)
 
     async def metadata_records(self, after: int, max_wait_ms: int = 0) -> dict:
         return await self.request("GET", PREFIX + "/metadata/records",
                                   params={"after": str(after), "max_wait_ms": str(max_wait_ms)},
                                   timeout_ms=max_wait_ms + self.request_timeout_ms,
-                                  per_try_timeout_s=max_wait_ms / 1000 + 5)
+                                  per_try_timeout_s=max_wait_ms / 1000 + 5, answered_by_active=False)
 
 
 class MetadataFollower:

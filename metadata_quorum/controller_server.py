@@ -336,6 +336,8 @@ class ControllerServer:
         })
 
     async def h_metadata(self, request: web.Request) -> web.Response:
+        if request.query.get("require_active", "false").lower() in ("1", "true"):
+            self._require_active()
         with self.sm.lock:
             body = self.sm.image.to_metadata_json()
             body["metadata_offset"] = self.sm.image.offset

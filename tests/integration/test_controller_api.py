@@ -134,6 +134,10 @@ async def test_standby_redirects_writes_with_not_controller():
         async with ControllerClient([standby.url, active.url], request_timeout_ms=3000) as c:
             await register(c, 1)  # the client moves on to the active controller
             assert c.active_url == active.url
+        status, body = await raw("GET", standby.url + "/controller/v1/metadata?require_active=true")
+        assert status == 421 and body["error_code"] == "NOT_CONTROLLER"
+        status, body = await raw("GET", standby.url + "/controller/v1/metadata")
+        assert status == 200 and "metadata_offset" in body  # standby reads carry their offset
         status, body = await raw("GET", standby.url + "/controller/v1/status")
         assert body["is_active"] is False and body["node_id"] == 2
     finally:
