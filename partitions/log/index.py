@@ -38,6 +38,7 @@ class _AppendOnlyIndex:
         self._keys: list[int] = []
         self._values: list[int] = []
         self._file = None
+        self._dirty = False  # entries written since the last fsync
         self.corrupt_reason: str | None = None
 
     # -- loading
@@ -103,6 +104,7 @@ class _AppendOnlyIndex:
         if self._file is None:
             self.open_for_append()
         self._file.write(self.entry.pack(a, b))
+        self._dirty = True
 
     def _truncate_entries(self, n: int) -> None:
         if n >= len(self._keys):
@@ -114,10 +116,12 @@ class _AppendOnlyIndex:
             f.truncate(n * self.entry.size)
 
     def flush(self, fsync: bool = True) -> None:
+        """Write buffered entries; with fsync=True also fsync them (only if any were added)."""
         if self._file is not None:
             self._file.flush()
-            if fsync:
+            if fsync and self._dirty:
                 os.fsync(self._file.fileno())
+                self._dirty = False
 
     def close(self) -> None:
         if self._file is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
 from bisect import bisect_right
@@ -31,15 +32,22 @@ from .errors import (
 )
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache, fsync_dir
 from .record_batch import (
+    H_BASE_OFFSET,
+    H_BATCH_LENGTH,
+    H_LAST_OFFSET_DELTA,
+    H_LEADER_EPOCH,
+    H_MAX_TIMESTAMP,
+    H_RECORD_COUNT,
     LOG_OVERHEAD,
     BatchHeader,
     set_log_append_time,
-    stamp_batch,
-    validate_batch,
+    validate_batch_raw,
 )
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_segment_base
 
 log = logging.getLogger(__name__)
+
+_STAMP = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch: before the CRC
 
 LATEST_TIMESTAMP = -1  # offset_for_timestamp(-1) -> log end offset (Kafka ListOffsets LATEST)
 EARLIEST_TIMESTAMP = -2  # offset_for_timestamp(-2) -> log start offset (EARLIEST)
@@ -346,16 +354,17 @@ class Log:
     # ================================================================== appends
 
     @staticmethod
-    def _validate_all(data, max_batch_bytes: int | None) -> list[tuple[int, BatchHeader]]:
+    def _validate_all(data, max_batch_bytes: int | None) -> list[tuple[int, tuple]]:
+        """(position, raw header tuple) of every batch; raises before anything is written."""
         batches = []
         pos = 0
         end = len(data)
         if end == 0:
             raise CorruptRecordError("no record batch to append: the request body is empty")
         while pos < end:
-            header = validate_batch(data, pos, max_batch_bytes=max_batch_bytes)
-            batches.append((pos, header))
-            pos += LOG_OVERHEAD + header.batch_length
+            h = validate_batch_raw(data, pos, max_batch_bytes)
+            batches.append((pos, h))
+            pos += LOG_OVERHEAD + h[H_BATCH_LENGTH]
         return batches
 
     def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> AppendInfo:
@@ -365,36 +374,41 @@ class Log:
             self._check_open()
             data = bytearray(records)
             batches = self._validate_all(data, self._config.max_message_bytes)
-            if leader_epoch < self.leader_epoch_cache.latest_epoch:
+            latest_epoch = self.leader_epoch_cache.latest_epoch
+            if leader_epoch < latest_epoch:
                 raise ValueError(
                     f"leader epoch {leader_epoch} is older than the log's latest epoch "
-                    f"{self.leader_epoch_cache.latest_epoch}: this replica is no longer the leader"
+                    f"{latest_epoch}: this replica is no longer the leader"
                 )
             now = self._time_ms()
             append_time = self._config.log_append_time
             first_offset = offset = self.log_end_offset
-            stamped: list[tuple[int, BatchHeader]] = []
+            entries: list[tuple[int, int, int, int, int]] = []
             max_ts = -1
             num_records = 0
-            for pos, header in batches:
-                stamp_batch(data, offset, leader_epoch, pos)
+            pack_prefix = _STAMP.pack_into
+            for pos, h in batches:
+                pack_prefix(data, pos, offset, h[H_BATCH_LENGTH], leader_epoch)
                 if append_time:
                     set_log_append_time(data, now, pos)
-                header = BatchHeader.parse(data, pos)
-                stamped.append((pos, header))
-                offset = header.next_offset
-                num_records += header.record_count
-                if header.max_timestamp > max_ts:
-                    max_ts = header.max_timestamp
-            duplicate = None
+                    ts = now
+                else:
+                    ts = h[H_MAX_TIMESTAMP]
+                nxt = offset + h[H_LAST_OFFSET_DELTA] + 1
+                entries.append((pos, offset, nxt, LOG_OVERHEAD + h[H_BATCH_LENGTH], ts))
+                offset = nxt
+                num_records += h[H_RECORD_COUNT]
+                if ts > max_ts:
+                    max_ts = ts
             if self.producer_state is not None:
-                duplicate = self.producer_state.check_batches(stamped, first_offset)
-            if duplicate is not None:
-                return duplicate
-            self.leader_epoch_cache.assign(leader_epoch, first_offset)
-            self._append(data, stamped, max_ts, now)
+                duplicate = self.producer_state.check(batches, entries)
+                if duplicate is not None:
+                    return duplicate
+            if leader_epoch != latest_epoch:
+                self.leader_epoch_cache.assign(leader_epoch, first_offset)
+            self._append(data, entries, max_ts, num_records, now)
             if self.producer_state is not None:
-                self.producer_state.update(stamped, now)
+                self.producer_state.update(batches, entries, now)
             return AppendInfo(
                 first_offset, offset - 1, max_ts, now if append_time else -1, num_records, len(data)
             )
@@ -404,46 +418,50 @@ class Log:
         batch must start at the log end offset (on compacted topics: at or after it)."""
         with self._lock:
             self._check_open()
-            data = bytes(records)
+            data = records if isinstance(records, bytes) else bytes(records)
             batches = self._validate_all(data, None)
             leo = self.log_end_offset
-            first = batches[0][1].base_offset
+            first = batches[0][1][H_BASE_OFFSET]
             if first != leo and not (self._config.compact and first > leo):
                 raise OffsetMismatchError(leo, first)
             prev_next = leo
             max_ts = -1
             num_records = 0
-            for _, header in batches:
-                if header.base_offset < prev_next:
-                    raise CorruptRecordError(
-                        f"follower batches are not in offset order: base offset {header.base_offset} "
-                        f"after offset {prev_next - 1}"
-                    )
-                prev_next = header.next_offset
-                num_records += header.record_count
-                if header.max_timestamp > max_ts:
-                    max_ts = header.max_timestamp
+            entries: list[tuple[int, int, int, int, int]] = []
             changed = False
-            for _, header in batches:
-                if header.partition_leader_epoch >= 0:
-                    changed |= self.leader_epoch_cache.assign(
-                        header.partition_leader_epoch, header.base_offset, persist=False
+            cache = self.leader_epoch_cache
+            for pos, h in batches:
+                base = h[H_BASE_OFFSET]
+                if base < prev_next:
+                    raise CorruptRecordError(
+                        f"follower batches are not in offset order: base offset {base} after offset {prev_next - 1}"
                     )
+                nxt = base + h[H_LAST_OFFSET_DELTA] + 1
+                ts = h[H_MAX_TIMESTAMP]
+                entries.append((pos, base, nxt, LOG_OVERHEAD + h[H_BATCH_LENGTH], ts))
+                prev_next = nxt
+                num_records += h[H_RECORD_COUNT]
+                if ts > max_ts:
+                    max_ts = ts
+            for _, h in batches:
+                epoch = h[H_LEADER_EPOCH]
+                if epoch >= 0 and epoch != cache.latest_epoch:
+                    changed |= cache.assign(epoch, h[H_BASE_OFFSET], persist=False)
             if changed:
-                self.leader_epoch_cache.persist()
+                cache.persist()
             now = self._time_ms()
-            self._append(data, batches, max_ts, now)
+            self._append(data, entries, max_ts, num_records, now)
             if self.producer_state is not None:
-                self.producer_state.update(batches, now)
+                self.producer_state.update(batches, entries, now)
             return AppendInfo(first, prev_next - 1, max_ts, -1, num_records, len(data))
 
-    def _append(self, data, batches: list[tuple[int, BatchHeader]], max_ts: int, now: int) -> None:
-        last_offset = batches[-1][1].last_offset
+    def _append(self, data, entries: list[tuple[int, int, int, int, int]], max_ts: int, num_records: int,
+                now: int) -> None:
+        last_offset = entries[-1][2] - 1
         if self._segments[-1].should_roll(len(data), max_ts, last_offset, now):
             self._roll(now)
-        self._segments[-1].append(data, batches)
-        for _, header in batches:
-            self._unflushed_messages += header.record_count
+        self._segments[-1].append(data, entries)
+        self._unflushed_messages += num_records
 
     def roll(self) -> LogSegment:
         """Start a new active segment at the log end offset (no-op if the active one is empty)."""

@@ -102,6 +102,7 @@ __all__ = [
     "RecordTooLargeError",
     "build_batch",
     "validate_batch",
+    "validate_batch_raw",
     "iter_batches",
     "stamp_batch",
     "set_log_append_time",
@@ -415,20 +416,28 @@ def build_batch(
 # ---------------------------------------------------------------- validation
 
 
-def validate_batch(buf, pos: int = 0, *, max_batch_bytes: int | None = None) -> BatchHeader:
-    """Check the batch at `pos`: length bounds, magic, CRC-32C, codec, counts. Returns the
-    header; raises CorruptRecordError (or RecordTooLargeError if the batch is larger than
-    `max_batch_bytes`)."""
+# Indexes into the raw header tuple returned by `validate_batch_raw` (hot paths avoid
+# building a BatchHeader object per batch).
+H_BASE_OFFSET, H_BATCH_LENGTH, H_LEADER_EPOCH, H_MAGIC, H_CRC, H_ATTRIBUTES = 0, 1, 2, 3, 4, 5
+H_LAST_OFFSET_DELTA, H_FIRST_TIMESTAMP, H_MAX_TIMESTAMP = 6, 7, 8
+H_PRODUCER_ID, H_PRODUCER_EPOCH, H_BASE_SEQUENCE, H_RECORD_COUNT = 9, 10, 11, 12
+_VALID_CODECS = frozenset((0, 1, 3, 4))
+
+
+def validate_batch_raw(buf, pos: int = 0, max_batch_bytes: int | None = None) -> tuple:
+    """`validate_batch` returning the raw header tuple (fields in header order, see the
+    H_* indexes) instead of a BatchHeader: the broker's per-batch fast path."""
     available = len(buf) - pos
     if available < HEADER_SIZE:
         raise CorruptRecordError(
             f"batch at position {pos} is truncated: {available} bytes left, a header needs {HEADER_SIZE}"
         )
-    header = BatchHeader(*_HEADER.unpack_from(buf, pos))
-    size = LOG_OVERHEAD + header.batch_length
-    if header.batch_length < _MIN_BATCH_LENGTH:
+    h = _HEADER.unpack_from(buf, pos)
+    batch_length = h[1]
+    size = LOG_OVERHEAD + batch_length
+    if batch_length < _MIN_BATCH_LENGTH:
         raise CorruptRecordError(
-            f"batch at position {pos} has batch_length {header.batch_length}, less than the minimum {_MIN_BATCH_LENGTH}"
+            f"batch at position {pos} has batch_length {batch_length}, less than the minimum {_MIN_BATCH_LENGTH}"
         )
     if max_batch_bytes is not None and size > max_batch_bytes:
         raise RecordTooLargeError(
@@ -439,24 +448,29 @@ def validate_batch(buf, pos: int = 0, *, max_batch_bytes: int | None = None) -> 
         raise CorruptRecordError(
             f"batch at position {pos} is truncated: batch_length says {size} bytes, only {available} present"
         )
-    if header.magic != MAGIC:
-        raise CorruptRecordError(f"batch at position {pos} has magic {header.magic}, only magic {MAGIC} is supported")
-    mv = memoryview(buf)[pos + _ATTRIBUTES_OFFSET : pos + size]
-    crc = _crc32c(mv)
-    if crc != header.crc:
+    if h[3] != MAGIC:
+        raise CorruptRecordError(f"batch at position {pos} has magic {h[3]}, only magic {MAGIC} is supported")
+    crc = _crc32c(memoryview(buf)[pos + _ATTRIBUTES_OFFSET : pos + size])
+    if crc != h[4]:
         raise CorruptRecordError(
-            f"batch at position {pos} (base offset {header.base_offset}) fails its CRC-32C check: "
-            f"stored {header.crc:#010x}, computed {crc:#010x}"
+            f"batch at position {pos} (base offset {h[0]}) fails its CRC-32C check: "
+            f"stored {h[4]:#010x}, computed {crc:#010x}"
         )
-    codec = header.attributes & CODEC_MASK
-    if codec not in (0, 1, 3, 4):
-        raise CorruptRecordError(f"batch at position {pos} uses unknown compression codec {codec}")
-    if header.record_count < 0 or header.last_offset_delta < 0 or header.record_count > header.last_offset_delta + 1:
+    if h[5] & CODEC_MASK not in _VALID_CODECS:
+        raise CorruptRecordError(f"batch at position {pos} uses unknown compression codec {h[5] & CODEC_MASK}")
+    count, last_delta = h[12], h[6]
+    if count < 0 or last_delta < 0 or count > last_delta + 1:
         raise CorruptRecordError(
-            f"batch at position {pos} has record_count {header.record_count} "
-            f"inconsistent with last_offset_delta {header.last_offset_delta}"
+            f"batch at position {pos} has record_count {count} inconsistent with last_offset_delta {last_delta}"
         )
-    return header
+    return h
+
+
+def validate_batch(buf, pos: int = 0, *, max_batch_bytes: int | None = None) -> BatchHeader:
+    """Check the batch at `pos`: length bounds, magic, CRC-32C, codec, counts. Returns the
+    header; raises CorruptRecordError (or RecordTooLargeError if the batch is larger than
+    `max_batch_bytes`)."""
+    return BatchHeader(*validate_batch_raw(buf, pos, max_batch_bytes))
 
 
 def iter_batches(buf, *, validate: bool = True, strict: bool = True) -> Iterator[tuple[BatchHeader, memoryview]]:

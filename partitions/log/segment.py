@@ -232,7 +232,7 @@ class LogSegment:
         valid_end = 0
         try:
             for pos, header in self.scan_batches(0, validate=True, contiguous=not self.config.compact):
-                self._index_batch(pos, header)
+                self._index_batch(pos, header.base_offset, header.size, header.max_timestamp)
                 self.next_offset = header.next_offset
                 valid_end = pos + header.size
                 if on_batch is not None:
@@ -252,36 +252,41 @@ class LogSegment:
 
     # ------------------------------------------------------------------ appending
 
-    def _index_batch(self, position: int, header: BatchHeader) -> None:
-        if header.max_timestamp > self._max_timestamp_so_far:
-            self._max_timestamp_so_far = header.max_timestamp
+    def _index_batch(self, position: int, base_offset: int, size: int, max_timestamp: int) -> None:
+        if max_timestamp > self._max_timestamp_so_far:
+            self._max_timestamp_so_far = max_timestamp
         if self._bytes_since_last_index_entry > self.config.index_interval_bytes or position == 0:
-            rel = header.base_offset - self.base_offset
+            rel = base_offset - self.base_offset
             if not self.offset_index.is_full:
                 self.offset_index.append(rel, position)
                 if not self.time_index.is_full:
                     self.time_index.maybe_append(self._max_timestamp_so_far, rel)
             self._bytes_since_last_index_entry = 0
-        self._bytes_since_last_index_entry += header.size
+        self._bytes_since_last_index_entry += size
 
-    def append(self, data: bytes | bytearray | memoryview, batches: list[tuple[int, BatchHeader]]) -> None:
-        """Append validated, offset-stamped batches. `batches` gives each batch's position
-        within `data` and its header (in order)."""
+    def append(self, data: bytes | bytearray | memoryview, batches: list[tuple[int, int, int, int, int]]) -> None:
+        """Append validated, offset-stamped batches. `batches` has one tuple per batch, in
+        order: (position within `data`, base offset, next offset, size, max timestamp)."""
         fd = self._require_open()
         start = self.size
         view = memoryview(data)
-        written = 0
+        written = os.write(fd, view)
         while written < len(view):
             written += os.write(fd, view[written:])
-        for rel_pos, header in batches:
-            self._index_batch(start + rel_pos, header)
+        if self._bytes_since_last_index_entry + len(view) > self.config.index_interval_bytes or start == 0:
+            for rel_pos, base, _, size, max_ts in batches:
+                self._index_batch(start + rel_pos, base, size, max_ts)
+        else:  # no index entry can be due: only the bookkeeping
+            self._bytes_since_last_index_entry += len(view)
+            max_ts = max(b[4] for b in batches)
+            if max_ts > self._max_timestamp_so_far:
+                self._max_timestamp_so_far = max_ts
         self.size = start + len(view)
-        last = batches[-1][1]
-        self.next_offset = last.next_offset
+        self.next_offset = batches[-1][2]
         if self._max_timestamp_so_far > self.largest_timestamp:
             self.largest_timestamp = self._max_timestamp_so_far
         if self.rolling_timestamp is None:
-            self.rolling_timestamp = batches[0][1].max_timestamp
+            self.rolling_timestamp = batches[0][4]
 
     def should_roll(self, append_bytes: int, max_timestamp: int, last_offset: int, now_ms: int) -> bool:
         """Kafka's roll conditions: size, age (record time since the first batch, or wall

@@ -16,7 +16,7 @@ def _append(seg, raw: bytes, base: int) -> BatchHeader:
 
     stamp_batch(data, base, 0)
     h = BatchHeader.parse(data)
-    seg.append(data, [(0, h)])
+    seg.append(data, [(0, h.base_offset, h.next_offset, h.size, h.max_timestamp)])
     return h
 
 
