@@ -298,7 +298,7 @@ class QuorumController:
 
     # ================================================================ brokers
     def register_broker(self, image: MetadataImage, broker_id: Any, incarnation_id: Any, url: Any,
-                        rack: Any = None, now_ms: int = 0) -> list:
+                        rack: Any = None, now_ms: int = 0, timestamp_ms: Optional[int] = None) -> list:
         """Same incarnation = idempotent retry ([]); new incarnation = restart: the new
         registration starts fenced and the old incarnation's ISR memberships and
         leaderships are removed in the same batch."""
@@ -316,7 +316,8 @@ class QuorumController:
         records: list = []
         if b is not None and not b.fenced:
             records.extend(self._remove_broker_changes(image, broker_id))
-        records.append(RegisterBrokerRecord(broker_id, incarnation_id, -1, url, rack, True, now_ms))
+        stamp = now_ms if timestamp_ms is None else timestamp_ms
+        records.append(RegisterBrokerRecord(broker_id, incarnation_id, -1, url, rack, True, stamp))
         return records
 
     def heartbeat(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, metadata_offset: Any,

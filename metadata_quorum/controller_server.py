@@ -154,7 +154,8 @@ class ControllerConfig:
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    """Clock of the broker session leases: monotonic (leases are local soft state)."""
+    return int(time.monotonic() * 1000)
 
 
 class ControllerServer:
@@ -381,8 +382,9 @@ class ControllerServer:
         body = await _json_body(request)
         broker_id = body.get("broker_id")
         now = self.clock_ms()
+        wall_ms = int(time.time() * 1000)
         await self.write(lambda img: self.controller.register_broker(
-            img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now))
+            img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now, wall_ms))
         b = self.sm.image.brokers.get(broker_id)
         if b is None or b.incarnation_id != body.get("incarnation_id"):
             raise KraftlogError(ErrorCode.DUPLICATE_BROKER_REGISTRATION,
@@ -614,6 +616,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
     p.add_argument("--broker-heartbeat-interval-ms", type=int, default=2000)
     p.add_argument("--leader-imbalance-check-interval-ms", type=int, default=30_000)
+    p.add_argument("--raft-log-compaction-min-entries", type=int, default=5000,
+                   help="snapshot (pysyncobj full dump) and truncate the raft journal after this many entries")
     p.add_argument("--no-raft-fsync", action="store_true",
                    help="do not sync the raft journal per entry (survives kill -9, not power loss)")
     p.add_argument("--log-level", default="INFO")
@@ -645,6 +649,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         broker_heartbeat_interval_ms=args.broker_heartbeat_interval_ms,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         raft_fsync_journal=not args.no_raft_fsync,
+        log_compaction_min_entries=args.raft_log_compaction_min_entries,
     )
 
 

@@ -64,20 +64,29 @@ class FsyncFileJournal(FileJournal):
             _fsync_path(os.path.dirname(os.path.abspath(self._meta_path)) or ".")
 
 
+ACK_MESSAGE_TYPES = ("next_node_idx", "response_vote")
+
+
 def install_group_commit(syncobj) -> "FsyncFileJournal | None":
-    """Make `syncobj` sync its FsyncFileJournal before every follower acknowledgement
+    """Make `syncobj` sync its FsyncFileJournal before every acknowledgement it sends
     (pysyncobj answers AppendEntries right after appending). Returns the journal, whose
-    `sync()` the caller must also run once per tick (leader side)."""
+    `sync()` the caller must also run once per tick (leader side).
+
+    The hook wraps the transport's `send` (never an attribute of the SyncObj itself:
+    pysyncobj pickles every SyncObj attribute added after __init__ into its full dump, and
+    a closure there makes every dump fail)."""
     journal = getattr(syncobj, "_SyncObj__raftLog", None)
-    if not isinstance(journal, FsyncFileJournal):
+    transport = getattr(syncobj, "_SyncObj__transport", None)
+    if not isinstance(journal, FsyncFileJournal) or transport is None:
         return None
-    send_ack = syncobj._SyncObj__sendNextNodeIdx
+    send = transport.send
 
-    def synced_ack(*args, **kwargs):
-        journal.sync()
-        return send_ack(*args, **kwargs)
+    def synced_send(node, message):
+        if isinstance(message, dict) and message.get("type") in ACK_MESSAGE_TYPES:
+            journal.sync()
+        return send(node, message)
 
-    syncobj._SyncObj__sendNextNodeIdx = synced_ack
+    transport.send = synced_send
     return journal
 
 

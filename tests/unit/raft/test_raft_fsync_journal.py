@@ -19,13 +19,17 @@ def test_appends_are_synced_once_per_group_and_survive_reopen(tmp_path):
     again._destroy()
 
 
-def test_follower_ack_syncs_first():
+def test_follower_ack_syncs_first_and_the_syncobj_stays_picklable():
     order = []
+
+    class FakeTransport:
+        def send(self, node, message):
+            order.append(message["type"])
 
     class FakeSyncObj:
         def __init__(self, journal):
             self._SyncObj__raftLog = journal
-            self._SyncObj__sendNextNodeIdx = lambda *a, **k: order.append("ack")
+            self._SyncObj__transport = FakeTransport()
 
     class J(FsyncFileJournal):
         def __init__(self):
@@ -36,9 +40,13 @@ def test_follower_ack_syncs_first():
             order.append("sync")
 
     so = FakeSyncObj(J())
+    attrs_before = set(vars(so))
     assert install_group_commit(so) is so._SyncObj__raftLog
-    so._SyncObj__sendNextNodeIdx("node")
-    assert order == ["sync", "ack"]
+    so._SyncObj__transport.send("node", {"type": "append_entries"})
+    so._SyncObj__transport.send("node", {"type": "next_node_idx"})
+    assert order == ["append_entries", "sync", "next_node_idx"]
+    # nothing added to the SyncObj itself: pysyncobj pickles such attributes into its dump
+    assert set(vars(so)) == attrs_before
 
 
 def test_context_swaps_the_journal_factory_only_while_active(tmp_path):
