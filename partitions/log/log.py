@@ -740,7 +740,7 @@ class Log:
                 seg.close()
             self.leader_epoch_cache.persist()
             if self.producer_state is not None:
-                self.producer_state.close()
+                self.producer_state.close(self.log_end_offset)
             self._closed = True
 
     def close_without_flush(self) -> None:

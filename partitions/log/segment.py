@@ -183,10 +183,13 @@ class LogSegment:
         read_bytes = _RECOVERY_READ_BYTES if validate else _SCAN_READ_BYTES
         expected = self.base_offset if (contiguous and start_position == 0) else None
         last_epoch = -1
+        size = 0
         while pos < end:
             rel = pos - buf_start
             if len(buf) - rel < HEADER_SIZE:
-                buf = os.pread(fd, min(read_bytes, end - pos), pos)
+                # header-only scans of large batches read just the next header
+                want = HEADER_SIZE if (not validate and size > _SCAN_READ_BYTES // 4) else read_bytes
+                buf = os.pread(fd, min(want, end - pos), pos)
                 buf_start, rel = pos, 0
                 if len(buf) < HEADER_SIZE:
                     raise CorruptRecordError(f"torn batch header at position {pos} ({len(buf)} bytes left)")

@@ -1,0 +1,248 @@
+"""Idempotent producer state of one partition log (Kafka's ProducerStateManager).
+
+Per producer id: its current epoch and the metadata of its last 5 batches
+(first_seq, last_seq, first_offset, last_offset, max_timestamp). On a leader append of a
+batch with producer_id >= 0 and base_sequence >= 0 (`check`):
+
+- epoch older than the known one          -> InvalidProducerEpochError (the producer was fenced)
+- newer epoch                             -> its first sequence must be 0
+- same epoch, (first_seq, last_seq) equal to one of the last 5 batches
+                                          -> duplicate: the original offsets are returned
+                                             (AppendInfo.duplicate=True), nothing is written
+- same epoch, first_seq != last_seq + 1   -> OutOfOrderSequenceError
+- unknown producer id                     -> accepted with any sequence (state may have been
+                                             lost with deleted segments)
+
+The state is rebuilt from the batch headers of the log on open and after truncation; a
+snapshot (`producer-state-snapshot`, JSON, written at close) lets a clean open skip the
+scan. The snapshot is deleted once loaded, so a stale one can never be used after a crash.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import CorruptRecordError, InvalidProducerEpochError, OutOfOrderSequenceError
+from .leader_epoch_cache import write_checkpoint_file
+from .record_batch import (
+    CONTROL_MASK,
+    H_ATTRIBUTES,
+    H_BASE_SEQUENCE,
+    H_LAST_OFFSET_DELTA,
+    H_PRODUCER_EPOCH,
+    H_PRODUCER_ID,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .log import AppendInfo, Log
+
+log = logging.getLogger(__name__)
+
+PRODUCER_STATE_SNAPSHOT = "producer-state-snapshot"
+NUM_BATCHES_TO_RETAIN = 5
+_SEQ_MASK = 0x7FFFFFFF
+
+
+def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
+    """Sequence of the last record of a batch (sequences wrap at 2**31 - 1 to 0)."""
+    return (base_sequence + last_offset_delta) & _SEQ_MASK
+
+
+def in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == ((last_seq + 1) & _SEQ_MASK)
+
+
+@dataclass(slots=True)
+class ProducerStateEntry:
+    """One producer id: epoch and its last batches (first_seq, last_seq, first_offset,
+    last_offset, max_timestamp), oldest first."""
+
+    producer_id: int
+    producer_epoch: int = -1
+    batches: deque = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
+    last_timestamp: int = -1
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1][1] if self.batches else -1
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1][3] if self.batches else -1
+
+    def find_duplicate(self, first_seq: int, last_seq: int):
+        for batch in self.batches:
+            if batch[0] == first_seq and batch[1] == last_seq:
+                return batch
+        return None
+
+
+class ProducerStateManager:
+    """Producer id -> ProducerStateEntry for one log (see module docstring)."""
+
+    def __init__(self, log_dir: str | Path | None):
+        self.path = Path(log_dir) / PRODUCER_STATE_SNAPSHOT if log_dir is not None else None
+        self.producers: dict[int, ProducerStateEntry] = {}
+
+    # ------------------------------------------------------------------ rebuild
+
+    @classmethod
+    def rebuild(cls, lg: "Log") -> "ProducerStateManager":
+        """State from the snapshot (if any, up to its offset) plus a header scan of the rest."""
+        psm = cls(lg.dir)
+        start = lg.log_start_offset
+        snap_offset = psm._load_snapshot(lg.log_end_offset)
+        if snap_offset is not None:
+            start = max(start, snap_offset)
+        psm._scan(lg, start)
+        return psm
+
+    def _load_snapshot(self, log_end_offset: int) -> int | None:
+        if self.path is None or not self.path.exists():
+            return None
+        try:
+            data = json.loads(self.path.read_text())
+            offset = int(data["offset"])
+            producers = {}
+            for pid, epoch, last_ts, batches in data["producers"]:
+                entry = ProducerStateEntry(int(pid), int(epoch), last_timestamp=int(last_ts))
+                for b in batches:
+                    entry.batches.append(tuple(int(x) for x in b))
+                producers[entry.producer_id] = entry
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable producer state snapshot %s: %s", self.path, exc)
+            offset = None
+            producers = {}
+        finally:
+            # consumed: a snapshot is only valid for the log it was written with
+            self.path.unlink(missing_ok=True)
+        if offset is None or offset > log_end_offset:
+            return None
+        self.producers = producers
+        return offset
+
+    def _scan(self, lg: "Log", start_offset: int) -> None:
+        for seg in lg.segments:
+            if seg.next_offset <= start_offset:
+                continue
+            position = 0
+            if seg.base_offset < start_offset:
+                found = seg.translate_offset(start_offset)
+                if found is None:
+                    continue
+                position = found[0]
+            try:
+                for _, header in seg.scan_batches(position):
+                    if header.producer_id >= 0 and header.base_sequence >= 0 and not header.is_control:
+                        self._apply(
+                            header.producer_id,
+                            header.producer_epoch,
+                            header.base_sequence,
+                            header.last_sequence,
+                            header.base_offset,
+                            header.last_offset,
+                            header.max_timestamp,
+                        )
+            except CorruptRecordError:
+                continue
+
+    # ------------------------------------------------------------------ appends
+
+    def check(self, batches: list, entries: list) -> "AppendInfo | None":
+        """Validate the sequence numbers of a leader append (raw header tuples and
+        (pos, base, next, size, max_ts) entries). Returns the original AppendInfo for a
+        duplicate, None to go ahead; raises for out-of-order or fenced producers."""
+        from .log import AppendInfo
+
+        pending: dict[int, tuple[int, int]] = {}
+        for (_, h), entry in zip(batches, entries):
+            pid = h[H_PRODUCER_ID]
+            seq = h[H_BASE_SEQUENCE]
+            if pid < 0 or seq < 0 or h[H_ATTRIBUTES] & CONTROL_MASK:
+                continue
+            epoch = h[H_PRODUCER_EPOCH]
+            last_seq = last_sequence(seq, h[H_LAST_OFFSET_DELTA])
+            known = self.producers.get(pid)
+            current = pending.get(pid)
+            if current is None and known is not None and known.batches:
+                current = (known.producer_epoch, known.last_seq)
+            elif current is None and known is not None:
+                current = (known.producer_epoch, -1)
+            if current is None:
+                pending[pid] = (epoch, last_seq)
+                continue
+            current_epoch, current_last = current
+            if epoch < current_epoch:
+                raise InvalidProducerEpochError(
+                    f"producer {pid} used epoch {epoch}, older than the current epoch {current_epoch}: "
+                    f"it was fenced by a newer producer instance"
+                )
+            if epoch > current_epoch:
+                if seq != 0:
+                    raise OutOfOrderSequenceError(
+                        f"producer {pid} started epoch {epoch} at sequence {seq}; a new epoch starts at 0"
+                    )
+                pending[pid] = (epoch, last_seq)
+                continue
+            if pid not in pending and known is not None:
+                dup = known.find_duplicate(seq, last_seq)
+                if dup is not None:
+                    return AppendInfo(dup[2], dup[3], dup[4], -1, dup[3] - dup[2] + 1, 0, duplicate=True)
+            if current_last >= 0 and not in_sequence(current_last, seq):
+                raise OutOfOrderSequenceError(
+                    f"producer {pid} epoch {epoch} sent sequence {seq}, expected {(current_last + 1) & _SEQ_MASK}"
+                )
+            pending[pid] = (epoch, last_seq)
+        return None
+
+    def update(self, batches: list, entries: list, now_ms: int) -> None:
+        """Record the appended batches (leader or follower append)."""
+        for (_, h), (_, base, nxt, _, max_ts) in zip(batches, entries):
+            pid = h[H_PRODUCER_ID]
+            seq = h[H_BASE_SEQUENCE]
+            if pid < 0 or seq < 0 or h[H_ATTRIBUTES] & CONTROL_MASK:
+                continue
+            self._apply(pid, h[H_PRODUCER_EPOCH], seq, last_sequence(seq, h[H_LAST_OFFSET_DELTA]), base, nxt - 1,
+                        max_ts)
+
+    def _apply(self, pid: int, epoch: int, first_seq: int, last_seq: int, first_offset: int, last_offset: int,
+               max_ts: int) -> None:
+        entry = self.producers.get(pid)
+        if entry is None:
+            entry = self.producers[pid] = ProducerStateEntry(pid, epoch)
+        elif epoch != entry.producer_epoch:
+            entry.producer_epoch = epoch
+            entry.batches.clear()
+        entry.batches.append((first_seq, last_seq, first_offset, last_offset, max_ts))
+        entry.last_timestamp = max_ts
+
+    # ------------------------------------------------------------------ queries, lifecycle
+
+    def last_entry(self, producer_id: int) -> ProducerStateEntry | None:
+        return self.producers.get(producer_id)
+
+    def __len__(self) -> int:
+        return len(self.producers)
+
+    def write_snapshot(self, offset: int) -> None:
+        if self.path is None or not self.path.parent.exists():
+            return
+        body = {
+            "offset": offset,
+            "producers": [
+                [e.producer_id, e.producer_epoch, e.last_timestamp, [list(b) for b in e.batches]]
+                for e in self.producers.values()
+            ],
+        }
+        write_checkpoint_file(self.path, [json.dumps(body, separators=(",", ":"))])
+
+    def close(self, log_end_offset: int | None = None) -> None:
+        if log_end_offset is not None:
+            self.write_snapshot(log_end_offset)
+
+
+__all__ = ["ProducerStateManager", "ProducerStateEntry", "PRODUCER_STATE_SNAPSHOT", "last_sequence", "in_sequence"]

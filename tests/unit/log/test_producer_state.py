@@ -1,0 +1,112 @@
+"""Idempotent producer state: duplicates, sequence order, epoch fencing, rebuild on open."""
+from __future__ import annotations
+
+import pytest
+from logtest_helpers import FakeClock, make_batch
+
+from partitions.log.config import LogConfig
+from partitions.log.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from partitions.log.log import Log
+from partitions.log.producer_state import PRODUCER_STATE_SNAPSHOT, in_sequence, last_sequence
+
+
+def _open(tmp_path, clean=False):
+    return Log.open(tmp_path / "t-0", LogConfig(segment_bytes=500), clean_shutdown=clean, time_ms=FakeClock())
+
+
+def _pb(seq, n=2, pid=7, epoch=0):
+    return make_batch(n, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+
+def test_sequence_helpers_wrap():
+    assert last_sequence(2**31 - 2, 3) == 1
+    assert in_sequence(2**31 - 1, 0) and in_sequence(4, 5) and not in_sequence(4, 6)
+
+
+def test_duplicate_batch_returns_original_offsets_and_writes_nothing(tmp_path):
+    lg = _open(tmp_path)
+    first = lg.append_as_leader(_pb(0), 0)
+    lg.append_as_leader(_pb(2), 0)
+    size = lg.size_bytes
+    dup = lg.append_as_leader(_pb(0), 0)
+    assert dup.duplicate and (dup.first_offset, dup.last_offset) == (first.first_offset, first.last_offset)
+    assert lg.size_bytes == size and lg.log_end_offset == 4
+
+
+def test_only_last_five_batches_are_remembered(tmp_path):
+    lg = _open(tmp_path)
+    for i in range(6):
+        lg.append_as_leader(_pb(2 * i), 0)
+    assert lg.append_as_leader(_pb(2), 0).duplicate  # batch 2 of 6: still cached
+    with pytest.raises(OutOfOrderSequenceError):
+        lg.append_as_leader(_pb(0), 0)  # evicted: now just out of order
+
+
+def test_out_of_order_sequence_is_refused(tmp_path):
+    lg = _open(tmp_path)
+    lg.append_as_leader(_pb(0), 0)
+    with pytest.raises(OutOfOrderSequenceError, match="expected 2"):
+        lg.append_as_leader(_pb(5), 0)
+    assert lg.log_end_offset == 2
+
+
+def test_stale_epoch_is_fenced_and_new_epoch_restarts_at_zero(tmp_path):
+    lg = _open(tmp_path)
+    lg.append_as_leader(_pb(0, epoch=3), 0)
+    with pytest.raises(InvalidProducerEpochError):
+        lg.append_as_leader(_pb(2, epoch=2), 0)
+    with pytest.raises(OutOfOrderSequenceError, match="starts at 0"):
+        lg.append_as_leader(_pb(2, epoch=4), 0)
+    assert not lg.append_as_leader(_pb(0, epoch=4), 0).duplicate
+
+
+def test_unknown_producer_and_plain_batches_are_accepted(tmp_path):
+    lg = _open(tmp_path)
+    assert lg.append_as_leader(_pb(40, pid=99), 0).first_offset == 0
+    assert lg.append_as_leader(make_batch(1), 0).first_offset == 2
+    assert lg.append_as_leader(make_batch(1), 0).first_offset == 3  # no producer id: never a duplicate
+
+
+def test_several_batches_of_one_producer_in_one_append(tmp_path):
+    lg = _open(tmp_path)
+    lg.append_as_leader(_pb(0) + _pb(2), 0)
+    with pytest.raises(OutOfOrderSequenceError):
+        lg.append_as_leader(_pb(4) + _pb(7), 0)
+    assert lg.log_end_offset == 4
+
+
+@pytest.mark.parametrize("clean", [False, True])
+def test_state_is_rebuilt_on_open(tmp_path, clean):
+    lg = _open(tmp_path)
+    for i in range(4):
+        lg.append_as_leader(_pb(2 * i), 0)
+    if clean:
+        lg.close()
+        assert (tmp_path / "t-0" / PRODUCER_STATE_SNAPSHOT).exists()
+    else:
+        lg.close_without_flush()
+    lg = _open(tmp_path, clean=clean)
+    assert not (tmp_path / "t-0" / PRODUCER_STATE_SNAPSHOT).exists()  # consumed
+    dup = lg.append_as_leader(_pb(4), 0)
+    assert dup.duplicate and dup.first_offset == 4
+    with pytest.raises(OutOfOrderSequenceError):
+        lg.append_as_leader(_pb(9), 0)
+    assert lg.append_as_leader(_pb(8), 0).first_offset == 8
+
+
+def test_truncation_forgets_truncated_batches(tmp_path):
+    lg = _open(tmp_path)
+    for i in range(3):
+        lg.append_as_leader(_pb(2 * i), 0)
+    lg.truncate_to(4)
+    assert lg.producer_state.last_entry(7).last_seq == 3
+    assert not lg.append_as_leader(_pb(4), 0).duplicate
+
+
+def test_follower_appends_update_state(tmp_path):
+    leader = Log.open(tmp_path / "l-0", LogConfig(), time_ms=FakeClock())
+    leader.append_as_leader(_pb(0), 0)
+    follower = Log.open(tmp_path / "f-0", LogConfig(), time_ms=FakeClock())
+    follower.append_as_follower(leader.read(0, 10**6).records)
+    assert follower.producer_state.last_entry(7).last_offset == 1
+    assert follower.append_as_leader(_pb(0), 1).duplicate  # after becoming leader
