@@ -15,7 +15,8 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
   OutcomeUnknownError;
 - a tick callback pings every peer every `peer_ping_interval_s` so idle links are
   detected dead before they are needed (otherwise the first use after a failure wastes an
-  election round).
+  election round);
+- followers never truncate entries that match the leader's (raft/append_entries_guard.py).
 
 Durability: pysyncobj's own file journal is an mmap that is never synced while running
 (only on destroy), and its term/vote file is renamed without fsync: an acknowledged entry
@@ -170,6 +171,9 @@ class SyncObjReplicatedLog:
             self._journal = install_group_commit(self._syncobj)
         else:
             self._syncobj = SyncObj(self_addr, others, conf=conf, consumers=[self._consumer])
+        from raft.append_entries_guard import install_append_entries_guard
+
+        install_append_entries_guard(self._syncobj)
         self._syncobj.addOnTickCallback(self._on_tick)
 
     def stop(self) -> None:
