@@ -101,3 +101,13 @@ def test_fail_on_data_loss_after_delete_records(spark, broker_url, cluster, new_
     rows = batch_reader(spark, broker_url, subscribe=topic).collect()
     assert sorted(r.offset for r in rows) == list(range(10, 30))
 
+
+
+def test_starting_timestamp_and_subscribe_pattern(spark, broker_url, cluster, new_topic):
+    topic = new_topic(partitions=2)
+    produce(cluster, topic, 0, [b"old0", b"old1"], timestamp_ms=1_000)
+    produce(cluster, topic, 0, [b"new0"], timestamp_ms=5_000)
+    produce(cluster, topic, 1, [b"old2"], timestamp_ms=2_000)  # nothing newer: starts at the end
+    rows = batch_reader(spark, broker_url, subscribePattern=topic[:6] + ".*" + topic[-2:],
+                        startingTimestamp="3000").collect()
+    assert [(r.topic, r.partition, r.offset, r.value) for r in rows] == [(topic, 0, 2, b"new0")]
