@@ -31,7 +31,7 @@ from metadata_quorum.testing import ControllerCluster
 
 
 def row(name: str, value: str) -> None:
-    print(f"| {name:<58} | {value:>22} |")
+    print(f"| {name:<58} | {value:>32} |")
 
 
 async def writes_per_second(client: ControllerClient, n: int, concurrency: int) -> float:
@@ -92,8 +92,8 @@ def snapshot_figures(partitions: int) -> dict:
 
 async def main_async(args) -> None:
     print(f"\nmetadata quorum benchmark: {args.controllers} controllers, {args.partitions} partitions\n")
-    print(f"| {'measure':<58} | {'value':>22} |")
-    print(f"|{'-' * 60}|{'-' * 24}|")
+    print(f"| {'measure':<58} | {'value':>32} |")
+    print(f"|{'-' * 60}|{'-' * 34}|")
     if args.skip_cluster:
         return await snapshot_table(args)
     await cluster_table(args)
