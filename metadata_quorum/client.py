@@ -262,9 +262,12 @@ class MetadataFollower:
         self._advanced.set()
         self._advanced = asyncio.Event()
         if self.on_change is not None:
-            res = self.on_change(self.image, changed)
-            if inspect.isawaitable(res):
-                await res
+            try:
+                res = self.on_change(self.image, changed)
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:  # the image is already applied; the next change carries it again
+                log.exception("metadata on_change callback failed")
         return True
 
     async def run(self) -> None:

@@ -636,7 +636,10 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
     if me is None:
         raise SystemExit(f"--node-id {args.node_id} is not in --voters")
     if args.raft_port is not None and args.raft_port != me.raft_port:
-        raise SystemExit(f"--raft-port {args.raft_port} does not match --voters entry {me.raft_port}")
+        raise SystemExit(f"--raft-port {args.raft_port} does not match the --voters entry {me.raft_port}; fix one")
+    if args.http_port is not None and args.http_port != me.http_port:
+        raise SystemExit(f"--http-port {args.http_port} does not match the --voters entry {me.http_port} "
+                         "(other controllers redirect clients there); fix one")
     return ControllerConfig(
         node_id=args.node_id,
         data_dir=args.data_dir,
