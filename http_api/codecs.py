@@ -23,6 +23,7 @@ from partitions.log import record_batch as rb
 JSON = "application/json"
 CBOR = "application/cbor"
 RAW_BATCH = "application/vnd.kraftlog.batch"
+FORM_URLENCODED = "application/x-www-form-urlencoded"
 
 HEADER_HIGH_WATERMARK = "X-Kraftlog-High-Watermark"
 HEADER_NEXT_OFFSET = "X-Kraftlog-Next-Offset"
@@ -46,7 +47,9 @@ def media_type(content_type: str | None) -> str:
     """`application/json; charset=utf-8` -> `application/json` (empty means JSON)."""
     if not content_type:
         return JSON
-    return content_type.split(";", 1)[0].strip().lower() or JSON
+    mt = content_type.split(";", 1)[0].strip().lower() or JSON
+    # `curl -d '{...}'` sends this by default; the body is JSON, so treat it as such
+    return JSON if mt == FORM_URLENCODED else mt
 
 
 def negotiate_response_type(accept: str | None, request_type: str = JSON) -> str:

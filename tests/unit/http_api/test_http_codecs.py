@@ -124,3 +124,9 @@ def test_negotiation():
     assert codecs.negotiate_response_type(None, codecs.CBOR) == codecs.CBOR
     assert codecs.negotiate_response_type("*/*", codecs.RAW_BATCH) == codecs.JSON
     assert codecs.negotiate_response_type("application/vnd.kraftlog.batch, */*") == codecs.RAW_BATCH
+
+
+def test_curl_default_content_type_is_read_as_json():
+    recs = codecs.parse_produce_body("application/x-www-form-urlencoded", b'{"records": [{"value": "a"}]}',
+                                     max_records=5)
+    assert recs[0].value == b"a"
