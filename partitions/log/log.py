@@ -54,6 +54,9 @@ EARLIEST_TIMESTAMP = -2  # offset_for_timestamp(-2) -> log start offset (EARLIES
 
 # Files left behind by an interrupted operation; removed on open.
 LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned", ".swap")
+# Present once offsets may have gaps between batches (compaction ran, or a follower copied
+# a compacted leader): recovery then stops treating a gap as corruption.
+OFFSET_GAPS_MARKER = "log-has-offset-gaps"
 
 
 def _wall_clock_ms() -> int:
@@ -176,6 +179,8 @@ class Log:
             if header.partition_leader_epoch >= 0:
                 cache.assign(header.partition_leader_epoch, header.base_offset, persist=False)
 
+        self._offset_gaps = (self._dir / OFFSET_GAPS_MARKER).exists()
+        contiguous = not (self._config.compact or self._offset_gaps)
         recover_from = None
         if not clean:
             candidates = [b for b in bases if b <= recovery_point]
@@ -191,7 +196,9 @@ class Log:
                 self._delete_segment_files(base)
                 continue
             recover = recover_from is not None and base >= recover_from
-            seg, truncated = LogSegment.load(self._dir, base, self._config, now, recover=recover, on_batch=on_batch)
+            seg, truncated = LogSegment.load(
+                self._dir, base, self._config, now, recover=recover, on_batch=on_batch, contiguous=contiguous
+            )
             recovered_any = recovered_any or recover
             if self._segments and seg.base_offset < self._segments[-1].next_offset and (
                 seg.next_offset <= self._segments[-1].next_offset
@@ -424,6 +431,7 @@ class Log:
             first = batches[0][1][H_BASE_OFFSET]
             if first != leo and not (self._config.compact and first > leo):
                 raise OffsetMismatchError(leo, first)
+            gaps = first != leo
             prev_next = leo
             max_ts = -1
             num_records = 0
@@ -436,6 +444,7 @@ class Log:
                     raise CorruptRecordError(
                         f"follower batches are not in offset order: base offset {base} after offset {prev_next - 1}"
                     )
+                gaps = gaps or base != prev_next
                 nxt = base + h[H_LAST_OFFSET_DELTA] + 1
                 ts = h[H_MAX_TIMESTAMP]
                 entries.append((pos, base, nxt, LOG_OVERHEAD + h[H_BATCH_LENGTH], ts))
@@ -449,6 +458,8 @@ class Log:
                     changed |= cache.assign(epoch, h[H_BASE_OFFSET], persist=False)
             if changed:
                 cache.persist()
+            if gaps:
+                self.mark_offset_gaps()
             now = self._time_ms()
             self._append(data, entries, max_ts, num_records, now)
             if self.producer_state is not None:
@@ -462,6 +473,65 @@ class Log:
             self._roll(now)
         self._segments[-1].append(data, entries)
         self._unflushed_messages += num_records
+
+    def mark_offset_gaps(self) -> None:
+        """Record (durably) that batches may no longer be contiguous in offsets."""
+        if not self._offset_gaps:
+            marker = self._dir / OFFSET_GAPS_MARKER
+            with open(marker, "w") as f:
+                f.write("offsets in this log may have gaps (compaction)\n")
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_dir(self._dir)
+            self._offset_gaps = True
+
+    def replace_segments(self, old: list[LogSegment], new: LogSegment) -> bool:
+        """Swap consecutive segments `old` for `new` (the log cleaner's output, written
+        with the ".cleaned" suffix and covering exactly old[0].base .. old[-1].next_offset).
+
+        Crash-safe order: fsync `new`; remove old[0]'s indexes; rename new's log over
+        old[0]'s (atomic); rename its indexes; delete old[1:]. A crash in between leaves
+        either the old segments, or the new one plus old[1:] segments that it wholly
+        covers, which open() deletes. Returns False (and deletes `new`) if the log changed
+        meanwhile (a segment was deleted, truncated or closed)."""
+        with self._flush_lock, self._lock:
+            try:
+                i = next(k for k, s in enumerate(self._segments) if s is old[0])
+            except StopIteration:
+                i = -1
+            current = self._segments[i : i + len(old)] if i >= 0 else []
+            if (
+                self._closed
+                or i < 0
+                or len(current) != len(old)
+                or any(a is not b for a, b in zip(current, old))
+                or i + len(old) >= len(self._segments)  # never the active segment
+                or new.next_offset != old[-1].next_offset
+                or new.base_offset != old[0].base_offset
+            ):
+                new.delete()
+                return False
+            self.mark_offset_gaps()
+            new.flush()
+            new.close()
+            first = old[0]
+            first.close()
+            first.offset_index.delete()
+            first.time_index.delete()
+            fsync_dir(self._dir)
+            os.replace(new.log_path, first.log_path)
+            os.replace(new.offset_index.path, first.offset_index.path)
+            os.replace(new.time_index.path, first.time_index.path)
+            fsync_dir(self._dir)
+            for seg in old[1:]:
+                seg.delete()
+            fsync_dir(self._dir)
+            loaded, _ = LogSegment.load(
+                self._dir, first.base_offset, self._config, self._time_ms(), recover=False, contiguous=False
+            )
+            self._segments[i : i + len(old)] = [loaded]
+            self._bases = [s.base_offset for s in self._segments]
+            return True
 
     def roll(self) -> LogSegment:
         """Start a new active segment at the log end offset (no-op if the active one is empty)."""

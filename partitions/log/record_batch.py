@@ -101,6 +101,7 @@ __all__ = [
     "CorruptRecordError",
     "RecordTooLargeError",
     "build_batch",
+    "build_empty_batch",
     "validate_batch",
     "validate_batch_raw",
     "iter_batches",
@@ -356,10 +357,12 @@ def build_batch(
     now_ms: int | None = None,
     offset_deltas: Sequence[int] | None = None,
     is_transactional: bool = False,
+    last_offset_delta: int | None = None,
 ) -> bytes:
     """Encode `records` as one batch. Records without a timestamp get `now_ms` (default:
-    the current time). `offset_deltas` (strictly increasing, starting anywhere >= 0) is
-    for rewriting compacted batches; by default records get deltas 0..n-1."""
+    the current time). `offset_deltas` (strictly increasing, starting anywhere >= 0) and
+    `last_offset_delta` (the batch's offset span, >= the last record's delta) are for
+    rewriting compacted batches; by default records get deltas 0..n-1."""
     if not isinstance(records, (list, tuple)):
         records = list(records)
     n = len(records)
@@ -382,6 +385,10 @@ def build_batch(
             if offset_deltas[0] < 0 or any(b <= a for a, b in zip(offset_deltas, offset_deltas[1:])):
                 raise ValueError("offset_deltas must be >= 0 and strictly increasing")
     last_delta = n - 1 if offset_deltas is None else offset_deltas[-1]
+    if last_offset_delta is not None:
+        if last_offset_delta < last_delta:
+            raise ValueError(f"last_offset_delta {last_offset_delta} is below the last record's delta {last_delta}")
+        last_delta = last_offset_delta
     section = encode_records_section(records, timestamps, first_ts, offset_deltas)
     payload = _compress(codec, section)
     attributes = int(codec) | (TIMESTAMP_TYPE_MASK if timestamp_type == LOG_APPEND_TIME else 0)
@@ -409,6 +416,32 @@ def build_batch(
         n,
     )
     buf[HEADER_SIZE:] = payload
+    _UI.pack_into(buf, _CRC_OFFSET, _crc32c(memoryview(buf)[_ATTRIBUTES_OFFSET:]))
+    return bytes(buf)
+
+
+def build_empty_batch(
+    *,
+    base_offset: int,
+    last_offset_delta: int,
+    first_timestamp: int = -1,
+    max_timestamp: int = -1,
+    partition_leader_epoch: int = -1,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    attributes: int = 0,
+) -> bytes:
+    """A batch with no records spanning offsets [base, base + last_offset_delta]: the log
+    cleaner keeps one where it removed every record, so offsets stay accounted for."""
+    section = b"\x00"
+    buf = bytearray(HEADER_SIZE + len(section))
+    _HEADER.pack_into(
+        buf, 0, base_offset, HEADER_SIZE - LOG_OVERHEAD + len(section), partition_leader_epoch, MAGIC, 0,
+        attributes & ~CODEC_MASK, last_offset_delta, first_timestamp, max_timestamp, producer_id, producer_epoch,
+        base_sequence, 0,
+    )
+    buf[HEADER_SIZE:] = section
     _UI.pack_into(buf, _CRC_OFFSET, _crc32c(memoryview(buf)[_ATTRIBUTES_OFFSET:]))
     return bytes(buf)
 

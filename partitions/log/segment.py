@@ -52,16 +52,18 @@ def parse_segment_base(name: str) -> int | None:
 class LogSegment:
     """A segment file with its sparse offset and time indexes (see module docstring)."""
 
-    def __init__(self, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int):
+    def __init__(self, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int, suffix: str = ""):
         self.dir = Path(directory)
         self.base_offset = base_offset
         self.config = config
-        self.log_path = self.dir / segment_file_name(base_offset, LOG_SUFFIX)
+        self.log_path = self.dir / (segment_file_name(base_offset, LOG_SUFFIX) + suffix)
         self.offset_index = OffsetIndex(
-            self.dir / segment_file_name(base_offset, INDEX_SUFFIX), config.segment_index_bytes // OFFSET_ENTRY_SIZE
+            self.dir / (segment_file_name(base_offset, INDEX_SUFFIX) + suffix),
+            config.segment_index_bytes // OFFSET_ENTRY_SIZE,
         )
         self.time_index = TimeIndex(
-            self.dir / segment_file_name(base_offset, TIME_INDEX_SUFFIX), config.segment_index_bytes // TIME_ENTRY_SIZE
+            self.dir / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + suffix),
+            config.segment_index_bytes // TIME_ENTRY_SIZE,
         )
         self._fd: int | None = None
         self.size = 0
@@ -76,9 +78,12 @@ class LogSegment:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def create(cls, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int) -> "LogSegment":
-        """A new empty segment (existing files with the same base are replaced)."""
-        seg = cls(directory, base_offset, config, now_ms)
+    def create(
+        cls, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int, suffix: str = ""
+    ) -> "LogSegment":
+        """A new empty segment (existing files with the same base are replaced). `suffix`
+        (e.g. ".cleaned") is appended to every file name: a segment under construction."""
+        seg = cls(directory, base_offset, config, now_ms, suffix)
         seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
         seg.offset_index.reset()
         seg.time_index.reset()
@@ -94,6 +99,7 @@ class LogSegment:
         *,
         recover: bool,
         on_batch: Callable[[BatchHeader], None] | None = None,
+        contiguous: bool | None = None,
     ) -> tuple["LogSegment", int]:
         """Open an existing segment. recover=True rescans it with CRC validation (calling
         `on_batch` per valid batch) and truncates at the first invalid batch; otherwise the
@@ -103,7 +109,7 @@ class LogSegment:
         seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         seg.size = os.fstat(seg._fd).st_size
         if recover:
-            return seg, seg.recover(on_batch)
+            return seg, seg.recover(on_batch, contiguous=contiguous)
         problem = seg._load_indexes()
         if problem is None:
             try:
@@ -112,7 +118,7 @@ class LogSegment:
                 problem = f"tail does not parse ({exc})"
         if problem is not None:
             log.warning("segment %s: %s; rebuilding it from the log", seg.log_path, problem)
-            return seg, seg.recover(on_batch)
+            return seg, seg.recover(on_batch, contiguous=contiguous)
         return seg, 0
 
     def _load_indexes(self) -> str | None:
@@ -223,9 +229,14 @@ class LogSegment:
             yield pos, header
             pos += size
 
-    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
+    def recover(
+        self, on_batch: Callable[[BatchHeader], None] | None = None, *, contiguous: bool | None = None
+    ) -> int:
         """Rebuild the indexes by scanning with validation; truncate at the first invalid
-        batch. Returns the number of bytes truncated."""
+        batch. `contiguous` (default: the topic is not compacted) also treats a gap between
+        batch offsets as corruption. Returns the number of bytes truncated."""
+        if contiguous is None:
+            contiguous = not self.config.compact
         self.offset_index.reset()
         self.time_index.reset()
         self.next_offset = self.base_offset
@@ -234,7 +245,7 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         valid_end = 0
         try:
-            for pos, header in self.scan_batches(0, validate=True, contiguous=not self.config.compact):
+            for pos, header in self.scan_batches(0, validate=True, contiguous=contiguous):
                 self._index_batch(pos, header.base_offset, header.size, header.max_timestamp)
                 self.next_offset = header.next_offset
                 valid_end = pos + header.size
