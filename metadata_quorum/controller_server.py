@@ -392,8 +392,14 @@ class ControllerServer:
         return web.json_response(self._broker_state(broker_id))
 
     def _broker_state(self, broker_id: int) -> dict:
+        with self.sm.lock:  # the raft thread may be applying: iterate under the lock
+            return self._broker_state_locked(broker_id)
+
+    def _broker_state_locked(self, broker_id: int) -> dict:
         img = self.sm.image
-        b = img.brokers[broker_id]
+        b = img.brokers.get(broker_id)
+        if b is None:
+            raise KraftlogError(ErrorCode.STALE_BROKER_EPOCH, f"broker {broker_id} is not registered; register it first")
         return {
             "broker_id": broker_id,
             "broker_epoch": b.epoch,
@@ -444,7 +450,8 @@ class ControllerServer:
         rid = _request_id(request, body)
         result = await self.write(lambda img: self.controller.create_topic(
             img, name, body.get("partitions"), body.get("replication_factor"), body.get("configs")), rid)
-        topic = self.sm.image.topic_json(name, include_configs=True)
+        with self.sm.lock:
+            topic = self.sm.image.topic_json(name, include_configs=True)
         if topic is None:  # duplicate of a create that was deleted since
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} was deleted concurrently")
         topic["metadata_offset"] = result.get("offset", self.sm.image.offset)
@@ -462,17 +469,23 @@ class ControllerServer:
         count = body.get("count")
         rid = _request_id(request, body)
         await self.write(lambda img: self.controller.create_partitions(img, name, count), rid)
-        return web.json_response(self.sm.image.topic_json(name, include_configs=True))
+        with self.sm.lock:
+            topic = self.sm.image.topic_json(name, include_configs=True)
+        if topic is None:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} was deleted concurrently")
+        return web.json_response(topic)
 
     async def h_alter_configs(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
         body = await _json_body(request)
         rid = _request_id(request, body)
         await self.write(lambda img: self.controller.alter_configs(img, name, body.get("configs")), rid)
-        t = self.sm.image.topic(name)
-        if t is None:
+        with self.sm.lock:
+            t = self.sm.image.topic(name)
+            configs = None if t is None else dict(t.configs)
+        if configs is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-        return web.json_response({"name": name, "configs": dict(t.configs)})
+        return web.json_response({"name": name, "configs": configs})
 
     async def h_producer_ids(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
