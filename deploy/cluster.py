@@ -1,0 +1,200 @@
+"""`kraftlog cluster up|down|status`: a local N-node cluster of background processes.
+
+Layout under --data-dir DIR:
+    DIR/cluster.json         nodes, ports, cluster id, raft password, process ids
+    DIR/node-<i>/            node i's data (controller-<i>/, broker-<i>/) and logs
+                             (controller.log, broker.log)
+
+Ports for node i (1-based): broker HTTP base_port + i - 1 (API.md); controller HTTP
+base_port + 1000 + i - 1; raft base_port + 2000 + i - 1. `up` on an existing data dir
+restarts the same cluster (same ids, ports, password) with its data; if it is already
+running it just prints the broker URLs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+
+from deploy.config import NodeConfig
+from deploy.supervisor import broker_command, controller_command, http_ok, port_in_use, spawn
+
+STATE_FILE = "cluster.json"
+CONTROLLER_PORT_OFFSET = 1000
+RAFT_PORT_OFFSET = 2000
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+
+
+def _state_path(data_dir: str) -> str:
+    return os.path.join(data_dir, STATE_FILE)
+
+
+def load_state(data_dir: str) -> dict | None:
+    path = _state_path(data_dir)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def save_state(data_dir: str, state: dict) -> None:
+    path = _state_path(data_dir)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def node_configs(state: dict) -> list[NodeConfig]:
+    n, base = state["nodes"], state["base_port"]
+    voters = ",".join(f"{i}@127.0.0.1:{base + RAFT_PORT_OFFSET + i - 1}:{base + CONTROLLER_PORT_OFFSET + i - 1}"
+                      for i in range(1, n + 1))
+    out = []
+    for i in range(1, n + 1):
+        out.append(NodeConfig(
+            node_id=i, data_dir=os.path.join(state["data_dir"], f"node-{i}"), http_port=base + i - 1,
+            controller_port=base + CONTROLLER_PORT_OFFSET + i - 1, raft_port=base + RAFT_PORT_OFFSET + i - 1,
+            cluster_id=state["cluster_id"], controller_quorum_voters=voters, password=state["password"],
+            log_level="INFO"))
+    return out
+
+
+def up(args: argparse.Namespace) -> int:
+    data_dir = os.path.abspath(args.data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    state = load_state(data_dir)
+    if state is not None and (state["nodes"] != args.nodes or state["base_port"] != args.base_port):
+        sys.stderr.write(f"kraftlog: {data_dir} holds a {state['nodes']}-node cluster on base port "
+                         f"{state['base_port']}; run `kraftlog cluster up --nodes {state['nodes']} --data-dir "
+                         f"{args.data_dir} --base-port {state['base_port']}` or use another --data-dir\n")
+        return 2
+    if state is None:
+        state = {"nodes": args.nodes, "base_port": args.base_port, "data_dir": data_dir,
+                 "cluster_id": f"kraftlog-{secrets.token_hex(4)}", "password": secrets.token_hex(16),
+                 "processes": []}
+    state["data_dir"] = data_dir
+    running = {(p["node_id"], p["role"]): p for p in state.get("processes", []) if alive(p.get("pid"))}
+    cfgs = node_configs(state)
+    for cfg in cfgs:
+        for role, port in (("broker", cfg.http_port), ("controller", cfg.controller_port),
+                           ("controller", cfg.raft_port)):
+            if (cfg.node_id, role) not in running and port_in_use("127.0.0.1", port):
+                sys.stderr.write(f"kraftlog: port {port} for node {cfg.node_id}'s {role} is in use; stop what "
+                                 "uses it or pick another --base-port\n")
+                return 1
+    procs = []
+    env = {"KRAFTLOG_RAFT_PASSWORD": state["password"]}
+    for cfg in cfgs:
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        p = running.get((cfg.node_id, "controller"))
+        if p is None:
+            pr = spawn(controller_command(cfg), env, os.path.join(cfg.data_dir, "controller.log"), detach=True)
+            p = {"node_id": cfg.node_id, "role": "controller", "pid": pr.pid, "url": cfg.controller_url}
+        procs.append(p)
+    for cfg in cfgs:
+        p = running.get((cfg.node_id, "broker"))
+        if p is None:
+            pr = spawn(broker_command(cfg), None, os.path.join(cfg.data_dir, "broker.log"), detach=True)
+            p = {"node_id": cfg.node_id, "role": "broker", "pid": pr.pid, "url": cfg.broker_url}
+        procs.append(p)
+    state["processes"] = procs
+    save_state(data_dir, state)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    pending = [c for c in cfgs]
+    while pending and time.monotonic() < deadline:
+        for p in procs:
+            if not alive(p["pid"]):
+                sys.stderr.write(f"kraftlog: node {p['node_id']}'s {p['role']} (pid {p['pid']}) exited; see "
+                                 f"{os.path.join(data_dir, 'node-%d' % p['node_id'], p['role'] + '.log')}\n")
+                return 1
+        pending = [c for c in pending if not http_ok(c.broker_url + "/healthz")]
+        if pending:
+            time.sleep(0.2)
+    if pending:
+        sys.stderr.write(f"kraftlog: brokers {[c.node_id for c in pending]} not ready within "
+                         f"{READY_TIMEOUT_S:.0f}s; see the logs under {data_dir}/node-*/\n")
+        return 1
+    for cfg in cfgs:
+        print(cfg.broker_url)
+    sys.stdout.flush()
+    return 0
+
+
+def _stop(pids: list[int], timeout: float) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def down(args: argparse.Namespace) -> int:
+    data_dir = os.path.abspath(args.data_dir)
+    state = load_state(data_dir)
+    if state is None:
+        sys.stderr.write(f"kraftlog: no cluster in {data_dir} (no {STATE_FILE}); check --data-dir\n")
+        return 1
+    procs = state.get("processes", [])
+    # brokers first (controlled shutdown needs the controllers), then controllers
+    _stop([p["pid"] for p in procs if p["role"] == "broker" and alive(p["pid"])], STOP_TIMEOUT_S)
+    _stop([p["pid"] for p in procs if p["role"] == "controller" and alive(p["pid"])], STOP_TIMEOUT_S)
+    state["processes"] = []
+    save_state(data_dir, state)
+    print(f"stopped the cluster in {data_dir}")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    data_dir = os.path.abspath(args.data_dir)
+    state = load_state(data_dir)
+    if state is None:
+        sys.stderr.write(f"kraftlog: no cluster in {data_dir} (no {STATE_FILE}); check --data-dir\n")
+        return 1
+    procs = [p for p in state.get("processes", []) if alive(p["pid"])]
+    if getattr(args, "output", "text") == "json":
+        print(json.dumps([{"node_id": p["node_id"], "role": p["role"], "pid": p["pid"], "url": p["url"]}
+                          for p in procs]))
+        return 0
+    if not procs:
+        print(f"cluster in {data_dir}: stopped")
+        return 0
+    print(f"{'node':<6}{'role':<12}{'pid':<10}url")
+    for p in procs:
+        print(f"{p['node_id']:<6}{p['role']:<12}{p['pid']:<10}{p['url']}")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"up": up, "down": down, "status": status}[args.cluster_cmd](args)

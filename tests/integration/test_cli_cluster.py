@@ -1,0 +1,65 @@
+"""`kraftlog cluster up/status/down` with a 2-node local cluster, restart keeps data."""
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from deploy.local_node import ROOT, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def kraftlog(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "deploy.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=timeout, cwd=ROOT)
+
+
+def free_base_port(n):
+    for _ in range(50):
+        base = free_port()
+        if base + 2000 + n < 65535:
+            return base
+    raise RuntimeError("no free base port")
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_cluster_up_status_down_restart(tmp_path):
+    data = str(tmp_path / "c")
+    base = free_base_port(2)
+    r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base))
+    try:
+        assert r.returncode == 0, r.stderr
+        urls = r.stdout.split()
+        assert urls == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
+        md = get(urls[1] + "/v1/metadata")
+        assert sorted(b["id"] for b in md["brokers"]) == [1, 2]
+        r = kraftlog("cluster", "status", "--data-dir", data, "--output", "json")
+        procs = json.loads(r.stdout)
+        assert sorted((p["node_id"], p["role"]) for p in procs) == [
+            (1, "broker"), (1, "controller"), (2, "broker"), (2, "controller")]
+        assert all(set(p) == {"node_id", "role", "pid", "url"} for p in procs)
+        r = kraftlog("topic", "create", "kept", "--partitions", "2", "--bootstrap", urls[0])
+        assert r.returncode == 0, r.stderr
+        req = urllib.request.Request(urls[1] + "/v1/topics/kept/records?acks=1", method="POST",
+                                     data=json.dumps({"records": [{"value": "v", "partition": p}
+                                                                  for p in (0, 1)]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+    finally:
+        r = kraftlog("cluster", "down", "--data-dir", data)
+    assert r.returncode == 0
+    assert json.loads(kraftlog("cluster", "status", "--data-dir", data, "--output", "json").stdout) == []
+    r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base))
+    try:
+        assert r.returncode == 0, r.stderr
+        assert get(f"http://127.0.0.1:{base}/v1/topics") == {"topics": ["kept"]}
+    finally:
+        assert kraftlog("cluster", "down", "--data-dir", data).returncode == 0
