@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings, strategies as st
 from logtest_helpers import FakeClock
 
@@ -14,6 +15,9 @@ from partitions.log.cleaner import CLEANER_CHECKPOINT, LogCleaner, read_cleaner_
 from partitions.log.config import LogConfig
 from partitions.log.log import OFFSET_GAPS_MARKER, Log
 from partitions.log.record_batch import Record, build_batch, decode_batches, iter_batches
+
+# Many opens and rolls: fsync only costs time here (these test logic, not the disk).
+pytestmark = pytest.mark.usefixtures("no_fsync")
 
 CFG = LogConfig(cleanup_policy="compact", segment_bytes=400, delete_retention_ms=1000, min_cleanable_dirty_ratio=0.1)
 

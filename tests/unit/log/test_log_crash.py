@@ -18,6 +18,9 @@ from partitions.log.record_batch import decode_batches, iter_batches
 
 CFG = LogConfig(segment_bytes=400, index_interval_bytes=100)
 
+# These tests reopen logs hundreds of times; they test recovery logic, not the disk.
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 
 def _build_template(path, batches=12, per=2):
     lg = Log.open(path, CFG, time_ms=FakeClock())
@@ -76,7 +79,7 @@ def test_torn_last_batch_at_every_byte_boundary(template, tmp_path):
         lg = Log.open(d, CFG, recovery_point=0, clean_shutdown=False, time_ms=FakeClock())
         _check_prefix(lg, data, last_base)
         assert lg.leader_epoch_cache.latest_epoch == 99
-        lg.close()
+        lg.close_without_flush()
         shutil.rmtree(d.parent)
 
 
@@ -106,7 +109,7 @@ def test_flipped_bytes_in_last_batch_truncate_exactly_that_batch(template, tmp_p
             f.write(bytes([b[0] ^ 0x10]))
         lg = Log.open(d, CFG, clean_shutdown=False, time_ms=FakeClock())
         _check_prefix(lg, data, last_base)
-        lg.close()
+        lg.close_without_flush()
         shutil.rmtree(d.parent)
 
 

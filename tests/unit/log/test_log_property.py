@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from logtest_helpers import FakeClock
@@ -15,6 +16,9 @@ from logtest_helpers import FakeClock
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
 from partitions.log.record_batch import Record, build_batch, decode_batches
+
+# Many opens and rolls: fsync only costs time here (these test logic, not the disk).
+pytestmark = pytest.mark.usefixtures("no_fsync")
 
 CFG = LogConfig(segment_bytes=350, index_interval_bytes=64, retention_bytes=500, retention_ms=-1)
 
