@@ -35,6 +35,7 @@ log = logging.getLogger("kraftlog.broker")
 
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 10.0
 REGISTER_RETRY_BACKOFF_S = 0.5
+METADATA_POLL_MAX_WAIT_MS = 2000
 
 
 class Broker:
@@ -82,13 +83,15 @@ class Broker:
         async def on_change(image, _changed=None):
             await self.view.update(image)
 
-        self.follower = MetadataFollower(self.client, on_change)
+        # short metadata long polls: a controller shutting down waits for open polls to end
+        self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS)
         self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
         deps = BrokerDeps(replica_manager=self.rm, metadata=self.view, controller=self.client,
                           groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")),
                           health=self._health)
         app = create_app(cfg, deps)
-        self.runner = web.AppRunner(app, access_log=None)
+        # handler_cancellation: a long poll whose client went away stops waiting (frees its slot)
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5)
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024)
         await site.start()
@@ -148,6 +151,8 @@ class Broker:
                 log.warning("controlled shutdown failed: %s", e)
         if self.follower is not None:
             self.follower.stop()
+        if getattr(self, "rm", None) is not None:
+            self.rm.begin_shutdown()
         for t in self.tasks:
             t.cancel()
         for t in self.tasks:

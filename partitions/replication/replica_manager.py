@@ -92,6 +92,7 @@ class ReplicaManager:
         self._fetch_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._produce_waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
         self._long_polls = 0
+        self._closing = False
         self._flushing: dict[tuple[str, int], asyncio.Future] = {}
         self._image = None
         self._metadata_lock = asyncio.Lock()
@@ -349,6 +350,12 @@ class ReplicaManager:
 
     # ---- fetch -------------------------------------------------------------------------
 
+    def begin_shutdown(self) -> None:
+        """Answer every waiting long poll now (with what it has) and stop parking new ones."""
+        self._closing = True
+        for key in list(self._fetch_waiters):
+            self._wake_fetchers(key)
+
     def _wake_fetchers(self, key) -> None:
         waiters = self._fetch_waiters.pop(key, None)
         if waiters:
@@ -379,7 +386,7 @@ class ReplicaManager:
                     min_bytes: int = 1, max_wait_ms: int = 0) -> FetchResult:
         """Committed batches from `offset`; waits up to max_wait_ms for min_bytes."""
         result = self._read_committed(topic, partition, offset, max_bytes)
-        if len(result.records) >= min_bytes or max_wait_ms <= 0:
+        if len(result.records) >= min_bytes or max_wait_ms <= 0 or self._closing:
             return result
         if self._long_polls >= self.max_concurrent_long_polls:
             raise KraftlogError(ErrorCode.THROTTLING_QUOTA_EXCEEDED,
@@ -405,7 +412,7 @@ class ReplicaManager:
                     if lst is not None and fut in lst:
                         lst.remove(fut)
                 result = self._read_committed(topic, partition, offset, max_bytes)
-                if len(result.records) >= min_bytes:
+                if len(result.records) >= min_bytes or self._closing:
                     return result
         finally:
             self._long_polls -= 1

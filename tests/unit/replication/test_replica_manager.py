@@ -142,3 +142,13 @@ async def test_delete_records_bounds():
     with pytest.raises(KraftlogError) as e:
         await rm.fetch("t", 0, 2, max_bytes=100)
     assert e.value.code is ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+async def test_shutdown_answers_waiting_long_polls():
+    rm = manager()
+    await rm.apply_metadata(image())
+    task = asyncio.create_task(rm.fetch("t", 0, 0, max_bytes=100, max_wait_ms=10_000))
+    await asyncio.sleep(0.01)
+    rm.begin_shutdown()
+    f = await asyncio.wait_for(task, 1)
+    assert f.records == b""
