@@ -108,6 +108,8 @@ class Broker:
                                                              self.log_manager.run_retention), name="retention"))
         self.tasks.append(asyncio.create_task(self._periodic(cfg.offset_checkpoint_interval_ms,
                                                              self.log_manager.checkpoint), name="checkpoint"))
+        self.tasks.append(asyncio.create_task(self._periodic(cfg.log_flush_scheduler_interval_ms,
+                                                             self.log_manager.flush_needed), name="flush.ms"))
         self.tasks.append(asyncio.create_task(self._await_ready(), name="ready"))
 
     def _health(self) -> tuple[bool, dict]:

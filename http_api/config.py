@@ -38,6 +38,7 @@ class BrokerConfig:
     # background jobs
     log_retention_check_interval_ms: int = 300_000
     offset_checkpoint_interval_ms: int = 60_000
+    log_flush_scheduler_interval_ms: int = 1_000  # how often flush.ms policies are checked
     metadata_wait_ms: int = 10_000             # how long admin calls wait for the broker to see their result
 
     @property
