@@ -358,3 +358,35 @@ async def test_create_partitions_and_alter_configs(broker):
     assert r.status == 200 and (await r.json())["configs"] == {"retention.ms": "1000"}
     r = await c.post("/v1/topics/cp/configs", json={"configs": {"retention.ms": "abc"}})
     assert r.status == 400
+
+
+async def test_too_many_long_polls_is_429(tmp_path):
+    from conftest import start_broker
+    from fake_controller import FakeControllerClient
+    h = await start_broker(tmp_path, FakeControllerClient(), max_concurrent_long_polls=1)
+    c = h.client
+    try:
+        await create(c, "lp", 1)
+        first = asyncio.create_task(c.get("/v1/topics/lp/partitions/0/records",
+                                          params={"offset": "0", "max_wait_ms": "2000"}))
+        while h.rm.long_polls_waiting == 0:
+            await asyncio.sleep(0.005)
+        r = await c.get("/v1/topics/lp/partitions/0/records", params={"offset": "0", "max_wait_ms": "2000"})
+        d = await r.json()
+        assert r.status == 429 and d["error_code"] == "THROTTLING_QUOTA_EXCEEDED"
+        r = await c.get("/v1/topics/lp/partitions/0/records", params={"offset": "0"})  # no wait: served
+        assert r.status == 200
+        await c.post("/v1/topics/lp/records", json={"records": [{"value": "x"}]})
+        assert (await first).status == 200
+    finally:
+        await c.close()
+
+
+async def test_group_offsets_survive_a_broker_restart(tmp_path):
+    from http_api.group_offsets import GroupOffsetStore
+    path = str(tmp_path / "g.json")
+    s1 = GroupOffsetStore(path)
+    await s1.commit("g", [("t", 0, 7), ("t", 1, 3)])
+    await s1.commit("g", [("t", 0, 9)])
+    s2 = GroupOffsetStore(path)
+    assert s2.fetch("g") == [{"topic": "t", "partition": 0, "offset": 9}, {"topic": "t", "partition": 1, "offset": 3}]
