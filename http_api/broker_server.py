@@ -76,7 +76,8 @@ class Broker:
 
         self.rm = ReplicaManager(cfg.broker_id, self.log_manager, min_insync_replicas=cfg.min_insync_replicas,
                                  request_timeout_ms=cfg.request_timeout_ms,
-                                 max_concurrent_long_polls=cfg.max_concurrent_long_polls, executor=self.executor)
+                                 max_concurrent_long_polls=cfg.max_concurrent_long_polls, executor=self.executor,
+                                 topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"))
         self.view = MetadataView(self.rm)
         self.client = ControllerClient(cfg.controller_urls, request_timeout_ms=cfg.request_timeout_ms)
 
@@ -131,6 +132,14 @@ class Broker:
         except Exception as e:  # the periodic heartbeat will retry
             log.info("early heartbeat failed: %s", e)
         await self.lifecycle.wait_unfenced(timeout=3600)
+        # unfenced = our metadata has caught up: logs it does not assign to us are stray
+        try:
+            await self.view.wait_until(lambda img: img.offset >= self.follower.image.offset, 5)
+            stray = await self.rm.remove_stray_logs(self.view.image)
+            if stray:
+                log.info("removed %d stray logs: %s", len(stray), stray)
+        except Exception:
+            log.exception("removing stray logs failed")
         self.ready = True
         log.info("broker %s is ready (unfenced) at %s", self.config.broker_id, self.config.url)
 

@@ -19,7 +19,9 @@ exposed to consumers never goes backwards within a leader epoch.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -76,7 +78,8 @@ class ReplicaManager:
     def __init__(self, broker_id: int, log_manager: Any, *, min_insync_replicas: int = 1,
                  request_timeout_ms: int = 30_000, max_concurrent_long_polls: int = 1024,
                  default_log_config_factory: Callable[[dict], Any] | None = None,
-                 executor=None, clock_ms: Callable[[], int] | None = None) -> None:
+                 executor=None, clock_ms: Callable[[], int] | None = None,
+                 topic_ids_path: str | None = None) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
         self.min_insync_replicas = min_insync_replicas
@@ -96,6 +99,9 @@ class ReplicaManager:
         self._flushing: dict[tuple[str, int], asyncio.Future] = {}
         self._image = None
         self._metadata_lock = asyncio.Lock()
+        # topic id of each local log ("topic-p" -> id), like Kafka's partition.metadata
+        self._topic_ids_path = topic_ids_path
+        self._log_topic_ids: dict[str, str] = _read_json(topic_ids_path) if topic_ids_path else {}
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -133,6 +139,7 @@ class ReplicaManager:
     async def _apply(self, image) -> None:
         now = self._clock_ms()
         wanted: set[tuple[str, int]] = set()
+        ids_changed = False
         topics = list(image.topics.items())  # snapshot: the image may change while we await
         for name, topic in topics:
             old_id = self._topic_ids.get(name)
@@ -155,9 +162,17 @@ class ReplicaManager:
                 wanted.add(key)
                 lg = self.logs.get(key)
                 if lg is None:
+                    recorded = self._log_topic_ids.get(f"{name}-{p}")
+                    if recorded is not None and recorded != topic.topic_id:
+                        # a log left by an older topic of the same name (deleted while we were down)
+                        log.info("deleting stale log %s-%s of an older topic id %s", name, p, recorded)
+                        await self._run_blocking(self.log_manager.delete_log, name, p)
                     cfg = self._log_config(dict(topic.configs))
                     lg = await self._run_blocking(self.log_manager.get_or_create, name, p, cfg)
                     self.logs[key] = lg
+                    if recorded != topic.topic_id:
+                        self._log_topic_ids[f"{name}-{p}"] = topic.topic_id
+                        ids_changed = True
                 part = self.partitions.get(key)
                 if part is None:
                     part = self.partitions[key] = Partition(name, p, self.broker_id,
@@ -186,6 +201,35 @@ class ReplicaManager:
         for name in [n for n in self._topic_ids if n not in names]:
             self._topic_ids.pop(name, None)
             self._topic_configs.pop(name, None)
+        if ids_changed:
+            await self._save_topic_ids()
+
+    async def _save_topic_ids(self) -> None:
+        if self._topic_ids_path is None:
+            return
+        snapshot = dict(self._log_topic_ids)
+        await self._run_blocking(_write_json_atomic, self._topic_ids_path, snapshot)
+
+    async def remove_stray_logs(self, image) -> list[tuple[str, int]]:
+        """Delete local logs the (caught-up) metadata does not assign to this broker: topics
+        deleted or partitions moved while the broker was down. Call only once the broker's
+        metadata has caught up (e.g. once the controller unfenced it)."""
+        async with self._metadata_lock:
+            stray = []
+            for name, p in list(self.log_manager.partitions()):
+                reg = image.partition(name, p)
+                if reg is None or self.broker_id not in reg.replicas:
+                    stray.append((name, p))
+            for key in stray:
+                log.info("deleting stray log %s-%s (not assigned to broker %s)", key[0], key[1], self.broker_id)
+                if key in self.logs:
+                    await self._delete_partition_local(key)
+                else:
+                    await self._run_blocking(self.log_manager.delete_log, key[0], key[1])
+                self._log_topic_ids.pop(f"{key[0]}-{key[1]}", None)
+            if stray:
+                await self._save_topic_ids()
+            return stray
 
     async def _delete_topic_local(self, name: str) -> None:
         for key in [k for k in self.logs if k[0] == name]:
@@ -201,6 +245,8 @@ class ReplicaManager:
             await self._run_blocking(self.log_manager.delete_log, key[0], key[1])
         except Exception:  # already gone is fine; anything else is logged, not fatal
             log.exception("deleting local log %s-%s failed", *key)
+        if self._log_topic_ids.pop(f"{key[0]}-{key[1]}", None) is not None:
+            await self._save_topic_ids()
 
     # ---- lookups -----------------------------------------------------------------------
 
@@ -455,6 +501,30 @@ class ReplicaManager:
         """(partitions hosted, partitions led) for metrics."""
         leaders = sum(1 for p in self.partitions.values() if p.is_leader)
         return len(self.partitions), leaders
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return dict(json.load(f))
+    except FileNotFoundError:
+        return {}
+
+
+def _write_json_atomic(path: str, doc: dict) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _resolve(fut: asyncio.Future) -> None:

@@ -78,6 +78,9 @@ class MemoryLogManager:
     def get_or_create(self, topic, p, config):
         return self.logs.setdefault((topic, p), MemoryLog())
 
+    def partitions(self):
+        return sorted(self.logs)
+
     def delete_log(self, topic, p):
         self.logs.pop((topic, p), None)
         self.deleted.append((topic, p))

@@ -152,3 +152,30 @@ async def test_shutdown_answers_waiting_long_polls():
     rm.begin_shutdown()
     f = await asyncio.wait_for(task, 1)
     assert f.records == b""
+
+
+async def test_stale_log_of_an_older_topic_id_is_deleted(tmp_path):
+    ids = str(tmp_path / "ids.json")
+    lm = MemoryLogManager()
+    rm = ReplicaManager(1, lm, default_log_config_factory=lambda c: None, topic_ids_path=ids)
+    await rm.apply_metadata(image())
+    await rm.append("t", 0, batch(3), acks=ACKS_LEADER)
+    # broker restarts; meanwhile "t" was deleted and re-created (new topic id)
+    rm2 = ReplicaManager(1, lm, default_log_config_factory=lambda c: None, topic_ids_path=ids)
+    img = MetadataImage("c")
+    img.replay(RegisterBrokerRecord(1, "i1", -1, "http://b1", None, False))
+    img.replay(TopicRecord("t", "tid-2"))
+    img.replay(PartitionRecord("t", "tid-2", 0, (1,), (1,), 1, 0, 0))
+    await rm2.apply_metadata(img)
+    assert lm.deleted == [("t", 0)]
+    assert rm2.offsets("t", 0)["high_watermark"] == 0
+
+
+async def test_stray_logs_removed_once_caught_up():
+    lm = MemoryLogManager()
+    lm.get_or_create("gone", 0, None)  # left on disk by a topic deleted while we were down
+    rm = ReplicaManager(1, lm, default_log_config_factory=lambda c: None)
+    img = image()
+    await rm.apply_metadata(img)
+    assert await rm.remove_stray_logs(img) == [("gone", 0)]
+    assert lm.partitions() == [("t", 0)]
