@@ -123,3 +123,57 @@ def test_arrow_encode_is_read_by_reference_codec(seed):
 def test_arrow_encode_accepts_strings_and_no_keys():
     batch = arrow_codec.encode_batch(None, pa.array(["a", "bé", None]))
     assert [(r.key, r.value) for r in rb.decode_batches(batch)] == [(None, b"a"), (None, "bé".encode()), (None, None)]
+
+
+# ---- planning (driver side) without a broker: high watermarks are stubbed ----------------
+
+def _stream_reader(monkeypatch, hws: dict, **options):
+    from pipelines.source import KraftlogStreamReader, schema_for
+
+    o = opt.parse_source_options({**URL, "subscribe": "t", **options}, streaming=True)
+    reader = KraftlogStreamReader(o, schema_for(False))
+    monkeypatch.setattr(reader, "_high_watermarks", lambda: dict(hws))
+    return reader
+
+
+def test_latest_offset_admission_control_and_available_now(monkeypatch):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    hws = {("t", 0): 70, ("t", 1): 30}
+    reader = _stream_reader(monkeypatch, hws, maxOffsetsPerTrigger="30")
+    assert reader.getDefaultReadLimit() == ReadMaxRows(30)
+    start = {"t": {"0": 0, "1": 0}}
+    assert reader.latestOffset(start, ReadMaxRows(30)) == {"t": {"0": 21, "1": 9}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 70, "1": 30}}
+    reader.prepareForTriggerAvailableNow()
+    hws.update({("t", 0): 500, ("t", 1): 500, ("t", 2): 9})   # data and a partition arrive later
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 70, "1": 30}}
+    assert reader.latestOffset({"t": {"0": 70, "1": 30}}, ReadMaxRows(30)) == {"t": {"0": 70, "1": 30}}
+
+
+def test_new_partitions_are_read_from_the_start(monkeypatch):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = _stream_reader(monkeypatch, {("t", 0): 5, ("t", 1): 4})
+    end = reader.latestOffset({"t": {"0": 5}}, ReadAllAvailable())
+    assert end == {"t": {"0": 5, "1": 4}}
+    (rng,) = reader.partitions({"t": {"0": 5}}, end)
+    assert (rng.partition, rng.start, rng.end, rng.fail_on_data_loss) == (1, 0, 4, False)
+
+
+def test_offsets_going_backwards_fail_or_skip(monkeypatch):
+    from pipelines.source import DataLossError
+
+    strict = _stream_reader(monkeypatch, {})
+    with pytest.raises(DataLossError, match="failOnDataLoss"):
+        strict.partitions({"t": {"0": 50}}, {"t": {"0": 10}})
+    lenient = _stream_reader(monkeypatch, {}, failOnDataLoss="false")
+    assert lenient.partitions({"t": {"0": 50, "1": 0}}, {"t": {"0": 10, "1": 3}})[0].partition == 1
+
+
+def test_min_partitions_splits_in_proportion_to_the_backlog():
+    from pipelines.source import _Planner
+
+    planner = _Planner(opt.parse_source_options({**URL, "subscribe": "t", "minPartitions": "4"}, streaming=False))
+    ranges = planner.ranges({("t", 0): 0, ("t", 1): 0}, {("t", 0): 30, ("t", 1): 10})
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 0, 10), (0, 10, 20), (0, 20, 30), (1, 0, 10)]
