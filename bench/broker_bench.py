@@ -214,6 +214,17 @@ async def run(seconds: float, concurrency: int) -> list[tuple[str, str]]:
             rows.append(("fetch catch-up (raw, 1 MiB fetches) records/s", f"{recs / t_f:,.0f}"))
             rows.append(("  MB/s", f"{nbytes / t_f / 1e6:,.1f}  ({recs:,} records)"))
 
+            from http_api.client import Producer
+            n_client = 200_000
+            async with Producer(base, acks=1, linger_ms=5, batch_size_bytes=256 * 1024) as producer:
+                t0 = time.perf_counter()
+                futs = [await producer.send("bench", value, partition=0) for _ in range(n_client)]
+                await producer.flush()
+                t_client = time.perf_counter() - t0
+                assert all(f.result().offset >= 0 for f in futs)
+            rows.append(("Python Producer (send() per record, linger 5 ms, 256 KiB) records/s",
+                         f"{n_client / t_client:,.0f}"))
+
             lat = await latency(s, base, "bench", samples=300, interval_s=0.005)
             rows.append(("produce -> long-poll consume latency p50", f"{pct(lat, 0.5) * 1000:.2f} ms"))
             rows.append(("  p99", f"{pct(lat, 0.99) * 1000:.2f} ms  ({len(lat)} samples)"))

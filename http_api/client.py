@@ -136,6 +136,7 @@ class _Metadata:
     def __init__(self, transport: _Transport) -> None:
         self.t = transport
         self.doc: dict | None = None
+        self._topics: dict[str, dict] = {}
         self.fetched_at = 0.0
         self._refreshing: asyncio.Task | None = None
 
@@ -144,13 +145,14 @@ class _Metadata:
             self._refreshing = asyncio.ensure_future(self.t.bootstrap_json("GET", "/v1/metadata"))
         _, doc = await asyncio.shield(self._refreshing)
         self.doc = doc
+        self._topics = {t["name"]: t for t in doc["topics"]}
         self.fetched_at = time.monotonic()
         return doc
 
     def _topic(self, topic: str) -> dict | None:
         if self.doc is None:
             return None
-        return next((t for t in self.doc["topics"] if t["name"] == topic), None)
+        return self._topics.get(topic)
 
     async def partitions(self, topic: str) -> int:
         t = self._topic(topic)
