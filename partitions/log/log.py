@@ -37,9 +37,9 @@ from .record_batch import (
     H_LAST_OFFSET_DELTA,
     H_LEADER_EPOCH,
     H_MAX_TIMESTAMP,
+    H_PRODUCER_ID,
     H_RECORD_COUNT,
     LOG_OVERHEAD,
-    BatchHeader,
     set_log_append_time,
     validate_batch_raw,
 )
@@ -48,6 +48,7 @@ from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, pa
 log = logging.getLogger(__name__)
 
 _STAMP = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch: before the CRC
+_MAX_WRITEV_BATCHES = 64  # 2 iovecs per batch, well under IOV_MAX (1024)
 
 LATEST_TIMESTAMP = -1  # offset_for_timestamp(-1) -> log end offset (Kafka ListOffsets LATEST)
 EARLIEST_TIMESTAMP = -2  # offset_for_timestamp(-2) -> log start offset (EARLIEST)
@@ -175,9 +176,10 @@ class Log:
         self.leader_epoch_cache = cache
         rebuild_cache = not cache.loaded_ok
 
-        def on_batch(header: BatchHeader) -> None:
-            if header.partition_leader_epoch >= 0:
-                cache.assign(header.partition_leader_epoch, header.base_offset, persist=False)
+        def on_batch(h: tuple) -> None:
+            epoch = h[H_LEADER_EPOCH]
+            if epoch >= 0 and epoch != cache.latest_epoch:
+                cache.assign(epoch, h[H_BASE_OFFSET], persist=False)
 
         self._offset_gaps = (self._dir / OFFSET_GAPS_MARKER).exists()
         contiguous = not (self._config.compact or self._offset_gaps)
@@ -233,8 +235,8 @@ class Log:
             cache.clear(persist=False)
             for seg in self._segments:
                 try:
-                    for _, header in seg.scan_batches(0):
-                        on_batch(header)
+                    for _, h in seg.scan_raw(0):
+                        on_batch(h)
                 except CorruptRecordError:
                     pass
 
@@ -379,8 +381,8 @@ class Log:
         stamp consecutive offsets and `leader_epoch` in place, append, roll if needed."""
         with self._lock:
             self._check_open()
-            data = bytearray(records)
-            batches = self._validate_all(data, self._config.max_message_bytes)
+            append_time = self._config.log_append_time
+            batches = self._validate_all(records, self._config.max_message_bytes)
             latest_epoch = self.leader_epoch_cache.latest_epoch
             if leader_epoch < latest_epoch:
                 raise ValueError(
@@ -388,37 +390,55 @@ class Log:
                     f"{latest_epoch}: this replica is no longer the leader"
                 )
             now = self._time_ms()
-            append_time = self._config.log_append_time
             first_offset = offset = self.log_end_offset
             entries: list[tuple[int, int, int, int, int]] = []
             max_ts = -1
             num_records = 0
-            pack_prefix = _STAMP.pack_into
+            idempotent = False
+            # Stamping: few batches are written with writev as (new 16-byte prefix, rest of
+            # the producer's bytes), no copy; otherwise (or for LogAppendTime, which changes
+            # CRC-covered bytes) a copy is stamped in place.
+            vectored = not append_time and len(batches) <= _MAX_WRITEV_BATCHES
+            if vectored:
+                view = memoryview(records)
+                data: list | bytearray = []
+                pack_prefix = _STAMP.pack
+            else:
+                data = bytearray(records)
+                pack_into = _STAMP.pack_into
             for pos, h in batches:
-                pack_prefix(data, pos, offset, h[H_BATCH_LENGTH], leader_epoch)
-                if append_time:
-                    set_log_append_time(data, now, pos)
-                    ts = now
-                else:
+                length = h[H_BATCH_LENGTH]
+                if vectored:
+                    data.append(pack_prefix(offset, length, leader_epoch))
+                    data.append(view[pos + _STAMP.size : pos + LOG_OVERHEAD + length])
                     ts = h[H_MAX_TIMESTAMP]
+                else:
+                    pack_into(data, pos, offset, length, leader_epoch)
+                    if append_time:
+                        set_log_append_time(data, now, pos)
+                        ts = now
+                    else:
+                        ts = h[H_MAX_TIMESTAMP]
                 nxt = offset + h[H_LAST_OFFSET_DELTA] + 1
-                entries.append((pos, offset, nxt, LOG_OVERHEAD + h[H_BATCH_LENGTH], ts))
+                entries.append((pos, offset, nxt, LOG_OVERHEAD + length, ts))
                 offset = nxt
                 num_records += h[H_RECORD_COUNT]
                 if ts > max_ts:
                     max_ts = ts
-            if self.producer_state is not None:
-                duplicate = self.producer_state.check(batches, entries)
+                if h[H_PRODUCER_ID] >= 0:
+                    idempotent = True
+            producer_state = self.producer_state if idempotent else None
+            if producer_state is not None:
+                duplicate = producer_state.check(batches, entries)
                 if duplicate is not None:
                     return duplicate
             if leader_epoch != latest_epoch:
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
-            self._append(data, entries, max_ts, num_records, now)
-            if self.producer_state is not None:
-                self.producer_state.update(batches, entries, now)
-            return AppendInfo(
-                first_offset, offset - 1, max_ts, now if append_time else -1, num_records, len(data)
-            )
+            nbytes = len(records) if vectored else len(data)
+            self._append(data, entries, max_ts, num_records, now, nbytes)
+            if producer_state is not None:
+                producer_state.update(batches, entries, now)
+            return AppendInfo(first_offset, offset - 1, max_ts, now if append_time else -1, num_records, nbytes)
 
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> AppendInfo:
         """Append batches that already carry the leader's offsets and epochs. The first
@@ -461,15 +481,15 @@ class Log:
             if gaps:
                 self.mark_offset_gaps()
             now = self._time_ms()
-            self._append(data, entries, max_ts, num_records, now)
+            self._append(data, entries, max_ts, num_records, now, len(data))
             if self.producer_state is not None:
                 self.producer_state.update(batches, entries, now)
             return AppendInfo(first, prev_next - 1, max_ts, -1, num_records, len(data))
 
     def _append(self, data, entries: list[tuple[int, int, int, int, int]], max_ts: int, num_records: int,
-                now: int) -> None:
+                now: int, nbytes: int) -> None:
         last_offset = entries[-1][2] - 1
-        if self._segments[-1].should_roll(len(data), max_ts, last_offset, now):
+        if self._segments[-1].should_roll(nbytes, max_ts, last_offset, now):
             self._roll(now)
         self._segments[-1].append(data, entries)
         self._unflushed_messages += num_records

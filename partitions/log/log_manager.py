@@ -181,10 +181,11 @@ class LogManager:
                 if parent in counts:
                     counts[parent] += 1
             target = min(self.log_dirs, key=lambda d: (counts[d], self.log_dirs.index(d)))
+            path = target / f"{topic}-{partition}"
             lg = Log.open(
-                target / f"{topic}-{partition}",
+                path,
                 config or self.config_for(topic),
-                clean_shutdown=True,
+                clean_shutdown=not path.exists(),  # a dir we did not open ourselves is recovered
                 time_ms=self._time_ms,
             )
             fsync_dir(target)
@@ -240,6 +241,20 @@ class LogManager:
     def run_retention(self, now_ms: int | None = None) -> int:
         """Apply retention to every log; returns the number of segments deleted."""
         return sum(lg.apply_retention(now_ms) for lg in self.all_logs() if not lg.closed)
+
+    def run_cleaner(self, cleaner=None, now_ms: int | None = None) -> int:
+        """One compaction pass over every compacted log that needs it (cleaner.py);
+        returns the number of logs cleaned. Meant for a worker thread."""
+        from .cleaner import LogCleaner
+
+        cleaner = cleaner or LogCleaner(time_ms=self._time_ms)
+        cleaned = 0
+        for lg in self.all_logs():
+            if not lg.closed and cleaner.needs_cleaning(lg, now_ms):
+                stats = cleaner.clean(lg, now_ms)
+                if stats is not None and not stats.aborted:
+                    cleaned += 1
+        return cleaned
 
     def flush_all(self) -> None:
         for lg in self.all_logs():

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 from .config import LogConfig
 from .errors import CorruptRecordError
 from .index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, OffsetIndex, TimeIndex
-from .record_batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, decode_records, validate_batch
+from .record_batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, decode_records, validate_batch_raw
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ TIME_INDEX_SUFFIX = ".timeindex"
 
 _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
 _LENGTH = struct.Struct(">qi")
+_HEADER = struct.Struct(">qiibIhiqqqhii")
 _LAST_DELTA = struct.Struct(">i")
 _RECOVERY_READ_BYTES = 4 << 20
 _SCAN_READ_BYTES = 64 << 10
@@ -98,13 +99,14 @@ class LogSegment:
         now_ms: int,
         *,
         recover: bool,
-        on_batch: Callable[[BatchHeader], None] | None = None,
+        on_batch: Callable[[tuple], None] | None = None,
         contiguous: bool | None = None,
     ) -> tuple["LogSegment", int]:
         """Open an existing segment. recover=True rescans it with CRC validation (calling
         `on_batch` per valid batch) and truncates at the first invalid batch; otherwise the
         indexes are loaded and sanity-checked, and rebuilt (via recover) if they fail.
-        Returns (segment, bytes truncated)."""
+        `on_batch` gets each batch's raw header tuple (record_batch.H_*). Returns
+        (segment, bytes truncated)."""
         seg = cls(directory, base_offset, config, now_ms)
         seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         seg.size = os.fstat(seg._fd).st_size
@@ -181,6 +183,14 @@ class LogSegment:
         leader epoch are not covered by the CRC (Kafka's layout), so contiguous=True (logs
         that were never compacted) also requires every batch to start exactly where the
         previous one ended, the first one at the segment's base offset."""
+        for pos, h in self.scan_raw(start_position, validate=validate, contiguous=contiguous):
+            yield pos, BatchHeader(*h)
+
+    def scan_raw(
+        self, start_position: int = 0, *, validate: bool = False, contiguous: bool = False
+    ) -> Iterator[tuple[int, tuple]]:
+        """`scan_batches` yielding raw header tuples (see record_batch.H_*): the fast path
+        used by recovery."""
         fd = self._require_open()
         end = self.size
         pos = start_position
@@ -190,6 +200,9 @@ class LogSegment:
         expected = self.base_offset if (contiguous and start_position == 0) else None
         last_epoch = -1
         size = 0
+        seg_base = self.base_offset
+        unpack_length = _LENGTH.unpack_from
+        unpack_header = _HEADER.unpack_from
         while pos < end:
             rel = pos - buf_start
             if len(buf) - rel < HEADER_SIZE:
@@ -199,38 +212,40 @@ class LogSegment:
                 buf_start, rel = pos, 0
                 if len(buf) < HEADER_SIZE:
                     raise CorruptRecordError(f"torn batch header at position {pos} ({len(buf)} bytes left)")
-            base, length = _LENGTH.unpack_from(buf, rel)
+            _, length = unpack_length(buf, rel)
             size = LOG_OVERHEAD + length
             if length < _MIN_BATCH_LENGTH or pos + size > end:
                 raise CorruptRecordError(f"batch at position {pos} has length {length} beyond the file end {end}")
-            if validate and len(buf) - rel < size:
-                buf = os.pread(fd, max(read_bytes, size), pos)
-                buf_start, rel = pos, 0
-            header = validate_batch(buf, rel) if validate else BatchHeader.parse(buf, rel)
-            if header.base_offset < self.base_offset or (expected is not None and header.base_offset < expected):
+            if validate:
+                if len(buf) - rel < size:
+                    buf = os.pread(fd, max(read_bytes, size), pos)
+                    buf_start, rel = pos, 0
+                h = validate_batch_raw(buf, rel)
+            else:
+                h = unpack_header(buf, rel)
+            base = h[0]
+            if base < seg_base or (expected is not None and base < expected):
                 raise CorruptRecordError(
-                    f"batch at position {pos} has base offset {header.base_offset}, expected >= "
-                    f"{expected if expected is not None else self.base_offset}"
+                    f"batch at position {pos} has base offset {base}, expected >= "
+                    f"{expected if expected is not None else seg_base}"
                 )
-            if contiguous and expected is not None and header.base_offset != expected:
-                raise CorruptRecordError(
-                    f"batch at position {pos} has base offset {header.base_offset}, expected {expected}"
-                )
-            if header.last_offset - self.base_offset > _MAX_RELATIVE_OFFSET:
+            if contiguous and expected is not None and base != expected:
+                raise CorruptRecordError(f"batch at position {pos} has base offset {base}, expected {expected}")
+            expected = base + h[6] + 1
+            if expected - 1 - seg_base > _MAX_RELATIVE_OFFSET:
                 raise CorruptRecordError(f"batch at position {pos} overflows the segment's relative offsets")
             if validate:
-                epoch = header.partition_leader_epoch
+                epoch = h[2]
                 if epoch < last_epoch:
                     raise CorruptRecordError(
                         f"batch at position {pos} has leader epoch {epoch}, below the previous batch's {last_epoch}"
                     )
                 last_epoch = epoch
-            expected = header.next_offset
-            yield pos, header
+            yield pos, h
             pos += size
 
     def recover(
-        self, on_batch: Callable[[BatchHeader], None] | None = None, *, contiguous: bool | None = None
+        self, on_batch: Callable[[tuple], None] | None = None, *, contiguous: bool | None = None
     ) -> int:
         """Rebuild the indexes by scanning with validation; truncate at the first invalid
         batch. `contiguous` (default: the topic is not compacted) also treats a gap between
@@ -245,12 +260,13 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         valid_end = 0
         try:
-            for pos, header in self.scan_batches(0, validate=True, contiguous=contiguous):
-                self._index_batch(pos, header.base_offset, header.size, header.max_timestamp)
-                self.next_offset = header.next_offset
-                valid_end = pos + header.size
+            for pos, h in self.scan_raw(0, validate=True, contiguous=contiguous):
+                size = LOG_OVERHEAD + h[1]
+                self._index_batch(pos, h[0], size, h[8])
+                self.next_offset = h[0] + h[6] + 1
+                valid_end = pos + size
                 if on_batch is not None:
-                    on_batch(header)
+                    on_batch(h)
         except CorruptRecordError as exc:
             log.warning(
                 "segment %s: %s; truncating %d bytes at position %d",
@@ -271,31 +287,43 @@ class LogSegment:
             self._max_timestamp_so_far = max_timestamp
         if self._bytes_since_last_index_entry > self.config.index_interval_bytes or position == 0:
             rel = base_offset - self.base_offset
-            if not self.offset_index.is_full:
-                self.offset_index.append(rel, position)
-                if not self.time_index.is_full:
-                    self.time_index.maybe_append(self._max_timestamp_so_far, rel)
+            offset_index = self.offset_index
+            if len(offset_index) < offset_index.max_entries:
+                offset_index.append(rel, position)
+                time_index = self.time_index
+                if len(time_index) < time_index.max_entries:
+                    time_index.maybe_append(self._max_timestamp_so_far, rel)
             self._bytes_since_last_index_entry = 0
         self._bytes_since_last_index_entry += size
 
-    def append(self, data: bytes | bytearray | memoryview, batches: list[tuple[int, int, int, int, int]]) -> None:
-        """Append validated, offset-stamped batches. `batches` has one tuple per batch, in
-        order: (position within `data`, base offset, next offset, size, max timestamp)."""
+    def append(self, data, batches: list[tuple[int, int, int, int, int]]) -> None:
+        """Append validated, offset-stamped batches: `data` is one buffer, or a list of
+        buffers written with writev. `batches` has one tuple per batch, in order:
+        (position within the data, base offset, next offset, size, max timestamp)."""
         fd = self._require_open()
         start = self.size
-        view = memoryview(data)
-        written = os.write(fd, view)
-        while written < len(view):
-            written += os.write(fd, view[written:])
-        if self._bytes_since_last_index_entry + len(view) > self.config.index_interval_bytes or start == 0:
+        if isinstance(data, list):
+            total = sum(map(len, data))
+            written = os.writev(fd, data)
+            if written < total:  # rare (signals, huge writes): finish with plain writes
+                rest = memoryview(b"".join(data))[written:]
+                while rest:
+                    rest = rest[os.write(fd, rest):]
+        else:
+            view = memoryview(data)
+            total = len(view)
+            written = os.write(fd, view)
+            while written < total:
+                written += os.write(fd, view[written:])
+        if self._bytes_since_last_index_entry + total > self.config.index_interval_bytes or start == 0:
             for rel_pos, base, _, size, max_ts in batches:
                 self._index_batch(start + rel_pos, base, size, max_ts)
         else:  # no index entry can be due: only the bookkeeping
-            self._bytes_since_last_index_entry += len(view)
+            self._bytes_since_last_index_entry += total
             max_ts = max(b[4] for b in batches)
             if max_ts > self._max_timestamp_so_far:
                 self._max_timestamp_so_far = max_ts
-        self.size = start + len(view)
+        self.size = start + total
         self.next_offset = batches[-1][2]
         if self._max_timestamp_so_far > self.largest_timestamp:
             self.largest_timestamp = self._max_timestamp_so_far
