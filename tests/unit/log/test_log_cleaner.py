@@ -236,3 +236,49 @@ def test_compaction_matches_dict_replay(batches, clean_after, tombstone_age, reo
             assert h.record_count <= h.last_offset_delta + 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_cleaner_thread_runs_while_the_owner_appends_and_applies_retention(tmp_path):
+    import threading
+
+    clock = FakeClock(10_000)
+    cfg = LogConfig(cleanup_policy="compact,delete", segment_bytes=400, retention_bytes=2500,
+                    min_cleanable_dirty_ratio=0.0)
+    lg = _open(tmp_path / "c-0", clock, cfg)
+    cleaner = LogCleaner(time_ms=clock)
+    stop = threading.Event()
+    errors = []
+    passes = []
+
+    def run():
+        while not stop.is_set():
+            try:
+                stats = cleaner.clean(lg)
+                if stats is not None:
+                    passes.append(stats)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+                return
+
+    written = []
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        for i in range(400):
+            key, value = b"k%d" % (i % 7), b"v%d" % i
+            info = _put(lg, [(key, value)], ts=clock.now)
+            written.append(Record(key, value, offset=info.first_offset))
+            lg.update_high_watermark(lg.log_end_offset)
+            if i % 50 == 49:
+                lg.apply_retention()
+    finally:
+        stop.set()
+        t.join()
+    assert not errors
+    assert any(p.segments_cleaned for p in passes)
+    assert lg.log_start_offset > 0  # retention deleted segments meanwhile
+    cleaner.clean(lg)
+    expected = _replay(r for r in written if r.offset >= lg.log_start_offset)
+    assert _replay(_all(lg)) == expected
+    lg.close_without_flush()
+    assert _replay(_all(_open(tmp_path / "c-0", clock, cfg, clean=False))) == expected
