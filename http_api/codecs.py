@@ -77,7 +77,7 @@ def decode_document(content_type: str, body: bytes) -> Any:
     if mt == JSON:
         try:
             return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise KraftlogError(ErrorCode.INVALID_REQUEST,
                                 f"request body is not valid JSON ({e}); send a JSON object") from None
     if mt == CBOR:

@@ -130,3 +130,10 @@ def test_curl_default_content_type_is_read_as_json():
     recs = codecs.parse_produce_body("application/x-www-form-urlencoded", b'{"records": [{"value": "a"}]}',
                                      max_records=5)
     assert recs[0].value == b"a"
+
+
+def test_deeply_nested_documents_are_400_not_a_crash():
+    for ct, body in ((codecs.JSON, b"[" * 100_000 + b"]" * 100_000),
+                     (codecs.CBOR, b"\x81" * 100_000 + b"\x00")):
+        e = err(codecs.parse_produce_body, ct, body, max_records=5)
+        assert e.http_status == 400
