@@ -773,6 +773,16 @@ class Log:
                 self._recovery_point = max(self._recovery_point, self._log_start_offset)
             return deleted
 
+    def remove_expired_producers(self, now_ms: int | None = None, expiration_ms: int = 86_400_000) -> int:
+        """Forget idempotent producers idle for longer than `expiration_ms` (Kafka's
+        producer.id.expiration.ms, default 1 day); their next batch is accepted with any
+        sequence. Returns how many were removed."""
+        with self._lock:
+            if self.producer_state is None:
+                return 0
+            now = self._time_ms() if now_ms is None else now_ms
+            return self.producer_state.remove_expired(now, expiration_ms)
+
     # ================================================================== durability
 
     def needs_flush(self, now_ms: int | None = None) -> bool:

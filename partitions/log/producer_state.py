@@ -222,6 +222,14 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------------ queries, lifecycle
 
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers whose last batch is older than `expiration_ms` (Kafka's
+        producer.id.expiration.ms); returns how many were removed."""
+        expired = [pid for pid, e in self.producers.items() if now_ms - e.last_timestamp > expiration_ms]
+        for pid in expired:
+            del self.producers[pid]
+        return len(expired)
+
     def last_entry(self, producer_id: int) -> ProducerStateEntry | None:
         return self.producers.get(producer_id)
 

@@ -110,3 +110,13 @@ def test_follower_appends_update_state(tmp_path):
     follower.append_as_follower(leader.read(0, 10**6).records)
     assert follower.producer_state.last_entry(7).last_offset == 1
     assert follower.append_as_leader(_pb(0), 1).duplicate  # after becoming leader
+
+
+def test_idle_producers_expire(tmp_path):
+    lg = _open(tmp_path)
+    lg.append_as_leader(make_batch(2, ts=1000, producer_id=7, producer_epoch=0, base_sequence=0), 0)
+    lg.append_as_leader(make_batch(2, ts=5000, producer_id=8, producer_epoch=0, base_sequence=0), 0)
+    assert lg.remove_expired_producers(now_ms=6000, expiration_ms=2000) == 1
+    assert lg.producer_state.last_entry(7) is None and lg.producer_state.last_entry(8) is not None
+    # an expired producer is unknown again: any sequence is accepted
+    assert not lg.append_as_leader(_pb(9, pid=7), 0).duplicate
