@@ -190,8 +190,10 @@ def parse_produce_body(content_type: str | None, body: bytes, *, max_records: in
     return parse_records(doc, binary_ok=(mt == CBOR), max_records=max_records)
 
 
-def validate_raw_batches(body: bytes, *, max_message_bytes: int, max_records: int) -> list:
-    """Check a raw produce body (concatenated batches): framing, size per batch, CRC.
+def validate_raw_batches(body: bytes, *, max_message_bytes: int, max_records: int,
+                         check_crc: bool = True) -> list:
+    """Check a raw produce body (concatenated batches): framing, size per batch, CRC
+    (check_crc=False when the log validates CRCs itself before writing anything).
 
     Returns the batch headers. Records are never decoded or recompressed here.
     """
@@ -203,7 +205,20 @@ def validate_raw_batches(body: bytes, *, max_message_bytes: int, max_records: in
     n = len(body)
     try:
         while pos < n:
-            header = rb.validate_batch(body, pos, max_batch_bytes=max_message_bytes)
+            if check_crc:
+                header = rb.validate_batch(body, pos, max_batch_bytes=max_message_bytes)
+            else:
+                header = rb.BatchHeader.parse(body, pos)
+                if header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD or pos + header.size > len(body):
+                    raise rb.CorruptRecordError(
+                        f"batch at position {pos} has batch_length {header.batch_length} but "
+                        f"{len(body) - pos} bytes remain; send whole batches")
+                if header.size > max_message_bytes:
+                    raise rb.RecordTooLargeError(
+                        f"batch at position {pos} is {header.size} bytes, more than max_message_bytes="
+                        f"{max_message_bytes}: send smaller batches")
+                if header.record_count < 0:
+                    raise rb.CorruptRecordError(f"batch at position {pos} has a negative record count")
             if header.is_control:
                 raise KraftlogError(ErrorCode.INVALID_RECORD,
                                     "control batches cannot be produced; clear the control bit")

@@ -137,3 +137,13 @@ def test_deeply_nested_documents_are_400_not_a_crash():
                      (codecs.CBOR, b"\x81" * 100_000 + b"\x00")):
         e = err(codecs.parse_produce_body, ct, body, max_records=5)
         assert e.http_status == 400
+
+
+def test_raw_framing_check_without_crc():
+    b1 = rb.build_batch([rb.Record(b"k", b"v")])
+    assert len(codecs.validate_raw_batches(b1 + b1, max_message_bytes=10_000, max_records=10, check_crc=False)) == 2
+    for body, code in ((b1[:-3], ErrorCode.CORRUPT_MESSAGE), (b1 + b"\x00" * 5, ErrorCode.CORRUPT_MESSAGE)):
+        assert err(codecs.validate_raw_batches, body, max_message_bytes=10_000, max_records=10,
+                   check_crc=False).code is code
+    assert err(codecs.validate_raw_batches, b1, max_message_bytes=20, max_records=10,
+               check_crc=False).code is ErrorCode.MESSAGE_TOO_LARGE
