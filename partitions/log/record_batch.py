@@ -246,18 +246,47 @@ def _compress(codec: int, data: bytes) -> bytes:
     raise ValueError(f"unsupported compression codec {codec}: use 0 none, 1 gzip, 3 lz4, 4 zstd")
 
 
+# Largest decompressed records section accepted (guards consumers against a batch that
+# claims or expands to an absurd size: a decompression bomb).
+MAX_RECORDS_SECTION_BYTES = 256 << 20
+
+
+def _too_big(size: int) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"records section decompresses to {size} bytes, more than the {MAX_RECORDS_SECTION_BYTES} allowed"
+    )
+
+
 def _decompress(codec: int, data) -> bytes:
     try:
         if codec == Compression.NONE:
             return bytes(data)
         if codec == Compression.ZSTD:
-            return _zstd()[1].decompress(data)
+            import zstandard
+
+            size = zstandard.frame_content_size(data)
+            if size > MAX_RECORDS_SECTION_BYTES:
+                raise _too_big(size)
+            return _zstd()[1].decompress(data, max_output_size=MAX_RECORDS_SECTION_BYTES)
         if codec == Compression.LZ4:
             import lz4.frame
 
-            return lz4.frame.decompress(data)
+            size = lz4.frame.get_frame_info(data).get("content_size") or 0
+            if size > MAX_RECORDS_SECTION_BYTES:
+                raise _too_big(size)
+            if size:
+                return lz4.frame.decompress(data)
+            d = lz4.frame.LZ4FrameDecompressor()
+            out = d.decompress(data, max_length=MAX_RECORDS_SECTION_BYTES)
+            if not d.eof:
+                raise _too_big(len(out))
+            return out
         if codec == Compression.GZIP:
-            return zlib.decompress(data, 47)
+            d = zlib.decompressobj(47)
+            out = d.decompress(data, MAX_RECORDS_SECTION_BYTES)
+            if d.unconsumed_tail:
+                raise _too_big(len(out))
+            return out
     except CorruptRecordError:
         raise
     except Exception as exc:  # codec libraries raise their own error types

@@ -178,3 +178,15 @@ def test_round_trip_property(records, codec, base):
         assert o.timestamp == (99 if r.timestamp is None else r.timestamp)
     h = validate_batch(batch)
     assert h.max_timestamp == max(o.timestamp for o in out)
+
+
+@pytest.mark.parametrize("codec", [Compression.GZIP, Compression.LZ4, Compression.ZSTD])
+def test_decompression_bombs_are_refused(codec, monkeypatch):
+    import partitions.log.record_batch as rb
+
+    batch = build_batch([Record(None, b"\0" * 200_000)], compression=codec)
+    assert len(batch) < 20_000
+    assert decode_records(batch)[0].value == b"\0" * 200_000
+    monkeypatch.setattr(rb, "MAX_RECORDS_SECTION_BYTES", 100_000)
+    with pytest.raises(CorruptRecordError, match="decompresses to"):
+        decode_records(batch)
