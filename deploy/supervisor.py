@@ -52,6 +52,20 @@ def raft_password(cfg: NodeConfig) -> str:
     return pw
 
 
+def lock_data_dir(path: str):
+    """An exclusive lock on <path>/.lock held for the process's lifetime (None if taken)."""
+    import fcntl
+    fd = os.open(os.path.join(path, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -123,6 +137,11 @@ def serve_combined(cfg: NodeConfig) -> int:
                              f"process using it (another kraftlog?) or pass a different {name}\n")
             return 1
     os.makedirs(cfg.data_dir, exist_ok=True)
+    lock = lock_data_dir(cfg.data_dir)
+    if lock is None:
+        sys.stderr.write(f"kraftlog: data dir {cfg.data_dir} is in use by another kraftlog process; stop it "
+                         "first or pass a different --data-dir\n")
+        return 1
     env = {"KRAFTLOG_RAFT_PASSWORD": raft_password(cfg)}
 
     stopping = {"sig": None}

@@ -64,6 +64,7 @@ class Broker:
         for d in cfg.log_dirs:
             os.makedirs(d, exist_ok=True)
         os.makedirs(cfg.state_dir, exist_ok=True)
+        self._lock_fd = _lock_dir(cfg.state_dir)
         t0 = time.monotonic()
         from partitions.log.log_manager import CLEAN_SHUTDOWN_MARKER
         clean = all(os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_MARKER)) for d in cfg.log_dirs)
@@ -179,6 +180,18 @@ class Broker:
             await self._blocking(self.log_manager.close)
         self.executor.shutdown(wait=True)
         log.info("broker %s stopped cleanly", self.config.broker_id)
+
+
+def _lock_dir(path: str) -> int:
+    """Hold an exclusive lock on <path>/.broker.lock: two brokers must never share logs."""
+    import fcntl
+    fd = os.open(os.path.join(path, ".broker.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"another broker is using {path}; stop it first or give this one its own data dir")
+    return fd
 
 
 async def run_broker_async(config: BrokerConfig, stop: Optional[asyncio.Event] = None) -> None:

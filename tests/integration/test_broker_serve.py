@@ -78,3 +78,11 @@ def test_serve_refuses_busy_port_with_advice(tmp_path):
         assert "already in use" in str(e.value) and "--http-port" in str(e.value)
     finally:
         s.close()
+
+
+def test_second_serve_on_the_same_data_dir_is_refused(tmp_path):
+    with LocalNode(str(tmp_path / "data")):
+        other = LocalNode(str(tmp_path / "data"))
+        with pytest.raises(RuntimeError) as e:
+            other.start(timeout=20)
+        assert "in use by another kraftlog" in str(e.value)
