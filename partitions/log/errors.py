@@ -18,6 +18,12 @@ class CorruptRecordError(LogError, ValueError):
     """
 
 
+class InvalidRecordError(CorruptRecordError):
+    """A well-formed batch the topic refuses (Kafka INVALID_RECORD), e.g. a record without
+    a key on a compacted topic. Subclass of CorruptRecordError so that handlers written
+    for the latter still refuse the request."""
+
+
 class RecordTooLargeError(LogError, ValueError):
     """A batch is larger than max.message.bytes; the producer must send smaller batches
     or the topic's max.message.bytes must be raised."""
@@ -65,6 +71,7 @@ class InvalidProducerEpochError(LogError):
 __all__ = [
     "LogError",
     "CorruptRecordError",
+    "InvalidRecordError",
     "RecordTooLargeError",
     "OffsetOutOfRangeError",
     "OffsetMismatchError",

@@ -25,6 +25,7 @@ from typing import Callable
 from .config import LogConfig
 from .errors import (
     CorruptRecordError,
+    InvalidRecordError,
     LogClosedError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
@@ -32,6 +33,8 @@ from .errors import (
 )
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache, fsync_dir
 from .record_batch import (
+    CONTROL_MASK,
+    H_ATTRIBUTES,
     H_BASE_OFFSET,
     H_BATCH_LENGTH,
     H_LAST_OFFSET_DELTA,
@@ -40,6 +43,7 @@ from .record_batch import (
     H_PRODUCER_ID,
     H_RECORD_COUNT,
     LOG_OVERHEAD,
+    decode_records,
     set_log_append_time,
     validate_batch_raw,
 )
@@ -376,6 +380,21 @@ class Log:
             pos += LOG_OVERHEAD + h[H_BATCH_LENGTH]
         return batches
 
+    @staticmethod
+    def _check_keys(records, batches: list[tuple[int, tuple]]) -> None:
+        """Compacted topics need a key on every record (Kafka's LogValidator rule)."""
+        view = memoryview(records)
+        for pos, h in batches:
+            if h[H_ATTRIBUTES] & CONTROL_MASK:
+                continue
+            batch = view[pos : pos + LOG_OVERHEAD + h[H_BATCH_LENGTH]]
+            for record in decode_records(batch, validate=False):
+                if record.key is None:
+                    raise InvalidRecordError(
+                        f"record at offset delta {record.offset - h[H_BASE_OFFSET]} of the batch at position {pos} "
+                        f"has no key: compacted topics (cleanup.policy=compact) need a key on every record"
+                    )
+
     def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> AppendInfo:
         """Validate every batch (CRC, size <= max.message.bytes) before writing anything,
         stamp consecutive offsets and `leader_epoch` in place, append, roll if needed."""
@@ -383,6 +402,8 @@ class Log:
             self._check_open()
             append_time = self._config.log_append_time
             batches = self._validate_all(records, self._config.max_message_bytes)
+            if self._config.compact:
+                self._check_keys(records, batches)
             latest_epoch = self.leader_epoch_cache.latest_epoch
             if leader_epoch < latest_epoch:
                 raise ValueError(

@@ -215,7 +215,8 @@ def test_retention_by_size(tmp_path):
 
 def test_compact_only_topics_have_no_time_retention(tmp_path):
     lg = _open(tmp_path, segment_bytes=300, retention_ms=0, cleanup_policy="compact")
-    _fill(lg, batches=10)
+    for _ in range(10):
+        lg.append_as_leader(make_batch(2, key=b"k"), 0)
     lg.update_high_watermark(lg.log_end_offset)
     assert lg.apply_retention(now_ms=10**9) == 0
 

@@ -173,10 +173,21 @@ def test_leftover_cleaned_files_are_removed_and_ignored(tmp_path):
     assert not any(p.name.endswith(".cleaned") for p in again.dir.iterdir())
 
 
+def test_compacted_topics_refuse_records_without_a_key(tmp_path):
+    from partitions.log.errors import InvalidRecordError
+
+    lg = _open(tmp_path / "c-0", FakeClock())
+    with pytest.raises(InvalidRecordError, match="no key"):
+        lg.append_as_leader(build_batch([Record(b"k", b"1"), Record(None, b"2")]), 0)
+    assert lg.log_end_offset == 0
+    lg.append_as_leader(build_batch([Record(None, b"ctl")], is_control=True), 0)  # control: exempt
+
+
 def test_control_and_keyless_records_are_kept(tmp_path):
     clock = FakeClock(10_000)
-    lg = _open(tmp_path / "c-0", clock)
-    lg.append_as_leader(build_batch([Record(None, b"keyless")], now_ms=1), 0)
+    lg = _open(tmp_path / "c-0", clock, cfg=LogConfig(segment_bytes=400))
+    lg.append_as_leader(build_batch([Record(None, b"keyless")], now_ms=1), 0)  # before the topic was compacted
+    lg.update_config(CFG)
     lg.append_as_leader(build_batch([Record(b"ctl", b"x")], is_control=True, now_ms=1), 0)
     _put(lg, [(b"ctl", b"y")], ts=1)
     lg.roll()
