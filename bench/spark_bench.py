@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import pipelines
     from pipelines.client import Cluster
-    from pipelines.localcluster import LocalNode
+    from deploy.local_node import LocalNode
 
     node = tmp = None
     url = args.bootstrap

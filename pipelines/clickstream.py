@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     bootstrap = args.bootstrap
     try:
         if not bootstrap:
-            from pipelines.localcluster import LocalNode
+            from deploy.local_node import LocalNode
             tmp = tempfile.TemporaryDirectory(prefix="clickstream-node-")
             log("starting a local single-node cluster (kraftlog serve)")
             node = LocalNode(tmp.name).start()

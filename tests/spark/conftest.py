@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from pipelines.client import Cluster
-from pipelines.localcluster import LocalNode
+from deploy.local_node import LocalNode
 
 
 @pytest.fixture(scope="session")
