@@ -565,6 +565,32 @@ class BrokerApp:
         lso = await self.rm.delete_records(name, partition, before)
         return _json_response({"log_start_offset": lso})
 
+    # ---- internal: replication ---------------------------------------------------------
+
+    async def replica_fetch(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = _partition_param(request)
+        q = request.query
+        res = await self.rm.replica_fetch(
+            name, partition, replica_id=_int_param(q.get("replica_id"), "replica_id"),
+            offset=_int_param(q.get("offset"), "offset"),
+            leader_epoch=_int_param(q.get("leader_epoch"), "leader_epoch"),
+            max_bytes=min(_int_param(q.get("max_bytes"), "max_bytes", default=self.config.fetch_default_max_bytes,
+                                     minimum=1), self.config.fetch_max_bytes),
+            max_wait_ms=min(_int_param(q.get("max_wait_ms"), "max_wait_ms", default=0),
+                            self.config.fetch_max_wait_ms))
+        return web.Response(body=res.records, content_type=RAW_BATCH, headers={
+            codecs.HEADER_HIGH_WATERMARK: str(res.high_watermark),
+            codecs.HEADER_LOG_START_OFFSET: str(res.log_start_offset),
+            "X-Kraftlog-Log-End-Offset": str(res.log_end_offset),
+        })
+
+    async def epoch_end_offset(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = _partition_param(request)
+        epoch, end = self.rm.epoch_end_offset(name, partition, _int_param(request.query.get("epoch"), "epoch"))
+        return _json_response({"epoch": epoch, "end_offset": end})
+
     # ---- groups ------------------------------------------------------------------------
 
     async def commit_offsets(self, request: web.Request) -> web.Response:
@@ -667,6 +693,8 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", h.delete_records)
     r.add_post("/v1/groups/{group}/offsets", h.commit_offsets)
     r.add_get("/v1/groups/{group}/offsets", h.fetch_offsets)
+    r.add_get("/internal/v1/replica-fetch/{topic}/{partition}", h.replica_fetch)
+    r.add_get("/internal/v1/epoch-end-offset/{topic}/{partition}", h.epoch_end_offset)
     r.add_get("/healthz", h.healthz)
     r.add_get("/metrics", h.metrics_handler)
     r.add_get("/openapi.json", h.openapi)

@@ -29,6 +29,8 @@ from http_api.broker_app import BrokerDeps, create_app
 from http_api.config import BrokerConfig
 from http_api.group_offsets import GroupOffsetStore
 from http_api.metadata_view import MetadataView
+from http_api.replica_client import HttpReplicaTransport
+from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
 
 log = logging.getLogger("kraftlog.broker")
@@ -36,6 +38,7 @@ log = logging.getLogger("kraftlog.broker")
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 10.0
 REGISTER_RETRY_BACKOFF_S = 0.5
 METADATA_POLL_MAX_WAIT_MS = 2000
+ISR_CHECK_INTERVAL_MS = 1000
 
 
 class Broker:
@@ -80,6 +83,9 @@ class Broker:
                                  max_concurrent_long_polls=cfg.max_concurrent_long_polls, executor=self.executor,
                                  topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"))
         self.view = MetadataView(self.rm)
+        self.replica_transport = HttpReplicaTransport(request_timeout_ms=cfg.request_timeout_ms)
+        self.fetcher = ReplicaFetcherManager(self.rm, self.replica_transport, cfg.broker_id)
+        self.view.add_listener(self.fetcher.sync)
         self.client = ControllerClient(cfg.controller_urls, request_timeout_ms=cfg.request_timeout_ms)
 
         async def on_change(image, _changed=None):
@@ -112,6 +118,7 @@ class Broker:
                                                              self.log_manager.checkpoint), name="checkpoint"))
         self.tasks.append(asyncio.create_task(self._periodic(cfg.log_flush_scheduler_interval_ms,
                                                              self.log_manager.flush_needed), name="flush.ms"))
+        self.tasks.append(asyncio.create_task(self._isr_loop(), name="isr"))
         self.tasks.append(asyncio.create_task(self._await_ready(), name="ready"))
 
     def _health(self) -> tuple[bool, dict]:
@@ -144,6 +151,27 @@ class Broker:
         self.ready = True
         log.info("broker %s is ready (unfenced) at %s", self.config.broker_id, self.config.url)
 
+    async def _isr_loop(self) -> None:
+        """Leader side: shrink the ISR of lagging followers, expand it with caught-up ones,
+        through AlterPartition (the controller checks leader and partition epochs)."""
+        pending: dict[tuple[str, int], int] = {}
+        while True:
+            await asyncio.sleep(ISR_CHECK_INTERVAL_MS / 1000)
+            epoch = self.lifecycle.broker_epoch if self.lifecycle is not None else None
+            if epoch is None:
+                continue
+            for part, new_isr in self.rm.isr_changes(self.config.replica_lag_time_max_ms):
+                key = (part.topic, part.partition)
+                if pending.get(key) == part.partition_epoch:
+                    continue  # already asked for this partition epoch; wait for the metadata
+                pending[key] = part.partition_epoch
+                try:
+                    await self.client.alter_partition(self.config.broker_id, epoch, part.topic, part.partition,
+                                                      part.leader_epoch, part.partition_epoch, new_isr)
+                    log.info("%s-%s: ISR %s -> %s", part.topic, part.partition, part.isr, new_isr)
+                except Exception as e:  # stale epochs etc.: metadata will tell us the truth
+                    log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
+
     async def _periodic(self, interval_ms: int, fn) -> None:
         while True:
             await asyncio.sleep(interval_ms / 1000)
@@ -165,6 +193,9 @@ class Broker:
             self.follower.stop()
         if getattr(self, "rm", None) is not None:
             self.rm.begin_shutdown()
+        if getattr(self, "fetcher", None) is not None:
+            await self.fetcher.close()
+            await self.replica_transport.close()
         for t in self.tasks:
             t.cancel()
         for t in self.tasks:

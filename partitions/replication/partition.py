@@ -25,6 +25,7 @@ class ReplicaState:
     broker_id: int
     log_end_offset: int = -1
     last_fetch_time_ms: int = -1
+    last_fetch_leader_log_end_offset: int = -1
     last_caught_up_time_ms: int = -1
 
 
@@ -113,7 +114,9 @@ class Partition:
     def update_follower_fetch(self, broker_id: int, fetch_offset: int, now_ms: int) -> bool:
         """A follower fetched from `fetch_offset` (= its LEO). Returns True when the HW moved.
 
-        The follower counts as caught up when it has everything the leader had.
+        Caught up (Kafka's rule): it has everything the leader has now, or everything the
+        leader had at its previous fetch (then it was caught up as of that fetch) — so a
+        follower keeping pace with a steady stream of appends stays in the ISR.
         """
         if not self.is_leader:
             raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -123,10 +126,13 @@ class Partition:
         if state is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"broker {broker_id} is not a replica of {self.topic}-{self.partition}")
-        state.log_end_offset = fetch_offset
-        state.last_fetch_time_ms = now_ms
         if fetch_offset >= self.local_log_end_offset:
             state.last_caught_up_time_ms = now_ms
+        elif fetch_offset >= state.last_fetch_leader_log_end_offset >= 0:
+            state.last_caught_up_time_ms = max(state.last_caught_up_time_ms, state.last_fetch_time_ms)
+        state.log_end_offset = fetch_offset
+        state.last_fetch_time_ms = now_ms
+        state.last_fetch_leader_log_end_offset = self.local_log_end_offset
         return self.maybe_increment_high_watermark()
 
     def maybe_increment_high_watermark(self) -> bool:

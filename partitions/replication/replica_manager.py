@@ -463,6 +463,158 @@ class ReplicaManager:
         finally:
             self._long_polls -= 1
 
+    # ---- replication: leader side ------------------------------------------------------
+
+    def _check_leader_epoch(self, part: Partition, leader_epoch: int) -> None:
+        if leader_epoch < part.leader_epoch:
+            raise KraftlogError(ErrorCode.FENCED_LEADER_EPOCH,
+                                f"{part.topic}-{part.partition}: leader epoch {leader_epoch} is older than "
+                                f"{part.leader_epoch}; refresh metadata")
+        if leader_epoch > part.leader_epoch:
+            raise KraftlogError(ErrorCode.UNKNOWN_LEADER_EPOCH,
+                                f"{part.topic}-{part.partition}: leader epoch {leader_epoch} is newer than "
+                                f"this leader's {part.leader_epoch}; retry once it has caught up")
+
+    def _replica_read(self, topic: str, partition: int, *, replica_id: int, offset: int, leader_epoch: int,
+                      max_bytes: int, record: bool) -> FetchResult:
+        """One partition of a replica fetch: checks the follower is a replica fetching
+        under the current leader epoch, records its progress (`record`), reads from
+        `offset` up to the log end offset (not only below the HW: followers copy all)."""
+        part, lg = self.leader_partition(topic, partition)
+        self._check_leader_epoch(part, leader_epoch)
+        if replica_id not in part.replicas or replica_id == self.broker_id:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"broker {replica_id} is not a follower replica of {topic}-{partition} "
+                                f"(replicas {part.replicas}); refresh metadata")
+        if offset < lg.log_start_offset or offset > lg.log_end_offset:
+            raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                f"replica fetch offset {offset} is outside [{lg.log_start_offset}, "
+                                f"{lg.log_end_offset}] of {topic}-{partition}",
+                                log_start_offset=lg.log_start_offset, log_end_offset=lg.log_end_offset)
+        if record:
+            self.follower_fetched(topic, partition, replica_id, offset)
+        data = b""
+        if offset < lg.log_end_offset and max_bytes > 0:
+            data = lg.read(offset, max_bytes, max_offset=None, min_one_message=True).records
+        return FetchResult(bytes(data), offset, part.high_watermark, lg.log_start_offset, lg.log_end_offset)
+
+    async def replica_fetch(self, replica_id: int, requests: list[tuple[str, int, int, int, int]], *,
+                            max_bytes: int, partition_max_bytes: int, max_wait_ms: int = 0
+                            ) -> list[FetchResult | KraftlogError]:
+        """A follower's fetch for every partition it follows from this leader, in one long
+        poll. `requests` = (topic, partition, fetch offset, leader epoch, follower's HW).
+        The fetch offset is the follower's LEO, which acknowledges everything below it, so
+        the HW may move (completing acks=all produces). Answers at once when some
+        partition has data or a HW the follower does not know yet, else waits up to
+        max_wait_ms for an append / HW move on any of them. One entry per request: the
+        result or the partition's error (FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        record = True
+        while True:
+            out: list[FetchResult | KraftlogError] = []
+            budget = max_bytes
+            news = False
+            for topic, partition, offset, epoch, follower_hw in requests:
+                try:
+                    res = self._replica_read(topic, partition, replica_id=replica_id, offset=offset,
+                                             leader_epoch=epoch, max_bytes=min(partition_max_bytes, budget),
+                                             record=record)
+                    budget -= len(res.records)
+                    if res.records or res.high_watermark > follower_hw:
+                        news = True
+                    out.append(res)
+                except KraftlogError as e:
+                    news = True
+                    out.append(e)
+                except log_errors.OffsetOutOfRangeError as e:  # retention raced with us
+                    news = True
+                    out.append(KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE, str(e)))
+            record = False
+            remaining = deadline - loop.time()
+            if news or remaining <= 0 or self._closing or not requests:
+                return out
+            fut = loop.create_future()
+            keys = [(t, p) for t, p, *_ in requests]
+            for key in keys:
+                self._fetch_waiters.setdefault(key, []).append(fut)
+            handle = loop.call_later(remaining, _resolve, fut)
+            try:
+                await fut
+            finally:
+                handle.cancel()
+                for key in keys:
+                    lst = self._fetch_waiters.get(key)
+                    if lst is not None and fut in lst:
+                        lst.remove(fut)
+
+    def epoch_end_offset(self, topic: str, partition: int, epoch: int) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch on the leader: (largest epoch <= `epoch`, its end offset)."""
+        part, lg = self.leader_partition(topic, partition)
+        return lg.end_offset_for_epoch(epoch)
+
+    def isr_changes(self, replica_lag_time_max_ms: int) -> list[tuple[Partition, list[int]]]:
+        """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
+        followers) or expand (caught-up replicas); the caller sends AlterPartition."""
+        now = self._clock_ms()
+        out = []
+        for part in self.partitions.values():
+            if not part.is_leader:
+                continue
+            drop = part.out_of_sync_replicas(now, replica_lag_time_max_ms)
+            add = part.caught_up_out_of_isr()
+            if drop or add:
+                new_isr = [r for r in part.isr if r not in drop] + sorted(add)
+                out.append((part, new_isr))
+        return out
+
+    # ---- replication: follower side ----------------------------------------------------
+
+    def follower_partition(self, topic: str, partition: int, leader_epoch: int) -> tuple[Partition, Any]:
+        """The local follower replica still following under `leader_epoch`, else a
+        retriable error (the fetcher stops; metadata will restart it)."""
+        part = self.partitions.get((topic, partition))
+        if part is None or part.is_leader or part.leader_epoch != leader_epoch:
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"{topic}-{partition} is no longer a follower in epoch {leader_epoch}")
+        return part, self.logs[(topic, partition)]
+
+    def follower_append(self, topic: str, partition: int, leader_epoch: int, data: bytes,
+                        leader_high_watermark: int, leader_log_start_offset: int) -> int:
+        """Append the leader's batches (offsets kept); adopt its HW. Returns the new LEO."""
+        part, lg = self.follower_partition(topic, partition, leader_epoch)
+        if data:
+            lg.append_as_follower(data)
+        if leader_log_start_offset > lg.log_start_offset and leader_log_start_offset <= lg.log_end_offset:
+            lg.delete_records(leader_log_start_offset)
+        part.local_log_end_offset = lg.log_end_offset
+        part.set_follower_high_watermark(leader_high_watermark)
+        if part.high_watermark > lg.high_watermark:
+            lg.update_high_watermark(part.high_watermark)
+        return lg.log_end_offset
+
+    def follower_truncate(self, topic: str, partition: int, leader_epoch: int, offset: int) -> int:
+        """Truncate to the divergence point the leader gave (never to our own HW)."""
+        part, lg = self.follower_partition(topic, partition, leader_epoch)
+        if offset < lg.log_end_offset:
+            lg.truncate_to(offset)
+        part.local_log_end_offset = lg.log_end_offset
+        part.high_watermark = min(part.high_watermark, lg.log_end_offset)
+        return lg.log_end_offset
+
+    def follower_reset(self, topic: str, partition: int, leader_epoch: int, start_offset: int) -> int:
+        """Our log is below the leader's log start: start over empty at `start_offset`."""
+        part, lg = self.follower_partition(topic, partition, leader_epoch)
+        lg.truncate_fully_and_start_at(start_offset)
+        part.local_log_end_offset = lg.log_end_offset
+        part.high_watermark = lg.log_end_offset
+        return lg.log_end_offset
+
+    def followed_partitions(self) -> list[tuple[str, int, int, int]]:
+        """(topic, partition, leader_id, leader_epoch) of every local follower with a leader."""
+        return [(p.topic, p.partition, p.leader_id, p.leader_epoch) for p in self.partitions.values()
+                if not p.is_leader and p.leader_id >= 0]
+
     # ---- offsets & admin ---------------------------------------------------------------
 
     def offsets(self, topic: str, partition: int) -> dict:

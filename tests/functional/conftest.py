@@ -17,6 +17,8 @@ from http_api.config import BrokerConfig  # noqa: E402
 from http_api.group_offsets import GroupOffsetStore  # noqa: E402
 from http_api.metadata_view import MetadataView  # noqa: E402
 from partitions.replication.replica_manager import ReplicaManager  # noqa: E402
+from partitions.replication.replica_fetcher import ReplicaFetcherManager  # noqa: E402
+from http_api.replica_client import HttpReplicaTransport  # noqa: E402
 
 
 def make_log_manager(log_dir: str):
@@ -35,7 +37,8 @@ def make_log_manager(log_dir: str):
 class BrokerHarness:
     """One broker app in-process, with handles on its parts."""
 
-    def __init__(self, client: TestClient, config: BrokerConfig, rm, view, controller, log_manager):
+    def __init__(self, client: TestClient, config: BrokerConfig, rm, view, controller, log_manager, fetcher=None):
+        self.fetcher = fetcher
         self.client = client
         self.config = config
         self.rm = rm
@@ -53,6 +56,9 @@ async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: in
                         max_concurrent_long_polls=cfg.max_concurrent_long_polls,
                         default_log_config_factory=factory)
     view = MetadataView(rm)
+    fetcher = ReplicaFetcherManager(rm, HttpReplicaTransport(), broker_id, fetch_wait_max_ms=200,
+                                    backoff_ms=20)
+    view.add_listener(fetcher.sync)
     controller.views.append(view)
     deps = BrokerDeps(replica_manager=rm, metadata=view, controller=controller,
                       groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")))
@@ -62,7 +68,7 @@ async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: in
     await client.start_server()
     cfg.advertised_url = str(server.make_url("")).rstrip("/")
     await controller.add_broker(broker_id, cfg.url)
-    return BrokerHarness(client, cfg, rm, view, controller, lm)
+    return BrokerHarness(client, cfg, rm, view, controller, lm, fetcher)
 
 
 @pytest.fixture
@@ -70,9 +76,7 @@ async def broker(tmp_path):
     controller = FakeControllerClient()
     h = await start_broker(tmp_path, controller)
     yield h
-    await h.client.close()
-    if hasattr(h.log_manager, "close"):
-        h.log_manager.close()
+    await stop_broker(h)
 
 
 @pytest.fixture
@@ -82,6 +86,13 @@ async def two_brokers(tmp_path):
     b2 = await start_broker(tmp_path, controller, 2)
     yield b1, b2
     for h in (b1, b2):
-        await h.client.close()
-        if hasattr(h.log_manager, "close"):
-            h.log_manager.close()
+        await stop_broker(h)
+
+
+async def stop_broker(h) -> None:
+    if h.fetcher is not None:
+        await h.fetcher.close()
+        await h.fetcher.transport.close()
+    await h.client.close()
+    if hasattr(h.log_manager, "close"):
+        h.log_manager.close()

@@ -74,3 +74,20 @@ def test_not_enough_replicas():
     with pytest.raises(KraftlogError) as e:
         p.check_enough_replicas(2)
     assert e.value.code is ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+def test_follower_keeping_pace_with_appends_stays_caught_up():
+    p = leader(isr=(1, 2), leo=10)
+    p.update_follower_fetch(2, 10, now_ms=1000)     # caught up
+    for t in range(1, 40):
+        p.update_local_log_end_offset(10 + t * 5)    # leader keeps appending
+        # follower always fetches what the leader had at its previous fetch
+        p.update_follower_fetch(2, 10 + (t - 1) * 5, now_ms=1000 + t * 1000)
+    assert p.out_of_sync_replicas(now_ms=1000 + 40 * 1000, replica_lag_time_max_ms=30_000) == set()
+    # a follower stuck at one offset falls out
+    q = leader(isr=(1, 2), leo=10)
+    q.update_follower_fetch(2, 10, now_ms=1000)
+    for t in range(1, 40):
+        q.update_local_log_end_offset(10 + t * 5)
+        q.update_follower_fetch(2, 10, now_ms=1000 + t * 1000)
+    assert q.out_of_sync_replicas(now_ms=1000 + 40 * 1000, replica_lag_time_max_ms=30_000) == {2}

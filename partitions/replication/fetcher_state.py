@@ -1,0 +1,105 @@
+"""Pure state of a follower's replica fetcher for one leader broker (no IO, no event loop).
+
+A follower keeps one `LeaderFetchState` per leader broker it follows: every partition it
+follows from that leader, in one of two phases:
+
+- TRUNCATING: just became a follower (new leader or new leader epoch). It must find the
+  divergence point with the leader (OffsetsForLeaderEpoch, KIP-279 loop, see
+  `truncation_step`) before fetching; never truncates blindly to its own high watermark.
+- FETCHING: fetches from its log end offset (which also tells the leader its progress).
+
+Invariants: a partition is in at most one leader's state; a change of leader epoch puts it
+back to TRUNCATING; a partition in error backs off until `retry_at_ms` (others keep going).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+TRUNCATING = "truncating"
+FETCHING = "fetching"
+UNDEFINED_EPOCH = -1
+
+
+@dataclass
+class PartitionFetchState:
+    """One followed partition: the leader epoch it follows under and its phase."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    phase: str = TRUNCATING
+    retry_at_ms: int = 0
+    truncation_rounds: int = 0
+
+
+@dataclass
+class LeaderFetchState:
+    """All partitions this broker follows from one leader broker."""
+
+    leader_id: int
+    leader_url: str
+    partitions: dict[tuple[str, int], PartitionFetchState] = field(default_factory=dict)
+
+    def set_partition(self, topic: str, partition: int, leader_epoch: int) -> bool:
+        """Follow (topic, partition) under `leader_epoch`. A new partition or a new epoch
+        starts TRUNCATING; returns True when something changed."""
+        key = (topic, partition)
+        cur = self.partitions.get(key)
+        if cur is not None and cur.leader_epoch == leader_epoch:
+            return False
+        self.partitions[key] = PartitionFetchState(topic, partition, leader_epoch)
+        return True
+
+    def remove(self, topic: str, partition: int) -> None:
+        self.partitions.pop((topic, partition), None)
+
+    def ready(self, phase: str, now_ms: int) -> list[PartitionFetchState]:
+        return [s for s in self.partitions.values() if s.phase == phase and s.retry_at_ms <= now_ms]
+
+    def truncated(self, topic: str, partition: int, leader_epoch: int) -> None:
+        """Divergence resolved: start fetching (ignored if the epoch moved on meanwhile)."""
+        s = self.partitions.get((topic, partition))
+        if s is not None and s.leader_epoch == leader_epoch:
+            s.phase = FETCHING
+            s.retry_at_ms = 0
+
+    def must_truncate(self, topic: str, partition: int, leader_epoch: int) -> None:
+        """The leader says our log is ahead/diverged (e.g. OFFSET_OUT_OF_RANGE): truncate again."""
+        s = self.partitions.get((topic, partition))
+        if s is not None and s.leader_epoch == leader_epoch:
+            s.phase = TRUNCATING
+
+    def back_off(self, topic: str, partition: int, now_ms: int, backoff_ms: int) -> None:
+        s = self.partitions.get((topic, partition))
+        if s is not None:
+            s.retry_at_ms = now_ms + backoff_ms
+
+    def next_retry_ms(self) -> int | None:
+        """Earliest retry time among backed-off partitions (None if none waits)."""
+        times = [s.retry_at_ms for s in self.partitions.values() if s.retry_at_ms > 0]
+        return min(times) if times else None
+
+
+def truncation_step(follower_log_end_offset: int, follower_end_offset_for_epoch: Callable[[int], tuple[int, int]],
+                    leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:
+    """One round of Kafka's (KIP-279) truncation loop.
+
+    The follower asked the leader for the end offset of its latest epoch; the leader
+    answered (`leader_epoch`, `leader_end_offset`) = (largest epoch <= the one asked, the
+    offset where the leader's next epoch starts, or its LEO). Returns (offset to truncate
+    to, done). Not done means: truncate, then ask again for the (new) latest epoch.
+
+    - leader knows no epoch <= ours (-1): nothing is shared, truncate to 0 (the caller
+      restarts at the leader's log start when that is higher);
+    - we do not have the leader's epoch: cut back to our epochs below it and ask again;
+    - both have it: the logs agree up to min(our end, leader's end) of that epoch.
+    """
+    if leader_end_offset < 0 or leader_epoch == UNDEFINED_EPOCH:
+        return 0, True
+    follower_epoch, follower_end = follower_end_offset_for_epoch(leader_epoch)
+    if follower_epoch != leader_epoch:
+        if follower_end < 0:
+            return 0, True
+        return min(follower_end, follower_log_end_offset), False
+    return min(follower_end, leader_end_offset, follower_log_end_offset), True
