@@ -1,0 +1,232 @@
+"""The history checker catches every planted anomaly kind and accepts good histories,
+including unknown-outcome writes that do or do not show up."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.chaos.harness.checker import ANOMALY_KINDS, check, unavailability_windows
+from tests.chaos.harness.history import History
+
+T = "t"
+
+
+class Builder:
+    """Small DSL over History for planted histories."""
+
+    def __init__(self):
+        self.h = History(clock=iter(range(10_000)).__next__)
+
+    def produce(self, values, offsets=None, outcome="ok", partition=0, idempotent=False, process="p1"):
+        op = self.h.invoke(process, "produce", topic=T, partition=partition, values=list(values),
+                           idempotent=idempotent)
+        if outcome == "ok":
+            self.h.ok(op, offsets=list(offsets))
+        elif outcome == "fail":
+            self.h.fail(op, "NOT_ENOUGH_REPLICAS")
+        elif outcome == "info":
+            self.h.info(op, "timeout")
+        return op
+
+    def fetch(self, records, hw=None, offset=0, final=False, partition=0, process="c1"):
+        op = self.h.invoke(process, "fetch", topic=T, partition=partition, offset=offset, final=final)
+        hw = hw if hw is not None else (records[-1][0] + 1 if records else offset)
+        self.h.ok(op, records=[list(r) for r in records], high_watermark=hw)
+        return op
+
+    def commit(self, offset, group="g", partition=0):
+        op = self.h.invoke("g1", "commit", group=group, topic=T, partition=partition, offset=offset)
+        self.h.ok(op)
+        return op
+
+    def read_committed(self, offset, group="g", partition=0):
+        op = self.h.invoke("g2", "read_committed", group=group, topic=T, partition=partition)
+        self.h.ok(op, offset=offset)
+        return op
+
+    def check(self):
+        return check(self.h)
+
+
+def kinds(result):
+    return set(result.by_kind())
+
+
+def test_good_history_with_unknown_outcomes_is_valid():
+    b = Builder()
+    b.produce(["a", "b"], [0, 1])
+    b.produce(["c"], outcome="info")           # unknown, and it did happen
+    b.produce(["d"], outcome="info")           # unknown, and it did not happen
+    b.produce(["e"], outcome="fail")           # certainly failed, never seen
+    b.produce(["f"], [3])
+    b.fetch([(0, "a"), (1, "b")], hw=2)
+    b.fetch([(2, "c"), (3, "f")], offset=2, hw=4)
+    b.fetch([(0, "a"), (1, "b"), (2, "c"), (3, "f")], final=True)
+    b.commit(2)
+    b.read_committed(2)
+    b.commit(4)
+    b.read_committed(4)
+    r = b.check()
+    assert r.valid, r.summary()
+    assert r.stats["produce_ok"] == 2 and r.stats["produce_info"] == 2 and r.stats["produce_fail"] == 1
+
+
+def test_lost_acknowledged_write_is_reported_with_its_ops():
+    b = Builder()
+    w = b.produce(["a"], [0])
+    b.produce(["b"], [1])
+    fin = b.fetch([(0, "a")], final=True)   # b lost (truncated after a leader change)
+    r = b.check()
+    assert kinds(r) == {"lost-write"}
+    a = r.anomalies[0]
+    assert a.partition == 0 and "'b'" in a.message
+    assert {o["op"] for o in a.ops} == {w.id + 1, fin.id}
+
+
+def test_acknowledged_offset_overwritten_is_lost_and_two_values():
+    b = Builder()
+    b.produce(["a"], [0])
+    b.produce(["x"], outcome="info")
+    b.fetch([(0, "x")], final=True)
+    assert kinds(b.check()) == {"lost-write", "two-values-at-offset"}
+
+
+def test_two_values_at_one_offset_across_reads():
+    b = Builder()
+    b.produce(["a"], outcome="info")
+    b.produce(["b"], outcome="info")
+    b.fetch([(0, "a")])
+    b.fetch([(0, "b")])
+    assert kinds(b.check()) == {"two-values-at-offset"}
+
+
+def test_value_produced_once_at_two_offsets():
+    b = Builder()
+    b.produce(["a"], [0])
+    b.fetch([(0, "a"), (1, "a")], final=True)
+    assert kinds(b.check()) == {"value-at-two-offsets"}
+
+
+def test_idempotent_resend_duplicated_is_reported_and_plain_resend_is_allowed():
+    b = Builder()
+    b.produce(["a"], outcome="info", idempotent=True)
+    b.produce(["a"], [1], idempotent=True)           # retry of the same value
+    b.fetch([(0, "a"), (1, "a")], final=True)
+    r = b.check()
+    assert kinds(r) == {"duplicate"}
+
+    b = Builder()
+    b.produce(["a"], outcome="info", idempotent=False)
+    b.produce(["a"], [1], idempotent=False)
+    b.fetch([(0, "a"), (1, "a")], final=True)
+    r = b.check()
+    assert r.valid, r.summary()
+    assert r.stats["allowed_duplicates"] == 1
+
+
+def test_offsets_not_strictly_increasing_within_a_read():
+    b = Builder()
+    b.produce(["a", "b"], [0, 1])
+    b.fetch([(1, "b"), (0, "a")], hw=2)
+    b.fetch([(0, "a"), (1, "b")], final=True)
+    assert kinds(b.check()) == {"non-monotonic-read"}
+
+
+def test_phantom_read_of_a_value_never_written():
+    b = Builder()
+    b.produce(["a"], [0])
+    b.fetch([(0, "a"), (1, "zzz")], final=True)
+    assert kinds(b.check()) == {"phantom-read"}
+
+
+def test_value_written_to_another_partition_is_a_phantom_here():
+    b = Builder()
+    b.produce(["a"], [0], partition=1)
+    b.fetch([(0, "a")], final=True, partition=1)
+    b.fetch([(0, "a")], final=True, partition=0)
+    r = b.check()
+    assert kinds(r) == {"phantom-read"} and r.anomalies[0].partition == 0
+
+
+def test_read_of_a_certainly_failed_write():
+    b = Builder()
+    b.produce(["a"], outcome="fail")
+    b.fetch([(0, "a")], final=True)
+    assert kinds(b.check()) == {"failed-write-read"}
+
+
+def test_record_above_the_high_watermark_it_reported():
+    b = Builder()
+    b.produce(["a", "b"], [0, 1])
+    b.fetch([(0, "a"), (1, "b")], hw=1)
+    b.fetch([(0, "a"), (1, "b")], final=True)
+    r = b.check()
+    assert kinds(r) == {"read-above-hw"} and "offset 1" in r.anomalies[0].message
+
+
+def test_committed_offset_going_backwards():
+    b = Builder()
+    b.commit(5)
+    b.read_committed(5)
+    b.read_committed(3)
+    r = b.check()
+    assert kinds(r) == {"committed-offset-regression"}
+
+    b = Builder()
+    b.commit(7)
+    b.read_committed(None)   # the commit vanished
+    assert kinds(b.check()) == {"committed-offset-regression"}
+
+
+def test_concurrent_commit_and_read_is_not_a_regression():
+    b = Builder()
+    h = b.h
+    c = h.invoke("g1", "commit", group="g", topic=T, partition=0, offset=9)
+    rd = h.invoke("g2", "read_committed", group="g", topic=T, partition=0)
+    h.ok(rd, offset=None)   # the read began before the commit finished
+    h.ok(c)
+    assert b.check().valid
+
+
+def test_unverified_acknowledged_write_without_final_read():
+    b = Builder()
+    b.produce(["a"], [0])
+    assert kinds(b.check()) == {"no-final-read"}
+
+
+def test_every_kind_is_covered_by_a_planted_history():
+    planted = {"lost-write", "value-at-two-offsets", "duplicate", "two-values-at-offset", "non-monotonic-read",
+               "phantom-read", "failed-write-read", "read-above-hw", "committed-offset-regression", "no-final-read"}
+    assert planted == set(ANOMALY_KINDS)
+
+
+def test_history_round_trips_through_json_lines(tmp_path):
+    b = Builder()
+    b.produce(["a"], [0])
+    b.produce(["b"], [1])
+    b.fetch([(0, "a")], final=True)
+    path = tmp_path / "h.jsonl"
+    b.h.dump(str(path))
+    loaded = History.load(str(path))
+    assert [json.dumps(e, sort_keys=True) for e in loaded.events] == [json.dumps(e, sort_keys=True) for e in b.h.events]
+    assert kinds(check(loaded)) == {"lost-write"}
+
+
+def test_unavailability_windows():
+    h = History(clock=iter([0, 0, 1, 2, 3, 10, 11, 12]).__next__)
+    for _ in range(3):
+        op = h.invoke("p", "produce", topic=T, partition=0, values=["v"], idempotent=False)
+        h.ok(op, offsets=[0])
+    # invokes at 0, 2, 10; ok completions at 1, 3, 11 -> one gap of 8 s
+    assert unavailability_windows(h, min_gap_s=2.0) == [(3, 11)]
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_anomaly_reports_are_capped_per_kind(limit):
+    b = Builder()
+    for i in range(5):
+        b.produce([f"v{i}"], [i])
+    b.fetch([], final=True, hw=0)
+    r = check(b.h, anomaly_limit_per_kind=limit)
+    assert len(r.anomalies) == limit and r.stats["anomalies_total"] == 5
