@@ -41,7 +41,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     overrides = {"node_id": args.node_id, "data_dir": args.data_dir, "http_port": args.http_port,
                  "controller_port": args.controller_port, "raft_port": args.raft_port,
-                 "http_host": args.http_host, "log_level": args.log_level}
+                 "http_host": args.http_host, "advertised_host": args.advertised_host,
+                 "log_level": args.log_level}
     try:
         cfg = NodeConfig.load(args.config, overrides)
     except ValueError as e:
@@ -262,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run one node (controller + broker processes) in the foreground")
     s.add_argument("--node-id", type=int)
     s.add_argument("--data-dir")
-    s.add_argument("--http-host")
+    s.add_argument("--http-host", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--advertised-host", help="host in the URLs given to clients and peers (default --http-host)")
     s.add_argument("--http-port", type=int)
     s.add_argument("--controller-port", type=int)
     s.add_argument("--raft-port", type=int)
