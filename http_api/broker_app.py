@@ -23,7 +23,7 @@ from aiohttp import web
 import aiohttp
 import prometheus_client as prom
 
-from http_api import codecs
+from http_api import codecs, replica_client
 from http_api.codecs import CBOR, JSON, RAW_BATCH
 from http_api.config import BrokerConfig
 from http_api.errors import ErrorCode, KraftlogError
@@ -63,6 +63,7 @@ class BrokerDeps:
     registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
     http_session: aiohttp.ClientSession | None = None   # for forwarding; created on startup
     health: Any = None               # () -> (ready, info dict); default: ready once metadata is loaded
+    producer_ids: Any = None         # async () -> a fresh producer id (POST /v1/producer-ids)
 
 
 class BrokerMetrics:
@@ -565,31 +566,65 @@ class BrokerApp:
         lso = await self.rm.delete_records(name, partition, before)
         return _json_response({"log_start_offset": lso})
 
-    # ---- internal: replication ---------------------------------------------------------
+    # ---- internal: replication (broker to broker; wire format in http_api/replica_client.py) ----
 
     async def replica_fetch(self, request: web.Request) -> web.Response:
-        name = request.match_info["topic"]
-        partition = _partition_param(request)
-        q = request.query
-        res = await self.rm.replica_fetch(
-            name, partition, replica_id=_int_param(q.get("replica_id"), "replica_id"),
-            offset=_int_param(q.get("offset"), "offset"),
-            leader_epoch=_int_param(q.get("leader_epoch"), "leader_epoch"),
-            max_bytes=min(_int_param(q.get("max_bytes"), "max_bytes", default=self.config.fetch_default_max_bytes,
-                                     minimum=1), self.config.fetch_max_bytes),
-            max_wait_ms=min(_int_param(q.get("max_wait_ms"), "max_wait_ms", default=0),
-                            self.config.fetch_max_wait_ms))
-        return web.Response(body=res.records, content_type=RAW_BATCH, headers={
-            codecs.HEADER_HIGH_WATERMARK: str(res.high_watermark),
-            codecs.HEADER_LOG_START_OFFSET: str(res.log_start_offset),
-            "X-Kraftlog-Log-End-Offset": str(res.log_end_offset),
-        })
+        """A follower's batched long poll for every partition it follows from this leader."""
+        doc = await self._read_document(request)
+        try:
+            replica_id = int(doc["replica_id"])
+            parts = [(str(e["topic"]), int(e["partition"]), int(e["offset"]), int(e["leader_epoch"]),
+                      int(e.get("high_watermark", -1))) for e in doc["partitions"]]
+            max_wait_ms = min(max(0, int(doc.get("max_wait_ms", 0))), self.config.fetch_max_wait_ms)
+            max_bytes = min(max(1, int(doc.get("max_bytes", self.config.fetch_max_bytes))),
+                            self.config.fetch_max_bytes)
+            part_max = min(max(1, int(doc.get("partition_max_bytes", self.config.fetch_default_max_bytes))),
+                           max_bytes)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                "replica-fetch body needs replica_id and partitions: [{topic, partition, offset, "
+                                "leader_epoch}]") from None
+        results = await self.rm.replica_fetch(replica_id, parts, max_bytes=max_bytes, partition_max_bytes=part_max,
+                                              max_wait_ms=max_wait_ms)
+        entries, chunks = [], []
+        for (topic, p, *_), res in zip(parts, results):
+            if isinstance(res, KraftlogError):
+                entries.append(replica_client.error_entry(topic, p, res))
+            else:
+                entries.append({"topic": topic, "partition": p, "size": len(res.records),
+                                "high_watermark": res.high_watermark, "log_start_offset": res.log_start_offset,
+                                "log_end_offset": res.log_end_offset})
+                chunks.append(res.records)
+        return web.Response(body=replica_client.encode_fetch_response(entries, chunks),
+                            content_type=replica_client.REPLICA_FETCH_MEDIA)
 
-    async def epoch_end_offset(self, request: web.Request) -> web.Response:
-        name = request.match_info["topic"]
-        partition = _partition_param(request)
-        epoch, end = self.rm.epoch_end_offset(name, partition, _int_param(request.query.get("epoch"), "epoch"))
-        return _json_response({"epoch": epoch, "end_offset": end})
+    async def epoch_end_offsets(self, request: web.Request) -> web.Response:
+        """OffsetsForLeaderEpoch, batched: where each requested epoch ends in the leader's log."""
+        doc = await self._read_document(request)
+        try:
+            asks = [(str(e["topic"]), int(e["partition"]), int(e["epoch"]),
+                     int(e["leader_epoch"]) if e.get("leader_epoch") is not None else None)
+                    for e in doc["partitions"]]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                "epoch-end-offsets body needs partitions: [{topic, partition, epoch, "
+                                "leader_epoch}]") from None
+        out = []
+        for topic, p, epoch, leader_epoch in asks:
+            try:
+                e, end = self.rm.epoch_end_offset(topic, p, epoch, leader_epoch)
+                out.append({"topic": topic, "partition": p, "epoch": e, "end_offset": end})
+            except KraftlogError as err:
+                out.append(replica_client.error_entry(topic, p, err))
+        return _json_response({"partitions": out})
+
+    async def init_producer_id(self, request: web.Request) -> web.Response:
+        """A producer id for an idempotent producer (blocks come from the controller)."""
+        if self.deps.producer_ids is None:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                "this broker cannot allocate producer ids yet; retry shortly")
+        pid = await self.deps.producer_ids()
+        return _json_response({"producer_id": pid, "producer_epoch": 0})
 
     # ---- groups ------------------------------------------------------------------------
 
@@ -693,8 +728,9 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", h.delete_records)
     r.add_post("/v1/groups/{group}/offsets", h.commit_offsets)
     r.add_get("/v1/groups/{group}/offsets", h.fetch_offsets)
-    r.add_get("/internal/v1/replica-fetch/{topic}/{partition}", h.replica_fetch)
-    r.add_get("/internal/v1/epoch-end-offset/{topic}/{partition}", h.epoch_end_offset)
+    r.add_post("/v1/producer-ids", h.init_producer_id)
+    r.add_post("/internal/v1/replica-fetch", h.replica_fetch)
+    r.add_post("/internal/v1/epoch-end-offsets", h.epoch_end_offsets)
     r.add_get("/healthz", h.healthz)
     r.add_get("/metrics", h.metrics_handler)
     r.add_get("/openapi.json", h.openapi)

@@ -124,26 +124,22 @@ def openapi_document(server_url: str) -> dict:
                          "responses": {"200": _json("GroupOffsets")}},
                 "get": {"summary": "Committed group offsets", "responses": {"200": _json("GroupOffsets")}},
             },
-            "/internal/v1/replica-fetch/{topic}/{partition}": {
-                "parameters": [_T, _P],
-                "get": {"summary": "Broker-to-broker: a follower fetches from the leader (up to the log end)",
-                        "parameters": [{"name": n, "in": "query", "required": n in ("offset", "replica_id",
-                                                                                   "leader_epoch"),
-                                        "schema": {"type": "integer"}}
-                                       for n in ("offset", "replica_id", "leader_epoch", "max_bytes", "max_wait_ms")],
-                        "responses": {"200": {"description": "raw batches; X-Kraftlog-High-Watermark, "
-                                                             "X-Kraftlog-Log-Start-Offset, X-Kraftlog-Log-End-Offset",
-                                              "content": {"application/vnd.kraftlog.batch": {"schema": {
-                                                  "type": "string", "format": "binary"}}}},
-                                      "409": _err("FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH"),
-                                      "421": _err("NOT_LEADER_OR_FOLLOWER")}},
+            "/v1/producer-ids": {
+                "post": {"summary": "A producer id for an idempotent producer (sequence numbers per partition)",
+                         "responses": {"200": {"description": "{producer_id, producer_epoch}",
+                                               "content": {"application/json": {"schema": {"type": "object"}}}}}},
             },
-            "/internal/v1/epoch-end-offset/{topic}/{partition}": {
-                "parameters": [_T, _P, {"name": "epoch", "in": "query", "required": True,
-                                        "schema": {"type": "integer"}}],
-                "get": {"summary": "Broker-to-broker: OffsetsForLeaderEpoch (divergence point for truncation)",
-                        "responses": {"200": {"description": "{epoch, end_offset}",
-                                              "content": {"application/json": {"schema": {"type": "object"}}}}}},
+            "/internal/v1/replica-fetch": {
+                "post": {"summary": "Broker-to-broker: a follower's batched long poll of every partition it "
+                                    "follows from this leader (see http_api/replica_client.py)",
+                         "responses": {"200": {"description": "4-byte header length, JSON header, raw batches",
+                                               "content": {"application/vnd.kraftlog.replica-fetch": {"schema": {
+                                                   "type": "string", "format": "binary"}}}}}},
+            },
+            "/internal/v1/epoch-end-offsets": {
+                "post": {"summary": "Broker-to-broker: OffsetsForLeaderEpoch (divergence point for truncation)",
+                         "responses": {"200": {"description": "{partitions: [{topic, partition, epoch, end_offset}]}",
+                                               "content": {"application/json": {"schema": {"type": "object"}}}}}},
             },
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},

@@ -1,15 +1,81 @@
-"""HTTP transport of the replica fetcher: follower -> leader internal routes."""
+"""Broker-to-broker replication routes: wire format and the follower's HTTP transport.
+
+`POST /internal/v1/replica-fetch`, JSON request:
+    {"replica_id", "broker_epoch", "max_wait_ms", "max_bytes", "partition_max_bytes",
+     "partitions": [{"topic", "partition", "offset", "leader_epoch", "high_watermark"}]}
+answer (`application/vnd.kraftlog.replica-fetch`): a 4-byte big-endian length N, N bytes of
+JSON `{"partitions": [{"topic", "partition", "size", "high_watermark", "log_start_offset",
+"log_end_offset"} or {"topic", "partition", "error_code", "message", ...}]}`, then the raw
+batches of each partition back to back (`size` bytes each, in header order).
+
+`POST /internal/v1/epoch-end-offsets` (OffsetsForLeaderEpoch), JSON request:
+    {"replica_id", "partitions": [{"topic", "partition", "leader_epoch", "epoch"}]}
+answer: {"partitions": [{"topic", "partition", "epoch", "end_offset"} or an error entry]}.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
+import struct
+from dataclasses import dataclass
 
 import aiohttp
 
-from http_api import codecs
 from http_api.errors import ErrorCode, KraftlogError
 
 INTERNAL_PREFIX = "/internal/v1"
+REPLICA_FETCH_MEDIA = "application/vnd.kraftlog.replica-fetch"
+_LEN = struct.Struct(">I")
+
+
+@dataclass
+class PartitionData:
+    """One partition of a replica-fetch answer (error is None on success)."""
+
+    topic: str
+    partition: int
+    records: bytes = b""
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    error: KraftlogError | None = None
+
+
+def error_entry(topic: str, partition: int, err: KraftlogError) -> dict:
+    return {"topic": topic, "partition": partition, "error_code": err.code.name, "message": err.message,
+            **err.extra}
+
+
+def _entry_error(e: dict) -> KraftlogError | None:
+    if "error_code" not in e:
+        return None
+    code = ErrorCode.__members__.get(e["error_code"], ErrorCode.UNKNOWN_SERVER_ERROR)
+    extra = {k: v for k, v in e.items() if k not in ("error_code", "message", "topic", "partition")}
+    return KraftlogError(code, str(e.get("message", "")), **extra)
+
+
+def encode_fetch_response(entries: list[dict], chunks: list[bytes]) -> bytes:
+    head = json.dumps({"partitions": entries}, separators=(",", ":")).encode()
+    return b"".join([_LEN.pack(len(head)), head, *chunks])
+
+
+def decode_fetch_response(body: bytes) -> list[PartitionData]:
+    if len(body) < 4:
+        raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer is truncated")
+    (n,) = _LEN.unpack_from(body, 0)
+    head = json.loads(body[4:4 + n])
+    pos = 4 + n
+    out = []
+    for e in head["partitions"]:
+        err = _entry_error(e)
+        if err is not None:
+            out.append(PartitionData(e["topic"], e["partition"], error=err))
+            continue
+        size = int(e["size"])
+        out.append(PartitionData(e["topic"], int(e["partition"]), body[pos:pos + size], int(e["high_watermark"]),
+                                 int(e["log_start_offset"]), int(e["log_end_offset"])))
+        pos += size
+    return out
 
 
 def _error(status: int, body: bytes) -> KraftlogError:
@@ -23,7 +89,7 @@ def _error(status: int, body: bytes) -> KraftlogError:
 
 
 class HttpReplicaTransport:
-    """`fetch` and `epoch_end_offset` against a leader's internal routes."""
+    """The follower side of the internal routes (one keep-alive session for all leaders)."""
 
     def __init__(self, session: aiohttp.ClientSession | None = None, request_timeout_ms: int = 30_000) -> None:
         self._session = session
@@ -38,29 +104,35 @@ class HttpReplicaTransport:
         if self._session is not None:
             await self._session.close()
 
-    async def _get(self, url: str, params: dict, timeout_s: float) -> tuple[bytes, dict]:
+    async def _post(self, url: str, doc: dict, timeout_s: float) -> bytes:
         try:
-            async with self._s().get(url, params=params, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                     headers={"Accept": codecs.RAW_BATCH}) as r:
+            async with self._s().post(url, json=doc, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                 body = await r.read()
                 if r.status >= 400:
                     raise _error(r.status, body)
-                return body, dict(r.headers)
+                return body
+        except aiohttp.ClientConnectorError as e:  # refused / unresolvable: the process is gone
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",
+                                refused=True) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}") from None
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"leader at {url} unreachable: {e or type(e).__name__}") from None
 
-    async def fetch(self, leader_url: str, topic: str, partition: int, *, offset: int, replica_id: int,
-                    leader_epoch: int, max_bytes: int, max_wait_ms: int) -> tuple[bytes, int, int]:
-        """-> (batches, leader high watermark, leader log start offset)"""
-        body, headers = await self._get(
-            f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/replica-fetch/{topic}/{partition}",
-            {"offset": str(offset), "replica_id": str(replica_id), "leader_epoch": str(leader_epoch),
-             "max_bytes": str(max_bytes), "max_wait_ms": str(max_wait_ms)},
+    async def fetch(self, leader_url: str, replica_id: int, broker_epoch: int, partitions: list[dict], *,
+                    max_bytes: int, partition_max_bytes: int, max_wait_ms: int) -> list[PartitionData]:
+        body = await self._post(f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/replica-fetch", {
+            "replica_id": replica_id, "broker_epoch": broker_epoch, "max_wait_ms": max_wait_ms,
+            "max_bytes": max_bytes, "partition_max_bytes": partition_max_bytes, "partitions": partitions},
             max_wait_ms / 1000 + self.request_timeout_ms / 1000)
-        return (body, int(headers[codecs.HEADER_HIGH_WATERMARK]), int(headers[codecs.HEADER_LOG_START_OFFSET]))
+        return decode_fetch_response(body)
 
-    async def epoch_end_offset(self, leader_url: str, topic: str, partition: int, epoch: int) -> tuple[int, int]:
-        body, _ = await self._get(f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/epoch-end-offset/{topic}/{partition}",
-                                  {"epoch": str(epoch)}, self.request_timeout_ms / 1000)
-        doc = json.loads(body)
-        return int(doc["epoch"]), int(doc["end_offset"])
+    async def epoch_end_offsets(self, leader_url: str, replica_id: int,
+                                partitions: list[dict]) -> list[tuple[str, int, int, int, KraftlogError | None]]:
+        """-> [(topic, partition, epoch, end_offset, error)]"""
+        body = await self._post(f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/epoch-end-offsets",
+                                {"replica_id": replica_id, "partitions": partitions}, self.request_timeout_ms / 1000)
+        out = []
+        for e in json.loads(body)["partitions"]:
+            err = _entry_error(e)
+            out.append((e["topic"], int(e["partition"]), int(e.get("epoch", -1)), int(e.get("end_offset", -1)), err))
+        return out

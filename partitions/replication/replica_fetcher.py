@@ -1,134 +1,289 @@
-"""ReplicaFetcherManager: followers copy their leaders' logs by fetching, as consumers do.
+"""ReplicaFetcherManager: followers copy their leaders' logs by fetching (asyncio shell).
 
-One asyncio task per followed partition (keyed by (topic, partition, leader, epoch); a
-metadata change that moves the leader or bumps the epoch replaces the task). A task:
+One fetcher task per leader broker, holding every partition this broker follows from that
+leader (`LeaderFetchState`, pure). A fetcher loops:
 
-1. truncates to the divergence point: asks the leader for the end offset of our latest
-   leader epoch (OffsetsForLeaderEpoch) and truncates above it — never to our own HW;
-2. long-polls the leader from our log end offset (that fetch offset is also how the leader
-   learns our progress, moving the HW and the ISR), appends the batches with the leader's
-   offsets, adopts the leader's HW;
-3. on OFFSET_OUT_OF_RANGE below the leader's log start, restarts empty at that offset.
+1. partitions TRUNCATING (new leader or new leader epoch): one batched
+   OffsetsForLeaderEpoch request for the end offset of each one's latest local epoch, then
+   `truncation_step` (KIP-279 loop) decides where to truncate — never the local HW;
+2. partitions FETCHING: one long-poll request for all of them from their log end offsets
+   (which tells the leader each follower's progress: the HW moves, acks=all completes,
+   the ISR grows back); the answer's raw batches are appended exactly as the leader
+   stored them (`append_as_follower`, offsets and epochs kept) and its HW adopted;
+3. a partition below the leader's log start restarts empty there; one whose leader says
+   "out of range" above its end truncates again; errors back that partition off only.
 
-The HTTP transport is injected (`transport.fetch`, `transport.epoch_end_offset`), so tests
-can run leader and follower in one process.
+A metadata change (`sync(image)`) moves partitions between fetchers and wakes a fetcher
+whose partition set changed (its long poll is cancelled and re-sent). The transport is
+injected (`fetch`, `epoch_end_offsets`), so tests run leader and follower in one process.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from typing import Any, Callable
 
 from http_api.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
+from partitions.replication.fetcher_state import FETCHING, TRUNCATING, LeaderFetchState, truncation_step
 
 log = logging.getLogger(__name__)
 
-REPLICA_FETCH_MAX_BYTES = 1024 * 1024
+REPLICA_FETCH_MAX_BYTES = 8 * 1024 * 1024
+REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
 REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_BACKOFF_MS = 200
+TRUNCATION_ROUNDS_MAX = 50
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class _LeaderFetcher:
+    """The task fetching every partition followed from one leader broker."""
+
+    def __init__(self, mgr: "ReplicaFetcherManager", leader_id: int, leader_url: str) -> None:
+        self.mgr = mgr
+        self.state = LeaderFetchState(leader_id, leader_url)
+        self.wakeup = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while not self.mgr.closed:
+            self.wakeup.clear()
+            try:
+                did = await self._truncate_ready()
+                did = await self._fetch_ready() or did
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - never let one bug stop replication
+                log.exception("replica fetcher for leader %s failed; retrying", self.state.leader_id)
+                await asyncio.sleep(self.mgr.backoff_s)
+                continue
+            if not did:
+                nxt = self.state.next_retry_ms()
+                wait_s = 1.0 if nxt is None else max(0.0, min(1.0, (nxt - _now_ms()) / 1000))
+                try:
+                    await asyncio.wait_for(self.wakeup.wait(), wait_s)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _cancellable(self, coro):
+        """Run a request; a wakeup (partition set changed) cancels it. None if cancelled."""
+        req = asyncio.ensure_future(coro)
+        waker = asyncio.ensure_future(self.wakeup.wait())
+        try:
+            done, _ = await asyncio.wait({req, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waker.cancel()
+        if req in done:
+            return req.result()
+        req.cancel()
+        try:
+            await req
+        except (asyncio.CancelledError, Exception):
+            pass
+        return None
+
+    def _unreachable(self, e: KraftlogError) -> None:
+        now = _now_ms()
+        for s in list(self.state.partitions.values()):
+            self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
+        if e.extra.get("refused") and self.mgr.on_leader_unreachable is not None:
+            self.mgr.on_leader_unreachable(self.state.leader_id)
+
+    async def _truncate_ready(self) -> bool:
+        rm = self.mgr.rm
+        now = _now_ms()
+        asks = []
+        for s in self.state.ready(TRUNCATING, now):
+            try:
+                part, lg = rm.follower_partition(s.topic, s.partition, s.leader_epoch)
+            except KraftlogError:
+                self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
+                continue
+            if lg.latest_epoch < 0 or lg.log_end_offset == lg.log_start_offset:
+                self.state.truncated(s.topic, s.partition, s.leader_epoch)  # nothing to diverge
+                continue
+            asks.append({"topic": s.topic, "partition": s.partition, "leader_epoch": s.leader_epoch,
+                         "epoch": lg.latest_epoch})
+        if not asks:
+            return False
+        try:
+            answers = await self._cancellable(self.mgr.transport.epoch_end_offsets(
+                self.state.leader_url, self.mgr.broker_id, asks))
+        except KraftlogError as e:
+            if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
+                self._unreachable(e)
+            else:
+                for a in asks:
+                    self.state.back_off(a["topic"], a["partition"], _now_ms(), self.mgr.backoff_ms)
+            return False
+        if answers is None:
+            return True
+        by_key = {(a["topic"], a["partition"]): a for a in asks}
+        for topic, p, epoch, end_offset, err in answers:
+            ask = by_key.get((topic, p))
+            s = self.state.partitions.get((topic, p))
+            if ask is None or s is None or s.leader_epoch != ask["leader_epoch"]:
+                continue
+            if err is not None:
+                log.debug("%s-%s: epoch end offset from %s failed: %s", topic, p, self.state.leader_url, err)
+                self.state.back_off(topic, p, _now_ms(), self.mgr.backoff_ms)
+                continue
+            try:
+                part, lg = rm.follower_partition(topic, p, s.leader_epoch)
+                if lg.latest_epoch != ask["epoch"]:
+                    continue  # changed meanwhile: ask again
+                offset, done = truncation_step(lg.log_end_offset, lg.end_offset_for_epoch, epoch, end_offset)
+                if offset < lg.log_end_offset:
+                    log.info("%s-%s: truncating from %d to %d (leader %s has epoch %d up to %d)", topic, p,
+                             lg.log_end_offset, offset, self.state.leader_id, epoch, end_offset)
+                    rm.follower_truncate(topic, p, s.leader_epoch, offset)
+            except KraftlogError:
+                self.state.back_off(topic, p, _now_ms(), self.mgr.backoff_ms)
+                continue
+            s.truncation_rounds += 1
+            if done or s.truncation_rounds >= TRUNCATION_ROUNDS_MAX:
+                self.state.truncated(topic, p, s.leader_epoch)
+        return True
+
+    async def _fetch_ready(self) -> bool:
+        rm = self.mgr.rm
+        now = _now_ms()
+        reqs = []
+        sent: dict[tuple[str, int], tuple[int, int]] = {}
+        for s in self.state.ready(FETCHING, now):
+            try:
+                part, lg = rm.follower_partition(s.topic, s.partition, s.leader_epoch)
+            except KraftlogError:
+                self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
+                continue
+            reqs.append({"topic": s.topic, "partition": s.partition, "offset": lg.log_end_offset,
+                         "leader_epoch": s.leader_epoch, "high_watermark": part.high_watermark})
+            sent[(s.topic, s.partition)] = (s.leader_epoch, lg.log_end_offset)
+        if not reqs:
+            return False
+        try:
+            results = await self._cancellable(self.mgr.transport.fetch(
+                self.state.leader_url, self.mgr.broker_id, self.mgr.broker_epoch(), reqs,
+                max_bytes=self.mgr.fetch_max_bytes, partition_max_bytes=self.mgr.partition_max_bytes,
+                max_wait_ms=self.mgr.fetch_wait_max_ms))
+        except KraftlogError as e:
+            if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
+                self._unreachable(e)
+            else:
+                log.info("replica fetch from %s failed: %s", self.state.leader_url, e)
+                for r in reqs:
+                    self.state.back_off(r["topic"], r["partition"], _now_ms(), self.mgr.backoff_ms)
+            return False
+        if results is None:
+            return True
+        for res in results:
+            key = (res.topic, res.partition)
+            s = self.state.partitions.get(key)
+            if s is None or key not in sent or sent[key][0] != s.leader_epoch or s.phase != FETCHING:
+                continue
+            epoch, offset = sent[key]
+            try:
+                part, lg = rm.follower_partition(res.topic, res.partition, epoch)
+                if lg.log_end_offset != offset:
+                    continue  # truncated meanwhile: fetch again
+                if res.error is not None:
+                    self._partition_error(res.topic, res.partition, epoch, lg, res.error)
+                    continue
+                rm.follower_append(res.topic, res.partition, epoch, res.records, res.high_watermark,
+                                   res.log_start_offset)
+            except KraftlogError:
+                self.state.back_off(res.topic, res.partition, _now_ms(), self.mgr.backoff_ms)
+            except (log_errors.OffsetMismatchError, ValueError) as e:
+                log.warning("%s-%s: leader's batches do not continue our log (%s); truncating again",
+                            res.topic, res.partition, e)
+                self.state.must_truncate(res.topic, res.partition, epoch)
+        return True
+
+    def _partition_error(self, topic: str, p: int, epoch: int, lg, err: KraftlogError) -> None:
+        if err.code is ErrorCode.OFFSET_OUT_OF_RANGE:
+            lso = err.extra.get("log_start_offset")
+            if lso is not None and lg.log_end_offset < int(lso):
+                log.info("%s-%s: below the leader's log start %s; restarting there", topic, p, lso)
+                self.mgr.rm.follower_reset(topic, p, epoch, int(lso))
+                return
+            self.state.must_truncate(topic, p, epoch)  # ahead of the leader: diverged
+            return
+        log.debug("%s-%s: replica fetch error %s", topic, p, err)
+        self.state.back_off(topic, p, _now_ms(), self.mgr.backoff_ms)
 
 
 class ReplicaFetcherManager:
-    """Keeps one fetch task per followed partition (see module docstring)."""
+    """Keeps one `_LeaderFetcher` per leader broker (see module docstring)."""
 
     def __init__(self, replica_manager: Any, transport: Any, broker_id: int, *,
-                 fetch_max_bytes: int = REPLICA_FETCH_MAX_BYTES, fetch_wait_max_ms: int = REPLICA_FETCH_WAIT_MAX_MS,
-                 backoff_ms: int = REPLICA_FETCH_BACKOFF_MS) -> None:
+                 broker_epoch: Callable[[], int] = lambda: -1,
+                 fetch_max_bytes: int = REPLICA_FETCH_MAX_BYTES,
+                 partition_max_bytes: int = REPLICA_FETCH_PARTITION_MAX_BYTES,
+                 fetch_wait_max_ms: int = REPLICA_FETCH_WAIT_MAX_MS, backoff_ms: int = REPLICA_FETCH_BACKOFF_MS,
+                 on_leader_unreachable: Callable[[int], None] | None = None) -> None:
         self.rm = replica_manager
         self.transport = transport
         self.broker_id = broker_id
+        self.broker_epoch = broker_epoch
         self.fetch_max_bytes = fetch_max_bytes
+        self.partition_max_bytes = partition_max_bytes
         self.fetch_wait_max_ms = fetch_wait_max_ms
+        self.backoff_ms = backoff_ms
         self.backoff_s = backoff_ms / 1000
-        self.tasks: dict[tuple[str, int], tuple[tuple[int, int], asyncio.Task]] = {}
-        self._closed = False
+        self.on_leader_unreachable = on_leader_unreachable
+        self.fetchers: dict[int, _LeaderFetcher] = {}
+        self.closed = False
 
     def sync(self, image) -> None:
-        """Start/stop/restart fetch tasks to match the replica manager's follower set."""
-        if self._closed:
+        """Match the fetchers to the replica manager's follower set (after each metadata apply)."""
+        if self.closed:
             return
-        wanted = {}
+        wanted: dict[int, dict[tuple[str, int], int]] = {}
+        urls: dict[int, str] = {}
         for topic, p, leader, epoch in self.rm.followed_partitions():
             b = image.brokers.get(leader) if image is not None else None
-            if b is not None:
-                wanted[(topic, p)] = (leader, epoch, b.url)
-        for key in list(self.tasks):
-            ident, task = self.tasks[key]
-            w = wanted.get(key)
-            if w is None or (w[0], w[1]) != ident or task.done():
-                task.cancel()
-                del self.tasks[key]
-        for key, (leader, epoch, url) in wanted.items():
-            if key not in self.tasks:
-                task = asyncio.ensure_future(self._run(key[0], key[1], leader, epoch, url))
-                self.tasks[key] = ((leader, epoch), task)
+            if b is None or not b.url:
+                continue
+            wanted.setdefault(leader, {})[(topic, p)] = epoch
+            urls[leader] = b.url
+        for leader_id in list(self.fetchers):
+            f = self.fetchers[leader_id]
+            if leader_id not in wanted or f.state.leader_url != urls[leader_id]:
+                self._stop(leader_id)
+        for leader_id, parts in wanted.items():
+            f = self.fetchers.get(leader_id)
+            if f is None:
+                f = self.fetchers[leader_id] = _LeaderFetcher(self, leader_id, urls[leader_id])
+                f.start()
+            changed = False
+            for key in [k for k in f.state.partitions if k not in parts]:
+                f.state.remove(*key)
+                changed = True
+            for (topic, p), epoch in parts.items():
+                changed = f.state.set_partition(topic, p, epoch) or changed
+            if changed:
+                f.wakeup.set()
+
+    def _stop(self, leader_id: int) -> None:
+        f = self.fetchers.pop(leader_id, None)
+        if f is not None and f.task is not None:
+            f.task.cancel()
+
+    def partition_count(self) -> int:
+        return sum(len(f.state.partitions) for f in self.fetchers.values())
 
     async def close(self) -> None:
-        self._closed = True
-        tasks = [t for _, t in self.tasks.values()]
-        self.tasks.clear()
+        self.closed = True
+        tasks = [f.task for f in self.fetchers.values() if f.task is not None]
+        self.fetchers.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _run(self, topic: str, partition: int, leader: int, epoch: int, url: str) -> None:
-        truncated = False
-        while not self._closed:
-            try:
-                if not truncated:
-                    await self._truncate(topic, partition, epoch, url)
-                    truncated = True
-                await self._fetch_once(topic, partition, epoch, url)
-            except asyncio.CancelledError:
-                raise
-            except KraftlogError as e:
-                if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER and self._no_longer_following(topic, partition, epoch):
-                    return  # metadata moved on; sync() starts the right task
-                if e.code is ErrorCode.OFFSET_OUT_OF_RANGE and "log_start_offset" in e.extra:
-                    lso = int(e.extra["log_start_offset"])
-                    part, lg = self.rm.follower_partition(topic, partition, epoch)
-                    if lg.log_end_offset < lso:
-                        log.info("%s-%s: behind the leader's log start %d; restarting there", topic, partition, lso)
-                        self.rm.follower_reset(topic, partition, epoch, lso)
-                        continue
-                    truncated = False  # ahead of the leader: find the divergence point again
-                log.debug("replica fetch %s-%s from %s failed: %s", topic, partition, url, e)
-                await asyncio.sleep(self.backoff_s)
-            except log_errors.OffsetMismatchError:
-                truncated = False
-                await asyncio.sleep(self.backoff_s)
-            except Exception as e:  # noqa: BLE001 - keep replicating; say why
-                log.warning("replica fetch %s-%s from %s failed: %s", topic, partition, url, e)
-                await asyncio.sleep(self.backoff_s)
-
-    def _no_longer_following(self, topic: str, partition: int, epoch: int) -> bool:
-        try:
-            self.rm.follower_partition(topic, partition, epoch)
-            return False
-        except KraftlogError:
-            return True
-
-    async def _truncate(self, topic: str, partition: int, epoch: int, url: str) -> None:
-        part, lg = self.rm.follower_partition(topic, partition, epoch)
-        latest = lg.latest_epoch
-        if latest < 0 or lg.log_end_offset == lg.log_start_offset:
-            return
-        leader_epoch, end_offset = await self.transport.epoch_end_offset(url, topic, partition, latest)
-        if leader_epoch < 0 or end_offset < 0:
-            return
-        if end_offset < lg.log_end_offset:
-            log.info("%s-%s: truncating from %d to %d (leader's end of epoch %d)", topic, partition,
-                     lg.log_end_offset, end_offset, latest)
-            self.rm.follower_truncate(topic, partition, epoch, end_offset)
-
-    async def _fetch_once(self, topic: str, partition: int, epoch: int, url: str) -> None:
-        part, lg = self.rm.follower_partition(topic, partition, epoch)
-        offset = lg.log_end_offset
-        data, hw, lso = await self.transport.fetch(url, topic, partition, offset=offset, replica_id=self.broker_id,
-                                                   leader_epoch=epoch, max_bytes=self.fetch_max_bytes,
-                                                   max_wait_ms=self.fetch_wait_max_ms)
-        part, lg = self.rm.follower_partition(topic, partition, epoch)
-        if lg.log_end_offset != offset:
-            return  # truncated meanwhile: fetch again
-        self.rm.follower_append(topic, partition, epoch, data, hw, lso)

@@ -413,6 +413,10 @@ class ReplicaManager:
         part, lg = self.leader_partition(topic, partition)
         hw = part.high_watermark
         lso = lg.log_start_offset
+        if hw < offset <= lg.log_end_offset:
+            # written but not committed yet (e.g. a new leader whose HW still catches up
+            # with what the consumer read from the old one): nothing yet, not an error
+            return FetchResult(b"", offset, hw, lso, lg.log_end_offset)
         if offset < lso or offset > hw:
             raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
                                 f"offset {offset} is outside [{lso}, {hw}] (log start offset, high "
@@ -548,20 +552,33 @@ class ReplicaManager:
                     if lst is not None and fut in lst:
                         lst.remove(fut)
 
-    def epoch_end_offset(self, topic: str, partition: int, epoch: int) -> tuple[int, int]:
-        """OffsetsForLeaderEpoch on the leader: (largest epoch <= `epoch`, its end offset)."""
+    def epoch_end_offset(self, topic: str, partition: int, epoch: int,
+                         leader_epoch: int | None = None) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch on the leader: (largest epoch <= `epoch`, its end offset).
+        `leader_epoch` = the epoch the follower follows under (stale: FENCED_LEADER_EPOCH)."""
         part, lg = self.leader_partition(topic, partition)
+        if leader_epoch is not None:
+            self._check_leader_epoch(part, leader_epoch)
         return lg.end_offset_for_epoch(epoch)
+
+    def replica_lag_time_max_ms(self, topic: str, default_ms: int) -> int:
+        """The topic's `replica.lag.time.max.ms`, else the broker's."""
+        raw = self._topic_configs.get(topic, {}).get("replica.lag.time.max.ms")
+        try:
+            return int(raw) if raw is not None else default_ms
+        except ValueError:
+            return default_ms
 
     def isr_changes(self, replica_lag_time_max_ms: int) -> list[tuple[Partition, list[int]]]:
         """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
-        followers) or expand (caught-up replicas); the caller sends AlterPartition."""
+        followers) or expand (caught-up replicas); the caller sends AlterPartition.
+        `replica_lag_time_max_ms` is the broker default; a topic config overrides it."""
         now = self._clock_ms()
         out = []
         for part in self.partitions.values():
             if not part.is_leader:
                 continue
-            drop = part.out_of_sync_replicas(now, replica_lag_time_max_ms)
+            drop = part.out_of_sync_replicas(now, self.replica_lag_time_max_ms(part.topic, replica_lag_time_max_ms))
             add = part.caught_up_out_of_isr()
             if drop or add:
                 new_isr = [r for r in part.isr if r not in drop] + sorted(add)

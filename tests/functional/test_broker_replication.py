@@ -70,7 +70,7 @@ async def test_divergent_uncommitted_tail_is_truncated(two_brokers):
                               headers={"Content-Type": codecs.RAW_BATCH})
     assert r.status == 200
     assert old.rm.logs[("r", 0)].log_end_offset == 2
-    new.fetcher._closed = False
+    new.fetcher.closed = False  # fetching again from the next metadata change
     await b1.controller.move_leader("r", 0, 3 - old_id)  # unclean for "lost" (acks=1), as in Kafka
     r = await new.client.post("/v1/topics/r/records?acks=1", json={"records": [{"value": "new"}]})
     assert r.status == 200

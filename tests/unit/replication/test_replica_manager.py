@@ -78,8 +78,12 @@ async def test_fetch_reads_only_below_high_watermark():
     await rm.append("t", 0, batch(2), acks=ACKS_LEADER)
     f = await rm.fetch("t", 0, 0, max_bytes=1 << 20)
     assert f.records == b"" and f.high_watermark == 0
+    # written but not committed (HW < offset <= LEO): nothing yet, not out of range (a consumer
+    # that read up to the old leader's HW must not be reset by a new leader's lower HW)
+    f = await rm.fetch("t", 0, 1, max_bytes=1 << 20)
+    assert f.records == b"" and f.high_watermark == 0
     with pytest.raises(KraftlogError) as e:
-        await rm.fetch("t", 0, 1, max_bytes=1 << 20)
+        await rm.fetch("t", 0, 3, max_bytes=1 << 20)
     assert e.value.code is ErrorCode.OFFSET_OUT_OF_RANGE
 
 
