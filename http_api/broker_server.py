@@ -54,6 +54,8 @@ class Broker:
         self.follower = None
         self.client = None
         self.ready = False
+        self._reported: dict[int, float] = {}
+        self._bg: set = set()
 
     async def _blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -84,9 +86,15 @@ class Broker:
                                  topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"))
         self.view = MetadataView(self.rm)
         self.replica_transport = HttpReplicaTransport(request_timeout_ms=cfg.request_timeout_ms)
-        self.fetcher = ReplicaFetcherManager(self.rm, self.replica_transport, cfg.broker_id)
+        self.fetcher = ReplicaFetcherManager(
+            self.rm, self.replica_transport, cfg.broker_id,
+            broker_epoch=lambda: getattr(self.lifecycle, "broker_epoch", None) or -1,
+            fetch_wait_max_ms=cfg.replica_fetch_wait_max_ms, backoff_ms=cfg.replica_fetch_backoff_ms,
+            on_leader_unreachable=self._report_unreachable)
         self.view.add_listener(self.fetcher.sync)
         self.client = ControllerClient(cfg.controller_urls, request_timeout_ms=cfg.request_timeout_ms)
+        self.producer_ids = ProducerIdAllocator(self.client, cfg.broker_id,
+                                                lambda: getattr(self.lifecycle, "broker_epoch", None))
 
         async def on_change(image, _changed=None):
             await self.view.update(image)
@@ -96,7 +104,7 @@ class Broker:
         self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
         deps = BrokerDeps(replica_manager=self.rm, metadata=self.view, controller=self.client,
                           groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")),
-                          health=self._health)
+                          health=self._health, producer_ids=self.producer_ids.next)
         app = create_app(cfg, deps)
         # handler_cancellation: a long poll whose client went away stops waiting (frees its slot)
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5)
@@ -151,12 +159,36 @@ class Broker:
         self.ready = True
         log.info("broker %s is ready (unfenced) at %s", self.config.broker_id, self.config.url)
 
+    def _report_unreachable(self, leader_id: int) -> None:
+        """A leader refuses our fetch connections: ask the controller to check and fence it
+        (at most one report per leader per `replica_fetch_backoff_ms` * 5)."""
+        now = time.monotonic()
+        last = self._reported.get(leader_id, 0.0)
+        epoch = getattr(self.lifecycle, "broker_epoch", None)
+        if epoch is None or now - last < self.config.replica_fetch_backoff_ms * 5 / 1000:
+            return
+        self._reported[leader_id] = now
+
+        async def report():
+            try:
+                res = await self.client.report_unreachable(self.config.broker_id, epoch, leader_id)
+                log.info("reported broker %s unreachable: %s", leader_id, res)
+            except Exception as e:  # the lease expiry fences it anyway
+                log.info("reporting broker %s unreachable failed: %s", leader_id, e)
+        t = asyncio.ensure_future(report())
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
     async def _isr_loop(self) -> None:
         """Leader side: shrink the ISR of lagging followers, expand it with caught-up ones,
         through AlterPartition (the controller checks leader and partition epochs)."""
         pending: dict[tuple[str, int], int] = {}
         while True:
-            await asyncio.sleep(ISR_CHECK_INTERVAL_MS / 1000)
+            # Kafka checks every replica.lag.time.max.ms / 2 (topic configs may lower it)
+            lag = min([self.config.replica_lag_time_max_ms] +
+                      [self.rm.replica_lag_time_max_ms(t, self.config.replica_lag_time_max_ms)
+                       for t in list(self.rm._topic_configs)])
+            await asyncio.sleep(max(50, min(ISR_CHECK_INTERVAL_MS, lag // 2)) / 1000)
             epoch = self.lifecycle.broker_epoch if self.lifecycle is not None else None
             if epoch is None:
                 continue
@@ -211,6 +243,33 @@ class Broker:
             await self._blocking(self.log_manager.close)
         self.executor.shutdown(wait=True)
         log.info("broker %s stopped cleanly", self.config.broker_id)
+
+
+class ProducerIdAllocator:
+    """Hands out producer ids from blocks the controller allocates to this broker
+    (`POST /controller/v1/producer-ids`, fenced by broker epoch); one block request at a time."""
+
+    def __init__(self, client, broker_id: int, broker_epoch) -> None:
+        self.client = client
+        self.broker_id = broker_id
+        self.broker_epoch = broker_epoch
+        self._next = 0
+        self._end = 0
+        self._lock = asyncio.Lock()
+
+    async def next(self) -> int:
+        async with self._lock:
+            if self._next >= self._end:
+                epoch = self.broker_epoch()
+                if epoch is None:
+                    from http_api.errors import ErrorCode, KraftlogError
+                    raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                        "this broker has not registered with the controllers yet; retry shortly")
+                first, size = await self.client.allocate_producer_ids(self.broker_id, epoch)
+                self._next, self._end = first, first + size
+            pid = self._next
+            self._next += 1
+            return pid
 
 
 def _lock_dir(path: str) -> int:

@@ -35,6 +35,8 @@ class BrokerConfig:
     default_replication_factor: int = 1
     min_insync_replicas: int = 1
     replica_lag_time_max_ms: int = 30_000
+    replica_fetch_wait_max_ms: int = 500       # follower long poll on its leader
+    replica_fetch_backoff_ms: int = 200        # after a failed replica fetch
     # background jobs
     log_retention_check_interval_ms: int = 300_000
     offset_checkpoint_interval_ms: int = 60_000

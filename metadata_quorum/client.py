@@ -166,6 +166,12 @@ class ControllerClient:
             "leader_epoch": leader_epoch, "partition_epoch": partition_epoch, "new_isr": list(new_isr),
             "request_id": uuid.uuid4().hex})
 
+    async def report_unreachable(self, broker_id: int, broker_epoch: int, target_id: int) -> dict:
+        """Tell the controller that connections to broker `target_id` are refused; it probes
+        the broker itself and fences it at once if it is gone. -> {"target_id", "fenced"}"""
+        return await self.request("POST", PREFIX + "/brokers/unreachable", json={
+            "broker_id": broker_id, "broker_epoch": broker_epoch, "target_id": target_id})
+
     async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
         """-> (first_producer_id, block_size)"""
         body = await self.request("POST", PREFIX + "/producer-ids", json={

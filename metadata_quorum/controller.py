@@ -366,6 +366,15 @@ class QuorumController:
             return []
         return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
 
+    def fence_unreachable(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> list:
+        """Fence a broker whose process is gone (a peer reported it and the controller's own
+        probe was refused), without waiting for its lease to expire. Only the incarnation
+        that was probed (`broker_epoch`) is fenced: a restarted broker is left alone."""
+        b = image.brokers.get(broker_id) if _is_int(broker_id) else None
+        if b is None or b.fenced or b.epoch != broker_epoch:
+            return []
+        return self.fence_broker(image, broker_id)
+
     # ---------------------------------------------------------------- leases
     def reset_sessions(self, image: MetadataImage, now_ms: int) -> None:
         """A new active controller grants every registered broker a fresh lease."""

@@ -99,6 +99,7 @@ class ControllerConfig:
     broker_session_timeout_ms: int = 9000
     broker_heartbeat_interval_ms: int = 2000
     maintenance_interval_ms: int = 200
+    unreachable_probe_timeout_ms: int = 1000   # probe of a broker reported unreachable (refused = fence now)
     leader_imbalance_check_interval_ms: int = 30_000
     auto_leader_rebalance_enable: bool = True
     propose_timeout_ms: int = 5000
@@ -173,6 +174,7 @@ class ControllerServer:
         self._maintenance_task: Optional[asyncio.Task] = None
         self._was_active = False
         self._last_rebalance_ms = 0
+        self._probing: set = set()
         self.writes = 0
         raft_log.add_listener(self._on_raft_event)
 
@@ -307,6 +309,7 @@ class ControllerServer:
         r.add_post(PREFIX + "/brokers/register", self.h_register)
         r.add_post(PREFIX + "/brokers/heartbeat", self.h_heartbeat)
         r.add_post(PREFIX + "/brokers/controlled-shutdown", self.h_controlled_shutdown)
+        r.add_post(PREFIX + "/brokers/unreachable", self.h_broker_unreachable)
         r.add_post(PREFIX + "/alter-partition", self.h_alter_partition)
         r.add_post(PREFIX + "/topics", self.h_create_topic)
         r.add_delete(PREFIX + "/topics/{topic}", self.h_delete_topic)
@@ -430,6 +433,37 @@ class ControllerServer:
             img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, True))
         return web.json_response(self._broker_state(broker_id))
 
+    async def h_broker_unreachable(self, request: web.Request) -> web.Response:
+        """A broker reports that connections to `target_id` are refused (its process died:
+        kill -9, crash). The controller probes the target's URL itself; only a refused
+        connection (not a slow answer: a paused or busy broker keeps its lease) fences it
+        at once, so failover does not wait for `broker_session_timeout_ms`."""
+        self._require_active()
+        body = await _json_body(request)
+        reporter, target = body.get("broker_id"), body.get("target_id")
+        img = self.sm.image
+        r = img.brokers.get(reporter) if isinstance(reporter, int) else None
+        if r is None or r.fenced or r.epoch != body.get("broker_epoch"):
+            raise KraftlogError(ErrorCode.STALE_BROKER_EPOCH,
+                                f"broker {reporter} with epoch {body.get('broker_epoch')} is not a live registered "
+                                "broker; register first")
+        b = img.brokers.get(target) if isinstance(target, int) else None
+        if b is None or b.fenced:
+            return web.json_response({"target_id": target, "fenced": b is not None and b.fenced})
+        epoch = b.epoch
+        if target in self._probing:
+            return web.json_response({"target_id": target, "fenced": False, "probing": True})
+        self._probing.add(target)
+        try:
+            gone = await _connection_refused(b.url, self.config.unreachable_probe_timeout_ms / 1000)
+        finally:
+            self._probing.discard(target)
+        if gone:
+            log.warning("broker %s at %s refuses connections (reported by broker %s): fencing it", target,
+                        b.url, reporter)
+            await self.write(lambda img: self.controller.fence_unreachable(img, target, epoch))
+        return web.json_response({"target_id": target, "fenced": gone})
+
     async def h_alter_partition(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         topic, partition = body.get("topic"), body.get("partition")
@@ -519,6 +553,23 @@ class ControllerServer:
 
 
 # ---------------------------------------------------------------------- helpers
+async def _connection_refused(url: Optional[str], timeout_s: float) -> bool:
+    """True when a TCP connection to the host:port of `url` is refused (nobody listens);
+    False when it connects or only times out (the process may be alive but slow)."""
+    from urllib.parse import urlsplit
+    if not url:
+        return False
+    u = urlsplit(url)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port or 80), timeout_s)
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    except (asyncio.TimeoutError, OSError):
+        return False
+    writer.close()
+    return False
+
+
 @web.middleware
 async def _error_middleware(request: web.Request, handler):
     try:
