@@ -621,8 +621,8 @@ class BrokerApp:
     async def init_producer_id(self, request: web.Request) -> web.Response:
         """A producer id for an idempotent producer (blocks come from the controller)."""
         if self.deps.producer_ids is None:
-            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
-                                "this broker cannot allocate producer ids yet; retry shortly")
+            from http_api.producer_ids import ProducerIdAllocator
+            self.deps.producer_ids = ProducerIdAllocator(self.deps.controller, self.config.broker_id, lambda: -1).next
         pid = await self.deps.producer_ids()
         return _json_response({"producer_id": pid, "producer_epoch": 0})
 

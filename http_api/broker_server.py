@@ -29,6 +29,7 @@ from http_api.broker_app import BrokerDeps, create_app
 from http_api.config import BrokerConfig
 from http_api.group_offsets import GroupOffsetStore
 from http_api.metadata_view import MetadataView
+from http_api.producer_ids import ProducerIdAllocator
 from http_api.replica_client import HttpReplicaTransport
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
@@ -243,33 +244,6 @@ class Broker:
             await self._blocking(self.log_manager.close)
         self.executor.shutdown(wait=True)
         log.info("broker %s stopped cleanly", self.config.broker_id)
-
-
-class ProducerIdAllocator:
-    """Hands out producer ids from blocks the controller allocates to this broker
-    (`POST /controller/v1/producer-ids`, fenced by broker epoch); one block request at a time."""
-
-    def __init__(self, client, broker_id: int, broker_epoch) -> None:
-        self.client = client
-        self.broker_id = broker_id
-        self.broker_epoch = broker_epoch
-        self._next = 0
-        self._end = 0
-        self._lock = asyncio.Lock()
-
-    async def next(self) -> int:
-        async with self._lock:
-            if self._next >= self._end:
-                epoch = self.broker_epoch()
-                if epoch is None:
-                    from http_api.errors import ErrorCode, KraftlogError
-                    raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
-                                        "this broker has not registered with the controllers yet; retry shortly")
-                first, size = await self.client.allocate_producer_ids(self.broker_id, epoch)
-                self._next, self._end = first, first + size
-            pid = self._next
-            self._next += 1
-            return pid
 
 
 def _lock_dir(path: str) -> int:

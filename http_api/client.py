@@ -5,6 +5,11 @@ synchronous wrappers (SyncProducer, SyncConsumer, SyncAdminClient).
   `linger_ms`), sends them as raw batches straight to each partition's leader, one request
   in flight per partition (ordering), retries retriable errors after refreshing metadata
   (NOT_LEADER_OR_FOLLOWER, connection errors), optional per-batch compression.
+  Idempotent by default with acks=all (`enable_idempotence`): a producer id from
+  `POST /v1/producer-ids`, a sequence number per partition in every batch, so a retried
+  batch (timeout, leader change) is never written twice — the leader answers a duplicate
+  with its original offsets. A batch that fails for good makes the producer take a new
+  producer id (its outcome is unknown; later batches must not be matched against it).
 - `Consumer` reads partitions it was assigned (or every partition of subscribed topics)
   with long polls, keeping one fetch in flight per partition; positions, seek, and commits
   to a consumer group.
@@ -244,10 +249,10 @@ class Producer:
     future resolving to RecordMetadata once the batch is acknowledged."""
 
     def __init__(self, bootstrap=None, *, acks: str | int = "all", linger_ms: int = 5,
-                 batch_size_bytes: int = 256 * 1024, compression: str | None = None, retries: int = 10,
-                 retry_backoff_ms: int = 100, request_timeout_ms: int = 30_000, client_id: str | None = None,
+                 batch_size_bytes: int = 256 * 1024, compression: str | None = None, retries: int = 2**31 - 1,
+                 retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000, delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000, client_id: str | None = None,
                  buffer_memory_bytes: int = 64 * 1024 * 1024, producer_id: int = -1, producer_epoch: int = -1,
-                 session: aiohttp.ClientSession | None = None) -> None:
+                 enable_idempotence: bool = True, session: aiohttp.ClientSession | None = None) -> None:
         self.t = _Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session)
         self.meta = _Metadata(self.t)
         self.acks = "all" if str(acks) in ("all", "-1") else str(acks)
@@ -258,10 +263,15 @@ class Producer:
         self.compression = rb.Compression.from_name(compression)
         self.retries = retries
         self.retry_backoff_s = retry_backoff_ms / 1000
+        self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
         self.buffer_memory_bytes = buffer_memory_bytes
-        self.producer_id = producer_id          # idempotence comes with the replication issue
+        # idempotence needs acks=all (as in Kafka); an explicit producer_id is used as given
+        self.enable_idempotence = enable_idempotence and self.acks == "all"
+        self.producer_id = producer_id
         self.producer_epoch = producer_epoch
-        self._sequences: dict[tuple[str, int], int] = {}
+        self._sequences: dict[tuple[str, int], tuple[int, int]] = {}   # tp -> (producer id, next sequence)
+        self._pid_lock = asyncio.Lock()
         self._open: dict[tuple[str, int], _Batch] = {}
         self._queues: dict[tuple[str, int], asyncio.Queue] = {}
         self._senders: dict[tuple[str, int], asyncio.Task] = {}
@@ -375,16 +385,40 @@ class Producer:
                     self._space.set()
                 q.task_done()
 
+    async def _init_producer_id(self) -> None:
+        """A fresh producer id from a broker (sequences restart at 0 for it)."""
+        async with self._pid_lock:
+            if self.producer_id >= 0:
+                return
+            _, doc = await self.t.bootstrap_json("POST", "/v1/producer-ids", json_body={})
+            self.producer_id, self.producer_epoch = int(doc["producer_id"]), int(doc.get("producer_epoch", 0))
+
     async def _send_batch(self, tp, batch: _Batch) -> int:
         topic, p = tp
-        seq = -1
-        if self.producer_id >= 0:
-            seq = self._sequences.get(tp, 0)
-            self._sequences[tp] = seq + len(batch.records)
-        payload = rb.build_batch(batch.records, compression=self.compression, producer_id=self.producer_id,
+        if self.enable_idempotence and self.producer_id < 0:
+            await self._init_producer_id()
+        pid, seq = self.producer_id, -1
+        if pid >= 0:
+            owner, nxt = self._sequences.get(tp, (pid, 0))
+            seq = nxt if owner == pid else 0
+        payload = rb.build_batch(batch.records, compression=self.compression, producer_id=pid,
                                  producer_epoch=self.producer_epoch, base_sequence=seq)
+        try:
+            base = await self._send_payload(tp, payload)
+        except Exception:
+            if pid >= 0 and self.enable_idempotence and self.producer_id == pid:
+                # unknown outcome: the next batch must not reuse (or follow) this sequence
+                self.producer_id = -1
+            raise
+        if pid >= 0:  # (a producer id replaced meanwhile makes the next batch start at 0 anyway)
+            self._sequences[tp] = (pid, seq + len(batch.records))
+        return base
+
+    async def _send_payload(self, tp, payload: bytes) -> int:
+        topic, p = tp
         attempt = 0
         refresh = False
+        deadline = time.monotonic() + self.delivery_timeout_s
         while True:
             try:
                 url = await self.meta.leader_url(topic, p, refresh=refresh)
@@ -396,13 +430,14 @@ class Producer:
                 return int(json.loads(body)["offsets"][0]["offset"])
             except KraftlogError as e:
                 attempt += 1
-                if not e.code.retriable or attempt > self.retries:
+                if not e.code.retriable or attempt > self.retries or time.monotonic() >= deadline:
                     raise
-                refresh = e.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE,
-                                     ErrorCode.BROKER_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                # the leader may have moved (failover, controlled shutdown): ask again
+                refresh = e.code is not ErrorCode.THROTTLING_QUOTA_EXCEEDED
                 if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
                     self.t.rotate()
-                await asyncio.sleep(self.retry_backoff_s * min(attempt, 10))
+                await asyncio.sleep(min(self.retry_backoff_s * attempt, self.retry_backoff_max_s,
+                                        max(0.0, deadline - time.monotonic())))
 
     async def flush(self) -> None:
         """Send everything buffered and wait for the answers."""

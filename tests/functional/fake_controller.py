@@ -40,6 +40,12 @@ class FakeControllerClient:
         self._apply([UnfenceBrokerRecord(broker_id, epoch)])
         await self.publish()
 
+    async def allocate_producer_ids(self, broker_id, broker_epoch):
+        epoch = self.image.brokers[broker_id].epoch  # the in-process broker has no lifecycle
+        records, first, size = self.controller.allocate_producer_ids(self.image, broker_id, epoch)
+        self._apply(records)
+        return first, size
+
     async def create_topic(self, name, partitions, replication_factor, configs=None):
         self.calls.append(("create_topic", name, partitions, replication_factor, configs))
         self._apply(self.controller.create_topic(self.image, name, partitions, replication_factor, configs))

@@ -1,0 +1,63 @@
+"""Idempotent producer end to end (in-process broker): producer ids from the controller
+through POST /v1/producer-ids, duplicates answered with their original offsets, and the
+Python Producer idempotent by default so a retried batch is written once."""
+from http_api import codecs
+from http_api.client import Consumer, Producer
+from partitions.log import record_batch as rb
+
+
+async def test_producer_ids_are_unique(broker):
+    ids = set()
+    for _ in range(5):
+        r = await broker.client.post("/v1/producer-ids", json={})
+        assert r.status == 200
+        doc = await r.json()
+        assert doc["producer_epoch"] == 0
+        ids.add(doc["producer_id"])
+    assert len(ids) == 5
+
+
+async def test_a_resent_batch_is_answered_with_its_original_offsets(broker):
+    await broker.client.post("/v1/topics", json={"name": "i", "partitions": 1, "replication_factor": 1})
+    pid = (await (await broker.client.post("/v1/producer-ids", json={})).json())["producer_id"]
+    first = rb.build_batch([rb.Record(None, b"a"), rb.Record(None, b"b")], producer_id=pid, producer_epoch=0,
+                           base_sequence=0)
+    url = "/v1/topics/i/partitions/0/records?acks=all"
+    hdrs = {"Content-Type": codecs.RAW_BATCH}
+    r1 = await broker.client.post(url, data=first, headers=hdrs)
+    r2 = await broker.client.post(url, data=first, headers=hdrs)  # a retry after a lost answer
+    assert r1.status == r2.status == 200
+    assert (await r1.json())["offsets"] == (await r2.json())["offsets"]
+    nxt = rb.build_batch([rb.Record(None, b"c")], producer_id=pid, producer_epoch=0, base_sequence=2)
+    r3 = await broker.client.post(url, data=nxt, headers=hdrs)
+    assert (await r3.json())["offsets"][0]["offset"] == 2
+    r = await broker.client.get("/v1/topics/i/partitions/0/records", params={"offset": "0"})
+    assert [x["value"] for x in (await r.json())["records"]] == ["a", "b", "c"]
+
+
+async def test_python_producer_is_idempotent_by_default(broker, monkeypatch):
+    url = broker.config.url
+    async with Producer(url, linger_ms=1) as producer:
+        # the first answer is "lost": the client resends the same batch
+        real = producer.t.request
+        lost = {"n": 0}
+
+        async def lossy(method, u, **kw):
+            res = await real(method, u, **kw)
+            if "/records" in u and lost["n"] == 0:
+                lost["n"] += 1
+                from http_api.errors import ErrorCode, KraftlogError
+                raise KraftlogError(ErrorCode.REQUEST_TIMED_OUT, "answer lost")
+            return res
+        monkeypatch.setattr(producer.t, "request", lossy)
+        futs = [await producer.send("idem", f"v{i}", partition=0) for i in range(3)]
+        await producer.flush()
+        offsets = [f.result().offset for f in futs]
+        assert producer.producer_id >= 0
+    assert lost["n"] == 1 and offsets == [0, 1, 2]
+    async with Consumer(url, auto_offset_reset="earliest") as consumer:
+        consumer.assign([("idem", 0)])
+        got = []
+        for _ in range(5):
+            got.extend(await consumer.poll(200))
+    assert [r.value for r in got] == [b"v0", b"v1", b"v2"]  # written once despite the resend
