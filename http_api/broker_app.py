@@ -726,8 +726,8 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_get("/v1/topics/{topic}/partitions/{partition}/records", h.fetch)
     r.add_get("/v1/topics/{topic}/partitions/{partition}/offsets", h.offsets)
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", h.delete_records)
-    r.add_post("/v1/groups/{group}/offsets", h.commit_offsets)
-    r.add_get("/v1/groups/{group}/offsets", h.fetch_offsets)
+    from http_api.group_routes import install_group_routes  # consumer groups: /v1/groups...
+    install_group_routes(app, h)
     r.add_post("/v1/producer-ids", h.init_producer_id)
     r.add_post("/internal/v1/replica-fetch", h.replica_fetch)
     r.add_post("/internal/v1/epoch-end-offsets", h.epoch_end_offsets)

@@ -42,6 +42,15 @@ class BrokerConfig:
     offset_checkpoint_interval_ms: int = 60_000
     log_flush_scheduler_interval_ms: int = 1_000  # how often flush.ms policies are checked
     metadata_wait_ms: int = 10_000             # how long admin calls wait for the broker to see their result
+    # consumer groups (http_api/group_routes.py; Kafka's offsets.topic.* and group.* settings)
+    offsets_topic_num_partitions: int = 10     # __consumer_offsets partitions (fixed once created)
+    offsets_topic_replication_factor: int = 3  # capped at the number of live brokers when created
+    offsets_commit_timeout_ms: int = 5_000     # acks=all wait for a commit / group change
+    group_min_session_timeout_ms: int = 1_000  # joins outside [min, max] get INVALID_SESSION_TIMEOUT
+    group_max_session_timeout_ms: int = 300_000
+    group_session_timeout_ms: int = 45_000     # session.timeout.ms when the member gives none
+    group_heartbeat_interval_ms: int = 3_000   # capped at a third of the member's session timeout
+    group_rebalance_timeout_ms: int = 60_000   # a member must revoke within this, else it is removed
 
     @property
     def url(self) -> str:

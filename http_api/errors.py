@@ -65,6 +65,13 @@ class ErrorCode(enum.Enum):
     FENCED_MEMBER_EPOCH = (409, False)
     COORDINATOR_NOT_AVAILABLE = (503, True)
     NOT_COORDINATOR = (421, True)
+    # consumer groups (partitions/groups, http_api/group_routes.py)
+    COORDINATOR_LOAD_IN_PROGRESS = (503, True)
+    INVALID_SESSION_TIMEOUT = (400, False)
+    UNSUPPORTED_ASSIGNOR = (400, False)
+    INCONSISTENT_GROUP_PROTOCOL = (409, False)
+    GROUP_MAX_SIZE_REACHED = (409, False)
+    OFFSET_METADATA_TOO_LARGE = (400, False)
 
     @property
     def http_status(self) -> int:

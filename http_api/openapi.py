@@ -10,6 +10,15 @@ def _json(schema_ref: str, desc: str = "OK") -> dict:
     return {"description": desc, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}}}
 
 
+def _obj(desc: str) -> dict:  # consumer group routes
+    return {"description": desc, "content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+def _obj_body() -> dict:
+    return {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+_HEARTBEAT = "{member_id, member_epoch, heartbeat_interval_ms, session_timeout_ms, assignment: [{topic, partition}]}"
 _T = {"name": "topic", "in": "path", "required": True, "schema": {"type": "string"}}
 _P = {"name": "partition", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
 _G = {"name": "group", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -124,6 +133,32 @@ def openapi_document(server_url: str) -> dict:
                          "responses": {"200": _json("GroupOffsets")}},
                 "get": {"summary": "Committed group offsets", "responses": {"200": _json("GroupOffsets")}},
             },
+            # consumer groups (http_api/group_routes.py): any broker answers, forwarding to the coordinator
+            "/v1/groups": {"get": {"summary": "List groups (every coordinator)", "responses": {"200": _obj(
+                "{groups: [{group_id, state, members, coordinator_id}]}")}}},
+            "/v1/groups/{group}": {"parameters": [_G], "get": {
+                "summary": "Describe a group: members, assignments, per-partition committed offset, "
+                           "high_watermark, log_end_offset, lag", "responses": {
+                    "200": _obj("{group_id, state, assignor, group_epoch, members, partitions, total_lag}"),
+                    "404": _err("GROUP_ID_NOT_FOUND")}}},
+            "/v1/groups/{group}/coordinator": {"parameters": [_G], "get": {
+                "summary": "The group's coordinator", "responses": {"200": _obj(
+                    "{group_id, partition, coordinator_id, coordinator_url}")}}},
+            "/v1/groups/{group}/join": {"parameters": [_G], "post": {
+                "summary": "Join: {subscribed_topics, member_id?, session_timeout_ms?, rebalance_timeout_ms?, "
+                           "assignor? (range|roundrobin|sticky), client_id?}",
+                "requestBody": _obj_body(), "responses": {"200": _obj(_HEARTBEAT),
+                                                          "400": _err("INVALID_SESSION_TIMEOUT / UNSUPPORTED_ASSIGNOR")}}},
+            "/v1/groups/{group}/heartbeat": {"parameters": [_G], "post": {
+                "summary": "Heartbeat: {member_id, member_epoch, owned?: [{topic, partition}], "
+                           "subscribed_topics?}; answers the current assignment",
+                "requestBody": _obj_body(), "responses": {"200": _obj(_HEARTBEAT), "409": _err(
+                    "UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH: rejoin with member_epoch 0")}}},
+            "/v1/groups/{group}/leave": {"parameters": [_G], "post": {
+                "summary": "Leave: {member_id}", "requestBody": _obj_body(),
+                "responses": {"200": _obj("{member_id, member_epoch: -1}")}}},
+            "/internal/v1/groups": {"get": {"summary": "Broker-to-broker: groups of this coordinator",
+                                            "responses": {"200": _obj("{groups}")}}},
             "/v1/producer-ids": {
                 "post": {"summary": "A producer id for an idempotent producer (sequence numbers per partition)",
                          "responses": {"200": {"description": "{producer_id, producer_epoch}",
