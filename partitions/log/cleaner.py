@@ -2,33 +2,51 @@
 
 One pass over a Log (`LogCleaner.clean`), Kafka's algorithm:
 
-1. Cleanable range [first_dirty, first_uncleanable): first_dirty comes from the log's
-   `cleaner-offset-checkpoint` (the end of the previous pass; log start if none);
-   first_uncleanable = min(active segment base, high watermark, base of the first segment
-   with records younger than min.compaction.lag.ms).
-2. Offset map: key -> offset of its latest record in the dirty range (at most
-   `max_map_keys` keys; a pass that fills the map ends early and the next pass continues).
-3. Every closed segment below first_uncleanable is rewritten, in groups whose total size
+1. Plan (under the log's lock, a snapshot): cleanable range [first_dirty,
+   first_uncleanable): first_dirty comes from the log's `cleaner-offset-checkpoint` (the
+   end of the previous pass; log start if none); first_uncleanable = min(active segment
+   base, high watermark, base of the first segment with records younger than
+   min.compaction.lag.ms). The active segment is never part of a plan.
+2. Offset map: key -> offset of its latest record in the dirty range, bounded by
+   `dedupe_buffer_size_bytes` (Kafka's log.cleaner.dedupe.buffer.size; each entry costs
+   its key length + MAP_ENTRY_OVERHEAD_BYTES): a pass that fills the map ends early and
+   the next pass continues from there.
+3. Every closed segment below the end of the map is rewritten, in groups whose total size
    fits segment.bytes, keeping a record unless a later record with the same key is in the
-   map, or it is a tombstone (value None) older than delete.retention.ms (by its record
-   timestamp) in the cleaned range. Keyless and control records are kept. A batch whose
-   records all survive is copied byte for byte; otherwise it is re-encoded with the same
-   base offset, offset span, producer fields, epoch and codec; a batch left with no record
-   disappears, except that each group ends with an empty batch if needed so the cleaned
-   segment covers exactly the offsets of the group (crash-safe swap, see
-   Log.replace_segments).
-4. The cleaned segment (`.cleaned` files) replaces its group; the checkpoint advances.
+   map, or it is a tombstone (value None) whose delete horizon has passed. Keyless and
+   control records are kept; so is the last batch of every live idempotent producer (as
+   an empty batch carrying its producer id, epoch and sequences if all its records went),
+   so producer state rebuilt from the log still recognises retries. A batch whose records
+   all survive is copied byte for byte; otherwise it is re-encoded with the same base
+   offset, offset span, producer fields, epoch and codec; each group ends with an empty
+   batch if needed so the cleaned segment covers exactly the offsets of the group
+   (crash-safe swap, see Log.replace_segments).
+4. The cleaned segment (`.cleaned` files, fsynced by the worker) replaces its group under
+   the log's locks; the swap is refused if the log was truncated or its segments changed
+   meanwhile. Then `cleaner-tombstone-horizons` and the checkpoint advance.
 
-Pure with respect to IO frameworks; the broker shell runs it in a worker thread.
+Tombstones (KIP-534 semantics, kept in a side file instead of the batch header): a
+tombstone is kept for delete.retention.ms after the first pass that cleaned past it.
+`cleaner-tombstone-horizons` lists (end offset, time) of each pass that kept tombstones
+of its dirty range; a tombstone at offset o is removable once o is below the first dirty
+offset and the first entry with end > o is older than delete.retention.ms.
+
+Steps 2-3 run in a `CleanerWorker`, which reads the segment files through its own
+read-only descriptors and writes only `.cleaned` files: in the calling thread, or in a
+cleaner process (log_scheduler.py) so that compaction does not compete with the broker
+for the GIL. Pure with respect to IO frameworks.
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from .config import LogConfig
 from .errors import CorruptRecordError, LogClosedError
 from .leader_epoch_cache import write_checkpoint_file
 from .record_batch import (
@@ -45,7 +63,11 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
+TOMBSTONE_HORIZONS = "cleaner-tombstone-horizons"
 CLEANED_SUFFIX = ".cleaned"
+MiB = 1 << 20
+DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * MiB  # Kafka's log.cleaner.dedupe.buffer.size
+MAP_ENTRY_OVERHEAD_BYTES = 100  # dict slot + bytes and int objects, per key (CPython, measured ~95)
 
 
 def _wall_clock_ms() -> int:
@@ -64,8 +86,16 @@ class CleanerStats:
     records_read: int = 0
     records_retained: int = 0
     tombstones_removed: int = 0
+    map_keys: int = 0
+    map_bytes: int = 0
     elapsed_s: float = 0.0
     aborted: bool = False
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+# ---------------------------------------------------------------------- side files
 
 
 def read_cleaner_checkpoint(log_dir: Path) -> int | None:
@@ -82,13 +112,294 @@ def write_cleaner_checkpoint(log_dir: Path, offset: int) -> None:
     write_checkpoint_file(Path(log_dir) / CLEANER_CHECKPOINT, ["0", str(offset)])
 
 
+def read_tombstone_horizons(log_dir: Path) -> list[tuple[int, int]] | None:
+    """[(end offset, pass time ms)], ascending; None if the file is missing or unreadable."""
+    try:
+        lines = (Path(log_dir) / TOMBSTONE_HORIZONS).read_text().split("\n")
+        if lines[0] != "0":
+            return None
+        count = int(lines[1])
+        out = []
+        for line in lines[2 : 2 + count]:
+            end, t = line.split()
+            out.append((int(end), int(t)))
+        return out if len(out) == count else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write_tombstone_horizons(log_dir: Path, entries: list[tuple[int, int]]) -> None:
+    write_checkpoint_file(
+        Path(log_dir) / TOMBSTONE_HORIZONS, ["0", str(len(entries))] + [f"{e} {t}" for e, t in entries]
+    )
+
+
+def truncate_cleaner_state(log_dir: Path, log_end_offset: int | None) -> None:
+    """The log was truncated to `log_end_offset` (None: emptied): offsets at or above it
+    will hold new records, which are dirty and whose tombstones were never passed."""
+    log_dir = Path(log_dir)
+    if log_end_offset is None:
+        for name in (CLEANER_CHECKPOINT, TOMBSTONE_HORIZONS):
+            (log_dir / name).unlink(missing_ok=True)
+        return
+    cp = read_cleaner_checkpoint(log_dir)
+    if cp is not None and cp > log_end_offset:
+        write_cleaner_checkpoint(log_dir, log_end_offset)
+    horizons = read_tombstone_horizons(log_dir)
+    if horizons and horizons[-1][0] > log_end_offset:
+        kept = [(e, t) for e, t in horizons if e <= log_end_offset]
+        nxt = next(((e, t) for e, t in horizons if e > log_end_offset), None)
+        if nxt is not None and (not kept or kept[-1][0] < log_end_offset):
+            kept.append((log_end_offset, nxt[1]))
+        write_tombstone_horizons(log_dir, kept)
+
+
+# ---------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """A closed segment as the planner saw it (the worker reads at most `size` bytes)."""
+
+    base_offset: int
+    size: int
+    next_offset: int
+
+
+@dataclass(frozen=True)
+class CleaningPlan:
+    """Everything a worker needs to clean one log (picklable: it may cross to a process)."""
+
+    dir: str
+    config: LogConfig
+    segments: tuple[SegmentRef, ...]  # closed segments with base < end, oldest first
+    first_dirty: int
+    end: int
+    now_ms: int
+    horizons: tuple[tuple[int, int], ...]
+    producer_last_offsets: frozenset = frozenset()
+    dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
+    max_map_keys: int | None = None
+    generation: int = 0
+
+
+@dataclass
+class GroupResult:
+    """A cleaned group written as `.cleaned` files (fsynced, closed)."""
+
+    base_offset: int
+    next_offset: int
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_retained: int = 0
+    tombstones_removed: int = 0
+    dirty_tombstones_kept: int = 0
+
+
+@dataclass
+class MapResult:
+    end: int
+    keys: int
+    map_bytes: int
+
+
+class CleanerWorker:
+    """Steps 2-3 of a pass for one plan: builds the key -> latest offset map, then writes
+    cleaned groups. Touches only its own read-only descriptors and `.cleaned` files, so it
+    can run in any thread or process; the caller swaps the results in."""
+
+    def __init__(self, plan: CleaningPlan):
+        self.plan = plan
+        self.offset_map: dict[bytes, int] = {}
+        self.end = plan.end
+        self._h_ends = [e for e, _ in plan.horizons]
+        self._h_times = [t for _, t in plan.horizons]
+
+    def _open(self, ref: SegmentRef) -> LogSegment:
+        return LogSegment.open_read_only(self.plan.dir, ref.base_offset, self.plan.config, ref.size, ref.next_offset)
+
+    def _batches(self, ref: SegmentRef, skip_below: int = -1):
+        seg = self._open(ref)
+        try:
+            for pos, header in seg.scan_batches(0):
+                if header.next_offset <= skip_below:
+                    continue
+                yield header, seg.read_bytes(pos, header.size)
+        finally:
+            seg.close()
+
+    def build_offset_map(self) -> MapResult:
+        plan = self.plan
+        first_dirty, end = plan.first_dirty, plan.end
+        limit_bytes = max(1, plan.dedupe_buffer_size_bytes)
+        limit_keys = plan.max_map_keys
+        offset_map = self.offset_map
+        map_bytes = 0
+        done = False
+        for ref in plan.segments:
+            if done or ref.base_offset >= end:
+                break
+            if ref.next_offset <= first_dirty:
+                continue
+            for header, raw in self._batches(ref, first_dirty):
+                if header.base_offset >= end:
+                    done = True
+                    break
+                if header.is_control:
+                    continue
+                for record in decode_records(raw, validate=False):
+                    key = record.key
+                    if key is not None and first_dirty <= record.offset < end:
+                        if key not in offset_map:
+                            map_bytes += len(key) + MAP_ENTRY_OVERHEAD_BYTES
+                        offset_map[key] = record.offset
+                if map_bytes >= limit_bytes or (limit_keys is not None and len(offset_map) >= limit_keys):
+                    end = min(end, header.next_offset)
+                    done = True
+                    break
+        self.end = end
+        return MapResult(end, len(offset_map), map_bytes)
+
+    def _tombstone_removable(self, offset: int) -> bool:
+        if offset >= self.plan.first_dirty:
+            return False  # this pass is the first to pass it
+        i = bisect_right(self._h_ends, offset)
+        if i == len(self._h_ends):
+            return True  # no pass on record kept tombstones here: long expired
+        return self._h_times[i] + self.plan.config.delete_retention_ms <= self.plan.now_ms
+
+    def clean_group(self, refs: list[SegmentRef]) -> GroupResult:
+        plan = self.plan
+        cfg = plan.config
+        end = self.end
+        first_dirty = plan.first_dirty
+        offset_map = self.offset_map
+        keep_producer_batches = plan.producer_last_offsets
+        result = GroupResult(refs[0].base_offset, refs[-1].next_offset)
+        cleaned = LogSegment.create(plan.dir, refs[0].base_offset, cfg, plan.now_ms, suffix=CLEANED_SUFFIX)
+        try:
+            last_dropped: BatchHeader | None = None
+            last_epoch = -1
+            for ref in refs:
+                for header, raw in self._batches(ref):
+                    result.bytes_read += len(raw)
+                    last_epoch = max(last_epoch, header.partition_leader_epoch)
+                    if header.is_control or header.record_count == 0:
+                        _append(cleaned, raw, header)
+                        last_dropped = None
+                        continue
+                    records = decode_records(raw, validate=False)
+                    result.records_read += len(records)
+                    kept = []
+                    for r in records:
+                        if r.key is not None:
+                            latest = offset_map.get(r.key)
+                            if latest is not None and r.offset < latest:
+                                continue
+                            if r.value is None and r.offset < end:
+                                if self._tombstone_removable(r.offset):
+                                    result.tombstones_removed += 1
+                                    continue
+                                if r.offset >= first_dirty:
+                                    result.dirty_tombstones_kept += 1
+                        kept.append(r)
+                    result.records_retained += len(kept)
+                    if len(kept) == len(records):
+                        _append(cleaned, raw, header)
+                        last_dropped = None
+                    elif kept:
+                        batch = build_batch(
+                            kept,
+                            compression=header.compression,
+                            base_offset=header.base_offset,
+                            producer_id=header.producer_id,
+                            producer_epoch=header.producer_epoch,
+                            base_sequence=header.base_sequence,
+                            timestamp_type=header.timestamp_type,
+                            partition_leader_epoch=header.partition_leader_epoch,
+                            offset_deltas=[r.offset - header.base_offset for r in kept],
+                            last_offset_delta=header.last_offset_delta,
+                            is_transactional=header.is_transactional,
+                        )
+                        _append(cleaned, batch, BatchHeader.parse(batch))
+                        last_dropped = None
+                    elif header.producer_id >= 0 and header.last_offset in keep_producer_batches:
+                        # the producer's last batch: keep its header so its state survives
+                        empty = build_empty_batch(
+                            base_offset=header.base_offset,
+                            last_offset_delta=header.last_offset_delta,
+                            first_timestamp=header.first_timestamp,
+                            max_timestamp=header.max_timestamp,
+                            partition_leader_epoch=header.partition_leader_epoch,
+                            producer_id=header.producer_id,
+                            producer_epoch=header.producer_epoch,
+                            base_sequence=header.base_sequence,
+                            attributes=header.attributes,
+                        )
+                        _append(cleaned, empty, BatchHeader.parse(empty))
+                        last_dropped = None
+                    else:
+                        last_dropped = header
+            group_end = refs[-1].next_offset
+            if cleaned.next_offset < group_end:
+                # keep the group's offset span: an empty batch up to its last offset
+                base = max(cleaned.next_offset, refs[0].base_offset)
+                ref_h = last_dropped
+                empty = build_empty_batch(
+                    base_offset=base,
+                    last_offset_delta=group_end - 1 - base,
+                    first_timestamp=ref_h.first_timestamp if ref_h else -1,
+                    max_timestamp=ref_h.max_timestamp if ref_h else -1,
+                    partition_leader_epoch=last_epoch,
+                )
+                _append(cleaned, empty, BatchHeader.parse(empty))
+            cleaned.offset_index.flush(fsync=False)
+            cleaned.time_index.flush(fsync=False)
+            cleaned.flush()
+            result.bytes_written = cleaned.size
+            result.next_offset = cleaned.next_offset
+        except BaseException:
+            cleaned.delete()
+            raise
+        cleaned.close()
+        return result
+
+    def close(self) -> None:
+        self.offset_map = {}
+
+
+def _append(seg: LogSegment, raw: bytes, header: BatchHeader) -> None:
+    seg.append(raw, [(0, header.base_offset, header.next_offset, header.size, header.max_timestamp)])
+
+
+class LocalCleanerRunner:
+    """Runs a CleanerWorker in the calling thread."""
+
+    def start(self, plan: CleaningPlan) -> CleanerWorker:
+        return CleanerWorker(plan)
+
+
+# ---------------------------------------------------------------------- the cleaner
+
+
 class LogCleaner:
     """Compacts logs (see module docstring). Stateless between passes apart from each
-    log's checkpoint file."""
+    log's checkpoint and horizon files. `runner` decides where workers run (default: the
+    calling thread)."""
 
-    def __init__(self, *, max_map_keys: int = 1_000_000, time_ms: Callable[[], int] = _wall_clock_ms):
-        self.max_map_keys = max(1, max_map_keys)
+    def __init__(
+        self,
+        *,
+        dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
+        max_map_keys: int | None = None,
+        time_ms: Callable[[], int] = _wall_clock_ms,
+        runner=None,
+    ):
+        self.dedupe_buffer_size_bytes = max(1, dedupe_buffer_size_bytes)
+        self.max_map_keys = None if max_map_keys is None else max(1, max_map_keys)
         self._time_ms = time_ms
+        self.runner = runner or LocalCleanerRunner()
 
     # ------------------------------------------------------------------ planning
 
@@ -99,7 +410,7 @@ class LogCleaner:
         return min(max(offset, lg.log_start_offset), lg.log_end_offset)
 
     def cleanable_range(self, lg: "Log", now_ms: int | None = None) -> tuple[int, int]:
-        """(first dirty offset, first uncleanable offset)."""
+        """(first dirty offset, first uncleanable offset); first dirty <= first uncleanable."""
         now = self._time_ms() if now_ms is None else now_ms
         segments = lg.segments
         end = min(segments[-1].base_offset, lg.high_watermark)
@@ -110,7 +421,7 @@ class LogCleaner:
                     end = min(end, seg.base_offset)
                     break
         first_dirty = self.first_dirty_offset(lg)
-        return first_dirty, max(end, first_dirty)
+        return min(first_dirty, end), end
 
     def dirty_ratio(self, lg: "Log", now_ms: int | None = None) -> float:
         """Dirty bytes / cleanable bytes, by whole segments (Kafka's cleanable ratio)."""
@@ -126,16 +437,31 @@ class LogCleaner:
         total = clean + dirty
         return dirty / total if total else 0.0
 
+    def _horizons(self, lg: "Log", first_dirty: int, now: int) -> list[tuple[int, int]]:
+        horizons = read_tombstone_horizons(lg.dir)
+        if horizons is None:
+            # cleaned before horizons were recorded: treat the clean part as passed now
+            cp = read_cleaner_checkpoint(lg.dir)
+            horizons = [(first_dirty, now)] if cp is not None and first_dirty > lg.log_start_offset else []
+        return horizons
+
+    def tombstones_due(self, lg: "Log", now_ms: int | None = None) -> bool:
+        """True when tombstones kept by an earlier pass have reached their delete horizon."""
+        now = self._time_ms() if now_ms is None else now_ms
+        horizons = read_tombstone_horizons(lg.dir) or []
+        retention = lg.config.delete_retention_ms
+        return any(t + retention <= now for _, t in horizons)
+
     def needs_cleaning(self, lg: "Log", now_ms: int | None = None) -> bool:
         """Compacted topic with a dirty ratio >= min.cleanable.dirty.ratio, or a dirty
-        segment older than max.compaction.lag.ms."""
+        segment older than max.compaction.lag.ms, or tombstones past their horizon."""
         cfg = lg.config
-        if not cfg.compact:
+        if not cfg.compact or lg.closed:
             return False
         now = self._time_ms() if now_ms is None else now_ms
         first_dirty, end = self.cleanable_range(lg, now)
         if first_dirty >= end:
-            return False
+            return self.tombstones_due(lg, now)
         if cfg.max_compaction_lag_ms is not None:
             for seg in lg.segments[:-1]:
                 if seg.next_offset > first_dirty and seg.base_offset < end:
@@ -144,66 +470,103 @@ class LogCleaner:
                         return True
                     break
         ratio = self.dirty_ratio(lg, now)
-        return ratio > 0 and ratio >= cfg.min_cleanable_dirty_ratio
+        if ratio > 0 and ratio >= cfg.min_cleanable_dirty_ratio:
+            return True
+        return self.tombstones_due(lg, now)
+
+    def plan(self, lg: "Log", now_ms: int | None = None) -> tuple[CleaningPlan, list[LogSegment]] | None:
+        """A snapshot of what to clean (taken under the log's lock), or None."""
+        now = self._time_ms() if now_ms is None else now_ms
+        with lg.lock:
+            if lg.closed:
+                return None
+            first_dirty, end = self.cleanable_range(lg, now)
+            horizons = self._horizons(lg, first_dirty, now)
+            retention = lg.config.delete_retention_ms
+            if first_dirty >= end and not any(t + retention <= now for _, t in horizons):
+                return None
+            segments = [s for s in lg.segments[:-1] if s.base_offset < end]
+            if not segments:
+                return None
+            plan = CleaningPlan(
+                dir=str(lg.dir),
+                config=lg.config,
+                segments=tuple(SegmentRef(s.base_offset, s.size, s.next_offset) for s in segments),
+                first_dirty=first_dirty,
+                end=end,
+                now_ms=now,
+                horizons=tuple(horizons),
+                producer_last_offsets=frozenset(lg.producer_last_offsets()),
+                dedupe_buffer_size_bytes=self.dedupe_buffer_size_bytes,
+                max_map_keys=self.max_map_keys,
+                generation=lg.generation,
+            )
+            return plan, segments
 
     # ------------------------------------------------------------------ cleaning
 
-    def clean(self, lg: "Log", now_ms: int | None = None) -> CleanerStats | None:
+    def clean(
+        self, lg: "Log", now_ms: int | None = None, *, should_abort: Callable[[], bool] | None = None
+    ) -> CleanerStats | None:
         """One compaction pass over `lg`; None if there is nothing to clean."""
         started = time.monotonic()
-        now = self._time_ms() if now_ms is None else now_ms
-        first_dirty, end = self.cleanable_range(lg, now)
-        if first_dirty >= end:
+        planned = self.plan(lg, now_ms)
+        if planned is None:
             return None
-        stats = CleanerStats(first_dirty, end)
+        plan, segments = planned
+        stats = CleanerStats(plan.first_dirty, plan.end)
+        kept_dirty_tombstones = 0
+        worker = None
         try:
-            offset_map, end = self._build_offset_map(lg, first_dirty, end, stats)
-            stats.end_offset = end
-            segments = [s for s in lg.segments[:-1] if s.base_offset < end]
-            for group in self._group(segments, lg.config.segment_bytes):
-                cleaned = self._clean_group(lg, group, offset_map, end, now, stats)
-                if not lg.replace_segments(group, cleaned):
+            worker = self.runner.start(plan)
+            mapped = worker.build_offset_map()
+            end = stats.end_offset = mapped.end
+            stats.map_keys, stats.map_bytes = mapped.keys, mapped.map_bytes
+            for group in self._group([s for s in segments if s.base_offset < end], plan.config.segment_bytes):
+                if should_abort is not None and should_abort():
+                    stats.aborted = True
+                    break
+                refs = [SegmentRef(s.base_offset, s.size, s.next_offset) for s in group]
+                res = worker.clean_group(refs)
+                stats.bytes_read += res.bytes_read
+                stats.bytes_written += res.bytes_written
+                stats.records_read += res.records_read
+                stats.records_retained += res.records_retained
+                stats.tombstones_removed += res.tombstones_removed
+                kept_dirty_tombstones += res.dirty_tombstones_kept
+                new = LogSegment(plan.dir, res.base_offset, plan.config, plan.now_ms, suffix=CLEANED_SUFFIX)
+                new.next_offset = res.next_offset
+                if not lg.replace_segments(group, new, generation=plan.generation):
                     stats.aborted = True
                     break
                 stats.segments_cleaned += len(group)
         except (LogClosedError, OSError, CorruptRecordError) as exc:
             log.warning("cleaning %s aborted: %s", lg.dir, exc)
             stats.aborted = True
+        finally:
+            if worker is not None:
+                try:
+                    worker.close()
+                except Exception:  # noqa: BLE001 - a dead worker process has nothing to free
+                    pass
         if not stats.aborted:
-            write_cleaner_checkpoint(lg.dir, end)
+            try:
+                with lg.cleaner_state_lock:  # not lg.lock: appends must not wait for these fsyncs
+                    if lg.closed or lg.generation != plan.generation:
+                        stats.aborted = True
+                    else:
+                        retention = plan.config.delete_retention_ms
+                        horizons = [(e, t) for e, t in plan.horizons if t + retention > plan.now_ms]
+                        if kept_dirty_tombstones:
+                            horizons.append((stats.end_offset, plan.now_ms))
+                        if horizons != list(plan.horizons) or read_tombstone_horizons(lg.dir) is None:
+                            write_tombstone_horizons(lg.dir, horizons)
+                        write_cleaner_checkpoint(lg.dir, stats.end_offset)
+            except OSError as exc:
+                log.warning("cleaning %s: writing its checkpoint failed: %s", lg.dir, exc)
+                stats.aborted = True
         stats.elapsed_s = time.monotonic() - started
         return stats
-
-    def _iter_batches(self, seg: LogSegment, start_offset: int = -1):
-        position = 0
-        if start_offset > seg.base_offset:
-            found = seg.translate_offset(start_offset)
-            if found is None:
-                return
-            position = found[0]
-        for pos, header in seg.scan_batches(position):
-            yield header, seg.read_bytes(pos, header.size)
-
-    def _build_offset_map(
-        self, lg: "Log", first_dirty: int, end: int, stats: CleanerStats
-    ) -> tuple[dict[bytes, int], int]:
-        offset_map: dict[bytes, int] = {}
-        for seg in lg.segments[:-1]:
-            if seg.next_offset <= first_dirty:
-                continue
-            if seg.base_offset >= end:
-                break
-            for header, raw in self._iter_batches(seg, first_dirty):
-                if header.base_offset >= end:
-                    return offset_map, end
-                if header.is_control:
-                    continue
-                for record in decode_records(raw, validate=False):
-                    if record.key is not None and first_dirty <= record.offset < end:
-                        offset_map[record.key] = record.offset
-                if len(offset_map) >= self.max_map_keys:
-                    return offset_map, min(end, header.next_offset)
-        return offset_map, end
 
     @staticmethod
     def _group(segments: list[LogSegment], max_bytes: int) -> list[list[LogSegment]]:
@@ -220,81 +583,19 @@ class LogCleaner:
             groups.append(current)
         return groups
 
-    def _clean_group(
-        self,
-        lg: "Log",
-        group: list[LogSegment],
-        offset_map: dict[bytes, int],
-        end: int,
-        now: int,
-        stats: CleanerStats,
-    ) -> LogSegment:
-        cfg = lg.config
-        horizon = now - cfg.delete_retention_ms
-        cleaned = LogSegment.create(lg.dir, group[0].base_offset, cfg, now, suffix=CLEANED_SUFFIX)
-        last_dropped: BatchHeader | None = None
-        last_epoch = -1
-        for seg in group:
-            for header, raw in self._iter_batches(seg):
-                stats.bytes_read += len(raw)
-                last_epoch = max(last_epoch, header.partition_leader_epoch)
-                if header.is_control or header.record_count == 0:
-                    self._append(cleaned, raw, header)
-                    last_dropped = None
-                    continue
-                records = decode_records(raw, validate=False)
-                stats.records_read += len(records)
-                kept = []
-                for r in records:
-                    if r.key is not None:
-                        latest = offset_map.get(r.key)
-                        if latest is not None and r.offset < latest:
-                            continue
-                        if r.value is None and r.offset < end and r.timestamp <= horizon:
-                            stats.tombstones_removed += 1
-                            continue
-                    kept.append(r)
-                stats.records_retained += len(kept)
-                if len(kept) == len(records):
-                    self._append(cleaned, raw, header)
-                    last_dropped = None
-                elif kept:
-                    batch = build_batch(
-                        kept,
-                        compression=header.compression,
-                        base_offset=header.base_offset,
-                        producer_id=header.producer_id,
-                        producer_epoch=header.producer_epoch,
-                        base_sequence=header.base_sequence,
-                        timestamp_type=header.timestamp_type,
-                        partition_leader_epoch=header.partition_leader_epoch,
-                        offset_deltas=[r.offset - header.base_offset for r in kept],
-                        last_offset_delta=header.last_offset_delta,
-                        is_transactional=header.is_transactional,
-                    )
-                    self._append(cleaned, batch, BatchHeader.parse(batch))
-                    last_dropped = None
-                else:
-                    last_dropped = header
-        group_end = group[-1].next_offset
-        if cleaned.next_offset < group_end:
-            # keep the group's offset span: an empty batch up to its last offset
-            base = max(cleaned.next_offset, group[0].base_offset)
-            ref = last_dropped
-            empty = build_empty_batch(
-                base_offset=base,
-                last_offset_delta=group_end - 1 - base,
-                first_timestamp=ref.first_timestamp if ref else -1,
-                max_timestamp=ref.max_timestamp if ref else -1,
-                partition_leader_epoch=last_epoch,
-            )
-            self._append(cleaned, empty, BatchHeader.parse(empty))
-        stats.bytes_written += cleaned.size
-        return cleaned
 
-    @staticmethod
-    def _append(seg: LogSegment, raw: bytes, header: BatchHeader) -> None:
-        seg.append(raw, [(0, header.base_offset, header.next_offset, header.size, header.max_timestamp)])
-
-
-__all__ = ["LogCleaner", "CleanerStats", "CLEANER_CHECKPOINT", "read_cleaner_checkpoint", "write_cleaner_checkpoint"]
+__all__ = [
+    "LogCleaner",
+    "CleanerStats",
+    "CleanerWorker",
+    "CleaningPlan",
+    "SegmentRef",
+    "LocalCleanerRunner",
+    "CLEANER_CHECKPOINT",
+    "TOMBSTONE_HORIZONS",
+    "DEFAULT_DEDUPE_BUFFER_SIZE_BYTES",
+    "read_cleaner_checkpoint",
+    "write_cleaner_checkpoint",
+    "read_tombstone_horizons",
+    "truncate_cleaner_state",
+]

@@ -138,6 +138,10 @@ class Log:
         self._time_ms = time_ms
         self._lock = threading.RLock()
         self._flush_lock = threading.RLock()
+        # held while the cleaner's checkpoint files change (cleaner.py); truncation takes it
+        # after _lock so that a pass never records offsets a truncation has removed
+        self.cleaner_state_lock = threading.Lock()
+        self._generation = 0  # bumped by every truncation: a cleaner pass planned before it is void
         self._closed = False
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
@@ -303,6 +307,25 @@ class Log:
             self._config = config
             for seg in self._segments:
                 seg.config = config
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock guarding the segment list (held briefly; never across slow IO)."""
+        return self._lock
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every truncation; the cleaner refuses to swap across a change."""
+        return self._generation
+
+    def producer_last_offsets(self) -> set[int]:
+        """Last offset of the last batch of every live idempotent producer (the cleaner
+        keeps those batches so producer state survives compaction)."""
+        with self._lock:
+            ps = self.producer_state
+            if ps is None:
+                return set()
+            return {e.last_offset for e in ps.producers.values() if e.last_offset >= 0}
 
     @property
     def log_start_offset(self) -> int:
@@ -526,7 +549,7 @@ class Log:
             fsync_dir(self._dir)
             self._offset_gaps = True
 
-    def replace_segments(self, old: list[LogSegment], new: LogSegment) -> bool:
+    def replace_segments(self, old: list[LogSegment], new: LogSegment, generation: int | None = None) -> bool:
         """Swap consecutive segments `old` for `new` (the log cleaner's output, written
         with the ".cleaned" suffix and covering exactly old[0].base .. old[-1].next_offset).
 
@@ -534,7 +557,10 @@ class Log:
         old[0]'s (atomic); rename its indexes; delete old[1:]. A crash in between leaves
         either the old segments, or the new one plus old[1:] segments that it wholly
         covers, which open() deletes. Returns False (and deletes `new`) if the log changed
-        meanwhile (a segment was deleted, truncated or closed)."""
+        meanwhile (a segment was deleted, truncated or closed, or `generation` is not the
+        current one). `new` should already be fsynced (the cleaner's worker does it) so
+        that the locks are held only for the renames."""
+        new.flush()
         with self._flush_lock, self._lock:
             try:
                 i = next(k for k, s in enumerate(self._segments) if s is old[0])
@@ -543,6 +569,7 @@ class Log:
             current = self._segments[i : i + len(old)] if i >= 0 else []
             if (
                 self._closed
+                or (generation is not None and generation != self._generation)
                 or i < 0
                 or len(current) != len(old)
                 or any(a is not b for a, b in zip(current, old))
@@ -553,7 +580,6 @@ class Log:
                 new.delete()
                 return False
             self.mark_offset_gaps()
-            new.flush()
             new.close()
             first = old[0]
             first.close()
@@ -695,6 +721,8 @@ class Log:
             return True
 
     def _after_truncation(self, leo: int) -> None:
+        self._generation += 1
+        self._truncate_cleaner_state(leo)
         self._high_watermark = min(self._high_watermark, leo)
         self._recovery_point = min(self._recovery_point, leo)
         self.leader_epoch_cache.truncate_from_end(leo)
@@ -707,7 +735,15 @@ class Log:
             self._check_open()
             self._truncate_fully(offset)
 
+    def _truncate_cleaner_state(self, leo: int | None) -> None:
+        from .cleaner import truncate_cleaner_state
+
+        with self.cleaner_state_lock:
+            truncate_cleaner_state(self._dir, leo)
+
     def _truncate_fully(self, offset: int) -> None:
+        self._generation += 1
+        self._truncate_cleaner_state(None)
         for seg in self._segments:
             seg.delete()
         seg = LogSegment.create(self._dir, offset, self._config, self._time_ms())

@@ -123,6 +123,20 @@ class LogSegment:
             return seg, seg.recover(on_batch, contiguous=contiguous)
         return seg, 0
 
+    @classmethod
+    def open_read_only(
+        cls, directory: str | Path, base_offset: int, config: LogConfig, size: int, next_offset: int
+    ) -> "LogSegment":
+        """A reader of the first `size` bytes of an existing segment file through its own
+        read-only descriptor, indexes not loaded (the log cleaner's worker uses it; it may
+        run in another process). Only scan_batches/scan_raw/read_bytes/close are meant
+        for it; a file truncated underneath makes the scan raise CorruptRecordError."""
+        seg = cls(directory, base_offset, config, 0)
+        seg._fd = os.open(seg.log_path, os.O_RDONLY)
+        seg.size = size
+        seg.next_offset = next_offset
+        return seg
+
     def _load_indexes(self) -> str | None:
         """Load both indexes; a reason string if they cannot be trusted."""
         if not self.offset_index.load():

@@ -99,11 +99,12 @@ def test_tombstones_expire_after_delete_retention(tmp_path):
     lg.roll()
     lg.update_high_watermark(lg.log_end_offset)
     cleaner = LogCleaner(time_ms=clock)
-    cleaner.clean(lg, now_ms=10_500)  # within delete.retention.ms: the tombstone stays
+    cleaner.clean(lg, now_ms=10_500)  # first pass over it: the tombstone stays
     recs = _all(lg)
     assert [(r.key, r.value) for r in recs] == [(b"b", b"2"), (b"a", None)]
-    (lg.dir / CLEANER_CHECKPOINT).unlink()  # force another pass over the same range
-    stats = cleaner.clean(lg, now_ms=20_000)
+    assert not cleaner.needs_cleaning(lg, now_ms=11_400)  # horizon: first pass + delete.retention.ms
+    assert cleaner.needs_cleaning(lg, now_ms=11_500)
+    stats = cleaner.clean(lg, now_ms=11_500)
     assert stats.tombstones_removed == 1
     assert [(r.key, r.value) for r in _all(lg)] == [(b"b", b"2")]
     assert lg.log_end_offset == 3
@@ -139,15 +140,16 @@ def test_crash_in_the_middle_of_a_swap_keeps_a_consistent_log(tmp_path):
     _fill(lg, clock)
     before = _all(lg)
     cleaner = LogCleaner(time_ms=clock)
-    first_dirty, end = cleaner.cleanable_range(lg)
-    from partitions.log.cleaner import CleanerStats
+    plan, segments = cleaner.plan(lg)
+    from partitions.log.cleaner import CleanerWorker
 
-    stats = CleanerStats(first_dirty, end)
-    offset_map, end = cleaner._build_offset_map(lg, first_dirty, end, stats)
-    group = [s for s in lg.segments[:-1] if s.base_offset < end]
-    cleaned = cleaner._clean_group(lg, group, offset_map, end, clock.now, stats)
-    cleaned.flush()
-    cleaned.close()
+    worker = CleanerWorker(plan)
+    end = worker.build_offset_map().end
+    group = [s for s in segments if s.base_offset < end]
+    res = worker.clean_group([r for r in plan.segments if r.base_offset < end])
+    from partitions.log.segment import LogSegment
+
+    cleaned = LogSegment(lg.dir, res.base_offset, CFG, clock.now, suffix=".cleaned")
     lg.close_without_flush()
     # crash after the cleaned log replaced the first segment, before the rest were deleted
     os.replace(cleaned.log_path, group[0].log_path)
