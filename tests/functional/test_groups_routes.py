@@ -1,0 +1,157 @@
+"""Consumer group routes on in-process brokers: membership and assignment over HTTP,
+session expiry, fencing of stale commits, describe with lag, forwarding from any broker,
+and the coordinator moving to another broker with the group's state intact."""
+import asyncio
+
+from partitions.groups.records import OFFSETS_TOPIC, partition_for_group
+
+
+async def create(c, name, partitions=1, rf=1):
+    r = await c.post("/v1/topics", json={"name": name, "partitions": partitions, "replication_factor": rf})
+    assert r.status == 201, await r.text()
+
+
+async def post(c, path, body, status=200):
+    r = await c.post(path, json=body)
+    doc = await r.json()
+    assert r.status == status, doc
+    return doc
+
+
+async def settle(c, group, members, rounds=4):
+    """Heartbeat every member with what it owns until assignments stop changing."""
+    for _ in range(rounds):
+        for m in members.values():
+            doc = await post(c, f"/v1/groups/{group}/heartbeat", {
+                "member_id": m["member_id"], "member_epoch": m["member_epoch"],
+                "owned": m["assignment"]})
+            m.update(doc)
+
+
+def owned_sets(members):
+    return {k: {(a["topic"], a["partition"]) for a in m["assignment"]} for k, m in members.items()}
+
+
+async def wait_for(pred, timeout=5.0):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await pred():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_three_members_share_six_partitions_and_describe_shows_lag(broker):
+    c = broker.client
+    await create(c, "t6", 6)
+    r = await c.post("/v1/topics/t6/records", json={"records": [{"value": str(i), "partition": i % 6}
+                                                                for i in range(60)]})
+    assert r.status == 200
+    members = {}
+    for name in ("a", "b", "c"):
+        members[name] = await post(c, "/v1/groups/g3/join", {"subscribed_topics": ["t6"], "client_id": name,
+                                                               "session_timeout_ms": 30000})
+        assert members[name]["member_epoch"] >= 0
+    await settle(c, "g3", members)
+    sets = owned_sets(members)
+    assert sorted(len(s) for s in sets.values()) == [2, 2, 2]
+    assert set().union(*sets.values()) == {("t6", p) for p in range(6)}
+    a = members["a"]
+    await post(c, "/v1/groups/g3/offsets", {"member_id": a["member_id"], "member_epoch": a["member_epoch"],
+                                            "offsets": [{"topic": t, "partition": p, "offset": 4}
+                                                        for t, p in sorted(sets["a"])]})
+    d = await (await c.get("/v1/groups/g3")).json()
+    assert d["state"] == "stable" and len(d["members"]) == 3 and d["assignor"] == "sticky"
+    by_tp = {(x["topic"], x["partition"]): x for x in d["partitions"]}
+    for tp in sets["a"]:
+        assert by_tp[tp]["committed_offset"] == 4 and by_tp[tp]["high_watermark"] == 10
+        assert by_tp[tp]["lag"] == 6 and by_tp[tp]["member_id"] == a["member_id"]
+    assert d["total_lag"] == 12
+    listed = (await (await c.get("/v1/groups")).json())["groups"]
+    assert [(g["group_id"], g["state"], g["members"]) for g in listed] == [("g3", "stable", 3)]
+    # a commit without member id while the group has members is refused (cannot move offsets behind it)
+    r = await c.post("/v1/groups/g3/offsets", json={"offsets": [{"topic": "t6", "partition": 0, "offset": 0}]})
+    assert r.status == 409 and (await r.json())["error_code"] == "UNKNOWN_MEMBER_ID"
+    await post(c, "/v1/groups/g3/leave", {"member_id": a["member_id"]})
+    r = await c.post("/v1/groups/g3/heartbeat", json={"member_id": a["member_id"], "member_epoch": a["member_epoch"]})
+    assert r.status == 409 and (await r.json())["error_code"] == "UNKNOWN_MEMBER_ID"
+    r = await c.get("/v1/groups/nope")
+    assert r.status == 404 and (await r.json())["error_code"] == "GROUP_ID_NOT_FOUND"
+
+
+async def test_silent_member_expires_and_its_partitions_move(broker):
+    c = broker.client
+    await create(c, "te", 4)
+    m1 = await post(c, "/v1/groups/ge/join", {"subscribed_topics": ["te"], "session_timeout_ms": 1000})
+    m2 = await post(c, "/v1/groups/ge/join", {"subscribed_topics": ["te"], "session_timeout_ms": 5000})
+    members = {"m1": m1, "m2": m2}
+    await settle(c, "ge", members)
+    assert [len(s) for s in owned_sets(members).values()] == [2, 2]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def m2_has_all():
+        await settle(c, "ge", {"m2": m2}, rounds=1)
+        return len(m2["assignment"]) == 4
+    await wait_for(m2_has_all, timeout=4)
+    assert loop.time() - start < 3  # session 1 s + expiry timer
+    r = await c.post("/v1/groups/ge/offsets", json={"member_id": m1["member_id"], "member_epoch": m1["member_epoch"],
+                                                    "offsets": [{"topic": "te", "partition": 0, "offset": 1}]})
+    assert r.status == 409 and (await r.json())["error_code"] == "UNKNOWN_MEMBER_ID"
+
+
+async def test_zombie_commit_after_revocation_is_refused(broker):
+    c = broker.client
+    await create(c, "tz", 2)
+    a = await post(c, "/v1/groups/gz/join", {"subscribed_topics": ["tz"], "assignor": "range"})
+    assert len(a["assignment"]) == 2
+    b = await post(c, "/v1/groups/gz/join", {"subscribed_topics": ["tz"], "assignor": "range"})
+    old = dict(a)
+    await settle(c, "gz", {"a": a, "b": b})
+    revoked = [x for x in old["assignment"] if x not in a["assignment"]]
+    assert len(revoked) == 1
+    r = await c.post("/v1/groups/gz/offsets", json={"member_id": a["member_id"], "member_epoch": old["member_epoch"],
+                                                    "offsets": [dict(revoked[0], offset=0)]})
+    assert r.status == 409 and (await r.json())["error_code"] == "ILLEGAL_GENERATION"
+    r = await c.post("/v1/groups/gz/join", json={"subscribed_topics": ["tz"], "session_timeout_ms": 10})
+    assert r.status == 400 and (await r.json())["error_code"] == "INVALID_SESSION_TIMEOUT"
+    r = await c.post("/v1/groups/gz/join", json={"subscribed_topics": ["tz"], "assignor": "magic"})
+    assert r.status == 400 and (await r.json())["error_code"] == "UNSUPPORTED_ASSIGNOR"
+
+
+async def test_any_broker_serves_groups_and_the_coordinator_can_move(two_brokers):
+    b1, b2 = two_brokers
+    await create(b1.client, "tf", 2, rf=2)
+    # offsets topic with RF 2 (both brokers live when it is auto-created)
+    r = await b2.client.post("/v1/groups/gf/offsets", json={"offsets": [{"topic": "tf", "partition": 0, "offset": 3}]})
+    assert r.status == 200, await r.text()
+    t = b1.controller.image.topics[OFFSETS_TOPIC]
+    assert t.configs.get("cleanup.policy") == "compact"
+    p = partition_for_group("gf", len(t.partitions))
+    reg = t.partitions[p]
+    assert len(reg.replicas) == 2
+    coord = {1: b1, 2: b2}[reg.leader]
+    other = {1: b2, 2: b1}[reg.leader]
+    doc = await (await other.client.get("/v1/groups/gf/coordinator")).json()
+    assert doc["coordinator_id"] == reg.leader and doc["partition"] == p
+    # a forwarded request that lands on a non-coordinator is told where to go
+    r = await other.client.post("/v1/groups/gf/offsets", json={"offsets": []},
+                                headers={"X-Kraftlog-Forwarded": "9"})
+    assert r.status == 421 and (await r.json())["coordinator_id"] == reg.leader
+    m = await post(other.client, "/v1/groups/gm/join", {"subscribed_topics": ["tf"]})  # forwarded
+    pm = partition_for_group("gm", len(t.partitions))
+    await post(b1.client, "/v1/groups/gf/offsets", {"offsets": [{"topic": "tf", "partition": 1, "offset": 7}]})
+    # the follower has every commit (acks=all) -> the new leader rebuilds the same state
+    await b1.controller.move_leader(OFFSETS_TOPIC, p, other.config.broker_id)
+    new_leader_gm = b1.controller.image.topics[OFFSETS_TOPIC].partitions[pm].leader
+    await b1.controller.move_leader(OFFSETS_TOPIC, pm, 3 - new_leader_gm)
+    for h in (b1, b2):
+        doc = await (await h.client.get("/v1/groups/gf/offsets")).json()
+        assert doc == {"offsets": [{"topic": "tf", "partition": 0, "offset": 3},
+                                   {"topic": "tf", "partition": 1, "offset": 7}]}
+    doc = await post(coord.client, "/v1/groups/gf/offsets", {"offsets": [{"topic": "tf", "partition": 0, "offset": 9}]})
+    assert (await (await other.client.get("/v1/groups/gf/offsets")).json())["offsets"][0]["offset"] == 9
+    # the member survived the move: same id and epoch, still owns its partitions
+    hb = await post(b1.client, "/v1/groups/gm/heartbeat", {"member_id": m["member_id"],
+                                                           "member_epoch": m["member_epoch"],
+                                                           "owned": m["assignment"]})
+    assert hb["member_epoch"] == m["member_epoch"] and hb["assignment"] == m["assignment"]
