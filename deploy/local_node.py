@@ -52,6 +52,7 @@ class LocalNode:
 
     def start(self, timeout: float = 60.0) -> "LocalNode":
         self.lines = []
+        self._saw_url = False
         self._ready.clear()
         env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -61,7 +62,11 @@ class LocalNode:
         if not self._ready.wait(timeout):
             self.kill()
             raise RuntimeError(f"kraftlog serve did not become ready in {timeout}s:\n{self.output}")
-        if self.proc.poll() is not None:
+        if not self._saw_url:  # output ended before the ready line: the node exited
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
             if self._reader is not None:
                 self._reader.join(5)
             raise RuntimeError(f"kraftlog serve exited with code {self.proc.returncode}:\n{self.output}")
@@ -72,6 +77,7 @@ class LocalNode:
         for line in self.proc.stdout:
             self.lines.append(line)
             if line.strip() == self.url:
+                self._saw_url = True
                 self._ready.set()
         self._ready.set()
 
