@@ -1,0 +1,85 @@
+"""The Python Consumer in a group (in-process broker): three consumers share six partitions
+without overlap, a closed member's partitions move with its commits, committed offsets never
+go backwards, a restarted consumer resumes where the group committed."""
+import asyncio
+
+from http_api.client import AdminClient, Consumer, Producer
+
+
+async def produce(url, topic, n, partitions):
+    async with Producer(url, linger_ms=1) as p:
+        for i in range(n):
+            await p.send(topic, f"v{i}", partition=i % partitions)
+
+
+async def poll_until(consumers, pred, timeout=10.0, seen=None):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "condition not reached"
+        batches = await asyncio.gather(*(c.poll(100) for c in consumers))
+        if seen is not None:
+            for c, recs in zip(consumers, batches):
+                for r in recs:
+                    seen.append((id(c), r.topic, r.partition, r.offset))
+
+
+async def committed(url, group):
+    async with Consumer(url, group_id=group) as c:
+        _, doc = await c.t.bootstrap_json("GET", f"/v1/groups/{group}/offsets")
+        return {(e["topic"], e["partition"]): e["offset"] for e in doc["offsets"]}
+
+
+async def test_three_consumers_share_six_partitions_then_one_leaves(broker):
+    url = broker.config.url
+    async with AdminClient(url) as admin:
+        await admin.create_topic("six", 6)
+    await produce(url, "six", 60, 6)
+    cs = [Consumer(url, group_id="g6", auto_offset_reset="earliest", session_timeout_ms=2000,
+                   auto_commit_interval_ms=50, max_wait_ms=100) for _ in range(3)]
+    for c in cs:
+        await c.subscribe(["six"])
+    seen = []
+
+    def balanced():
+        sets = [set(c.assignment()) for c in cs]
+        return sorted(map(len, sets)) == [2, 2, 2] and len(set().union(*sets)) == 6
+
+    await poll_until(cs, lambda: balanced() and len({x[1:] for x in seen}) == 60, seen=seen)
+    # no overlap: each (partition, offset) delivered to exactly one consumer
+    owners = {}
+    for cid, t, p, o in seen:
+        owners.setdefault((t, p), set()).add(cid)
+    assert all(len(v) == 1 for v in owners.values())
+    history = []
+    for _ in range(3):
+        await poll_until(cs, lambda: True)
+        await asyncio.sleep(0.06)
+        await asyncio.gather(*(c.poll(10) for c in cs))
+        history.append(await committed(url, "g6"))
+    assert history[-1] == {("six", p): 10 for p in range(6)}
+    # one member leaves (commits, releases): the other two take its partitions over
+    gone = cs.pop()
+    await gone.close()
+    await produce(url, "six", 30, 6)
+    await poll_until(cs, lambda: len(set(cs[0].assignment()) | set(cs[1].assignment())) == 6
+                     and not set(cs[0].assignment()) & set(cs[1].assignment()), seen=seen)
+    await poll_until(cs, lambda: len({x[1:] for x in seen}) == 90, seen=seen)
+    await asyncio.sleep(0.06)
+    await asyncio.gather(*(c.poll(10) for c in cs))
+    history.append(await committed(url, "g6"))
+    assert history[-1] == {("six", p): 15 for p in range(6)}
+    for a, b in zip(history, history[1:]):
+        assert all(b[k] >= a.get(k, 0) for k in b), "a committed offset went backwards"
+    for c in cs:
+        await c.close()
+    # restarted with the same group: resumes where the group committed
+    await produce(url, "six", 6, 6)
+    async with Consumer(url, group_id="g6", auto_offset_reset="earliest", max_wait_ms=100) as c:
+        await c.subscribe(["six"])
+        got = []
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while len(got) < 6 and loop.time() < end:
+            got.extend(await c.poll(200))
+        assert sorted((r.partition, r.offset) for r in got) == [(p, 15) for p in range(6)]
