@@ -298,6 +298,8 @@ class ReplicaManager:
             info = lg.append_as_leader(batches, part.leader_epoch)
         except log_errors.RecordTooLargeError as e:
             raise KraftlogError(ErrorCode.MESSAGE_TOO_LARGE, str(e)) from None
+        except log_errors.InvalidRecordError as e:  # e.g. no key on a compacted topic
+            raise KraftlogError(ErrorCode.INVALID_RECORD, str(e)) from None
         except log_errors.CorruptRecordError as e:
             raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
         except log_errors.OutOfOrderSequenceError as e:
@@ -328,7 +330,7 @@ class ReplicaManager:
     async def _flush(self, key, lg, up_to: int) -> None:
         """Group commit: one fsync in flight per log, off the event loop; returns once the
         log's recovery point covers `up_to`."""
-        while lg.recovery_point < up_to:
+        while lg.recovery_point < min(up_to, lg.log_end_offset):  # truncated meanwhile: less to wait for
             fut = self._flushing.get(key)
             if fut is None:
                 fut = asyncio.ensure_future(self._run_blocking(lg.flush))
