@@ -6,6 +6,7 @@
     kraftlog topic list | describe NAME | delete NAME
     kraftlog produce TOPIC [--key-separator SEP] [--acks all|1|0]
     kraftlog consume TOPIC [--from-beginning] [--group G] [--max-records N]
+    kraftlog group list | describe G          (consumer groups, with lag)
     kraftlog cluster up|down|status ...
 
 Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082)
@@ -302,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--print-key", action="store_true", help="print KEY<sep>VALUE (separator --key-separator)")
     c.add_argument("--key-separator", default="\t")
     c.set_defaults(func=lambda a: _run_client(_consume, a))
+
+    from deploy.group_cli import add_group_parser  # kraftlog group list|describe
+    add_group_parser(sub, client, _run_client)
 
     cl = sub.add_parser("cluster", help="local multi-node cluster: up, down, status")
     clsub = cl.add_subparsers(dest="cluster_cmd", metavar="ACTION")

@@ -217,6 +217,15 @@ class AdminClient:
         _, doc = await self.t.bootstrap_json("GET", "/v1/metadata")
         return doc
 
+    # consumer groups (http_api/group_routes.py)
+    async def list_groups(self) -> list[dict]:
+        _, doc = await self.t.bootstrap_json("GET", "/v1/groups")
+        return doc["groups"]
+
+    async def describe_group(self, group: str) -> dict:
+        _, doc = await self.t.bootstrap_json("GET", f"/v1/groups/{group}")
+        return doc
+
     async def close(self) -> None:
         await self.t.close()
 
