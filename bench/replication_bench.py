@@ -1,0 +1,186 @@
+"""Replication benchmark on a real 3-broker cluster (1 controller + 3 broker processes).
+
+Figures (printed, not asserted):
+- produce throughput, raw batches of 100-byte records: RF=3 acks=all vs RF=1 acks=1 on the
+  same cluster in the same run, alternating A/B rounds (goal: RF=3 >= 50% of RF=1);
+- end-to-end latency p50/p99 at RF=3 acks=all (send -> a long-polling consumer has it);
+- failover: kill -9 of a partition leader -> first acknowledged write on the new leader
+  (default settings; several rounds, the killed broker restarted in between);
+- mass failover: kill -9 a broker leading many partitions; time until every one of them
+  has taken an acknowledged write again.
+
+    python -m bench.replication_bench [--seconds S] [--concurrency C] [--partitions-mass N]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import aiohttp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from http_api import codecs  # noqa: E402
+from http_api.client import Consumer, Producer  # noqa: E402
+from partitions.log import record_batch as rb  # noqa: E402
+from partitions.replication.testing import ReplicatedCluster, http  # noqa: E402
+
+RECORD_BYTES = 100
+RECORDS_PER_BATCH = 1000
+PARTITIONS = 3
+
+
+def _leaders(c: ReplicatedCluster, topic: str) -> dict[int, str]:
+    return {p["partition"]: c.url(p["leader"]) for p in c.partition_list(topic)}
+
+
+async def produce_throughput(c: ReplicatedCluster, topic: str, acks: str, seconds: float, concurrency: int) -> float:
+    """records/s of raw-batch produce to the partition leaders, `concurrency` requests in flight."""
+    batch = rb.build_batch([rb.Record(None, b"x" * RECORD_BYTES) for _ in range(RECORDS_PER_BATCH)])
+    leaders = _leaders(c, topic)
+    done = 0
+    stop_at = time.monotonic() + seconds
+    async with aiohttp.ClientSession() as s:
+        async def worker(i: int):
+            nonlocal done
+            p = i % PARTITIONS
+            url = f"{leaders[p]}/v1/topics/{topic}/partitions/{p}/records?acks={acks}"
+            while time.monotonic() < stop_at:
+                async with s.post(url, data=batch, headers={"Content-Type": codecs.RAW_BATCH}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"produce answered {r.status}")
+                done += RECORDS_PER_BATCH
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        return done / (time.monotonic() - t0)
+
+
+async def e2e_latency(c: ReplicatedCluster, topic: str, n: int) -> list[float]:
+    """ms from Producer.send (acks=all, idempotent) to the consumer's poll returning it."""
+    sent: dict[bytes, float] = {}
+    lat: list[float] = []
+    async with Consumer(c.urls, auto_offset_reset="latest", max_wait_ms=1000) as consumer:
+        consumer.assign([(topic, 0)])
+        await consumer.position((topic, 0))
+
+        async def consume():
+            while len(lat) < n:
+                for r in await consumer.poll(1000):
+                    t = sent.get(r.value)
+                    if t is not None:
+                        lat.append((time.perf_counter() - t) * 1000)
+        task = asyncio.ensure_future(consume())
+        async with Producer(c.urls, acks="all", linger_ms=0) as producer:
+            for i in range(n):
+                v = f"lat-{i}".encode()
+                sent[v] = time.perf_counter()
+                await (await producer.send(topic, v, partition=0))
+                await asyncio.sleep(0.005)
+        await asyncio.wait_for(task, 30)
+    return lat
+
+
+def first_ack_after_kill(c: ReplicatedCluster, topic: str, partition: int) -> tuple[float, int]:
+    """kill -9 the leader of topic-partition; seconds until a write is acknowledged by a new
+    leader (the client retries on the other brokers, refreshing metadata). -> (s, victim)"""
+    victim = c.partition(topic, partition)["leader"]
+    others = [c.url(b) for b in c.ports if b != victim]
+    t0 = time.monotonic()
+    c.kill(victim)
+    i = 0
+    while True:
+        url = others[i % len(others)]
+        i += 1
+        status, _ = http("POST", f"{url}/v1/topics/{topic}/records?acks=all",
+                         {"records": [{"value": "after-kill", "partition": partition}]}, timeout=5)
+        if status == 200:
+            return time.monotonic() - t0, victim
+        time.sleep(0.01)
+
+
+async def mass_failover(c: ReplicatedCluster, topic: str) -> tuple[int, float, float]:
+    """kill -9 the broker leading the most partitions of `topic`; -> (partitions it led,
+    seconds until all have a new leader in metadata, seconds until each took a write)."""
+    parts = c.partition_list(topic)
+    counts: dict[int, int] = {}
+    for p in parts:
+        counts[p["leader"]] = counts.get(p["leader"], 0) + 1
+    victim = max(counts, key=counts.get)
+    led = [p["partition"] for p in parts if p["leader"] == victim]
+    others = [c.url(b) for b in c.ports if b != victim]
+    t0 = time.monotonic()
+    c.kill(victim)
+    async with Producer(others, acks="all", linger_ms=0) as producer:
+        async def one(p):
+            await (await producer.send(topic, b"mass", partition=p))
+            return time.monotonic() - t0
+        results = await asyncio.gather(*(one(p) for p in led))
+    elected = None
+    while elected is None:
+        if all(p["leader"] != victim for p in c.partition_list(topic)):
+            elected = time.monotonic() - t0
+    return len(led), elected, max(results)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=4.0, help="per throughput round")
+    ap.add_argument("--rounds", type=int, default=2, help="A/B rounds of the throughput comparison")
+    ap.add_argument("--concurrency", type=int, default=6)
+    ap.add_argument("--latency-records", type=int, default=300)
+    ap.add_argument("--failover-rounds", type=int, default=3)
+    ap.add_argument("--partitions-mass", type=int, default=150)
+    args = ap.parse_args(argv)
+    base = tempfile.mkdtemp(prefix="kraftlog-repl-bench-")
+    print(f"data under {base}")
+    with ReplicatedCluster(base, brokers=3) as c:
+        c.create_topic("rf1", PARTITIONS, 1)
+        c.create_topic("rf3", PARTITIONS, 3)
+        rf1, rf3 = [], []
+        for r in range(args.rounds):
+            order = [("rf1", "1", rf1), ("rf3", "all", rf3)]
+            for topic, acks, out in (order if r % 2 == 0 else order[::-1]):
+                out.append(asyncio.run(produce_throughput(c, topic, acks, args.seconds, args.concurrency)))
+        a, b = statistics.median(rf1), statistics.median(rf3)
+        print(f"produce RF=1 acks=1:   {a:>10,.0f} records/s  {a * RECORD_BYTES / 1e6:6.1f} MB/s  rounds "
+              f"{[round(x) for x in rf1]}")
+        print(f"produce RF=3 acks=all: {b:>10,.0f} records/s  {b * RECORD_BYTES / 1e6:6.1f} MB/s  rounds "
+              f"{[round(x) for x in rf3]}")
+        print(f"RF=3 acks=all / RF=1 acks=1 = {b / a:.0%} (goal >= 50%)")
+
+        c.create_topic("lat", 1, 3)
+        lat = asyncio.run(e2e_latency(c, "lat", args.latency_records))
+        print(f"end-to-end latency RF=3 acks=all: p50 {pct(lat, 0.5):.1f} ms  p99 {pct(lat, 0.99):.1f} ms "
+              f"({len(lat)} records)")
+
+        c.create_topic("fo", 1, 3)
+        times = []
+        for _ in range(args.failover_rounds):
+            s, victim = first_ack_after_kill(c, "fo", 0)
+            times.append(s)
+            c.start_broker(victim)
+            c.wait_for(lambda: len(c.partition("fo")["isr"]) == 3, 60, "ISR back")
+        print(f"kill -9 leader -> first acked write on the new leader: median {statistics.median(times):.2f} s "
+              f"rounds {[round(t, 2) for t in times]} (goal < 3 s)")
+
+        c.create_topic("mass", args.partitions_mass, 3)
+        n, elected, writable = asyncio.run(mass_failover(c, "mass"))
+        print(f"mass failover: {n} partitions led by the killed broker; all re-elected in {elected:.2f} s, "
+              f"all took an acked write within {writable:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
