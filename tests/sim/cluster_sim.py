@@ -1,0 +1,637 @@
+"""A seeded, deterministic simulation of kraftlog's pure cores wired as a cluster.
+
+What runs for real: `partitions.log.Log` (one per broker, in a temp dir), the pure
+`partitions.replication.partition.Partition` (roles, ISR, HW), the pure
+`metadata_quorum.controller.QuorumController` deciding records and
+`metadata_quorum.state_machine.MetadataStateMachine` applying them (the raft layer is
+replaced by direct, ordered application; a controller failover is a new controller object
+with fresh soft state and a new epoch, as after a raft election).
+
+What is simulated: time (`now_ms`), a network between brokers, the controller and one
+producer (loss, random delay = reordering, cut links), broker crashes (kill -9: the
+process state is gone, the files stay, the log is recovered on restart) and restarts with a
+new incarnation, controller failovers. The broker glue mirrors
+`partitions/replication/replica_manager.py` and `http_api/broker_server.py`: metadata is
+applied with make_leader / make_follower, a new follower asks the leader for its epoch
+end offset and truncates there, then fetches; the leader proposes ISR changes through
+AlterPartition; acks=all waits for the HW.
+
+Invariants are checked after every step (see `check_invariants`); the first violation
+raises `SimulationFailure` carrying the seed and the step, so
+`KRAFTLOG_SIM_SEED=<seed> pytest tests/sim` replays it exactly. At the end the network
+heals, every broker restarts, the cluster converges, and the producer history goes
+through the chaos history checker (no acknowledged write lost, no duplicates, ...).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import heapq
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from http_api.errors import KraftlogError
+from metadata_quorum.controller import ControllerSettings, QuorumController
+from metadata_quorum.records import LeaderChangeRecord, record_to_dict
+from metadata_quorum.state_machine import MetadataStateMachine
+from partitions.log.config import LogConfig
+from partitions.log.log import Log
+from partitions.log.record_batch import Record, build_batch, decode_batches
+from partitions.replication.partition import Partition
+from tests.chaos.harness.checker import check as check_history
+from tests.chaos.harness.history import History
+
+TOPIC = "t"
+CONTROLLER = 0
+PRODUCER = -1
+
+
+class SimulationFailure(AssertionError):
+    pass
+
+
+@dataclass
+class SimConfig:
+    """Named knobs of one simulation run (time in ms, probabilities per event)."""
+
+    brokers: int = 3
+    min_insync_replicas: int = 2
+    steps: int = 2000
+    step_ms: int = 10
+    message_loss: float = 0.02
+    delay_ms_max: int = 60
+    fault_probability: float = 0.01
+    produce_probability: float = 0.3
+    fetch_interval_ms: int = 20
+    heartbeat_interval_ms: int = 100
+    isr_check_interval_ms: int = 50
+    metadata_push_interval_ms: int = 50
+    maintenance_interval_ms: int = 100
+    replica_lag_time_max_ms: int = 500
+    session_timeout_ms: int = 900
+    produce_timeout_ms: int = 1500
+    # Kafka's rule: the HW never passes the LEO of a member of the leader's ISR. Off, only
+    # the consequence (acknowledged records lost after a leader change) is checked.
+    # Off by default until the leader counts pending ISR expansions (Kafka's "maximal ISR");
+    # see tests/sim/test_regression_isr_expansion_hw.py.
+    check_hw_within_isr: bool = False
+    # a leader asks again when its AlterPartition got no answer within this time (the real
+    # broker's _isr_loop never asks again for the same partition epoch: see
+    # tests/chaos/test_regression_alter_partition_retry.py)
+    alter_partition_retry_ms: int = 300
+
+
+@dataclass
+class SimBroker:
+    id: int
+    dir: str
+    alive: bool = True
+    incarnation: int = 0
+    broker_epoch: int = -1
+    log: Optional[Log] = None
+    part: Optional[Partition] = None
+    meta_offset: int = 0
+    needs_truncation: bool = False
+    inflight_until: int = -1          # one fetch / epoch request at a time
+    pending_alter_epoch: int = -1
+    pending_alter_until: int = -1
+    waiters: list = field(default_factory=list)  # (required_offset, leader_epoch, op, offsets, deadline)
+    last_fetch_ms: int = -10**9
+    last_hb_ms: int = -10**9
+    last_isr_ms: int = -10**9
+
+
+@contextlib.contextmanager
+def _no_fsync():
+    """The simulation tests logic, not the disk: fsync is a no-op while it runs."""
+    import partitions.log.segment as segment
+
+    saved = (segment._fdatasync, os.fsync)
+    segment._fdatasync = lambda fd: None
+    os.fsync = lambda fd: None
+    try:
+        yield
+    finally:
+        segment._fdatasync, os.fsync = saved
+
+
+class Simulation:
+    """One seeded run. `run()` returns a summary dict or raises SimulationFailure."""
+
+    def __init__(self, seed: int, config: Optional[SimConfig] = None, root: Optional[str] = None):
+        self.seed = seed
+        self.cfg = config or SimConfig()
+        self.rng = random.Random(seed)
+        self.now = 0
+        self.step_no = 0
+        self._own_root = root is None
+        self.root = root or tempfile.mkdtemp(prefix=f"kraftlog-sim-{seed}-")
+        self.net: list = []           # heap of (deliver_at, seq, src, dst, kind, payload)
+        self.seq = 0
+        self.cut: set[tuple[int, int]] = set()
+        self.history = History(clock=lambda: self.now / 1000.0)
+        self.value_no = 0
+        self.stats: dict[str, int] = {}
+        self.trace: collections.deque = collections.deque(maxlen=200)
+        # invariant bookkeeping
+        self.epoch_leader: dict[int, int] = {}      # leader epoch -> broker that led it
+        self.hw_seen: dict[tuple[int, int], int] = {}  # (broker, leader epoch) -> HW
+        self.committed: dict[int, str] = {}          # offset -> value acknowledged to the producer
+        self.broker_epochs: dict[int, int] = {}
+        self.last_partition_epoch = -1
+        self.last_leader_epoch = -1
+        self.verified: dict[tuple[int, int], int] = {}
+        # metadata
+        self.sm = MetadataStateMachine("sim")
+        self.controller_epoch = 0
+        self.controller: QuorumController
+        self.last_maintenance = 0
+        self.last_push = 0
+
+    # ================================================================ plumbing
+    def count(self, what: str, n: int = 1) -> None:
+        self.stats[what] = self.stats.get(what, 0) + n
+
+    def note(self, event: str) -> None:
+        self.trace.append(f"t={self.now} {event}")
+
+    def fail(self, message: str) -> None:
+        tail = "\n  ".join(list(self.trace)[-40:])
+        raise SimulationFailure(f"[seed {self.seed} step {self.step_no} t={self.now}ms] {message}\n"
+                                f"last events:\n  {tail}\n"
+                                f"replay: KRAFTLOG_SIM_SEED={self.seed} KRAFTLOG_SIM_STEPS={self.cfg.steps} "
+                                f".venv/bin/python -m pytest -q tests/sim")
+
+    @property
+    def image(self):
+        return self.sm.image
+
+    def propose(self, records: list) -> bool:
+        if not records:
+            return True
+        entry = {"request_id": None, "controller_epoch": self.controller_epoch,
+                 "records": [record_to_dict(r) for r in records]}
+        res = self.sm.apply([entry])[0]
+        self.count("metadata_batches")
+        return bool(res.get("ok"))
+
+    def new_controller(self) -> None:
+        """A controller failover: fresh soft state (sessions), next epoch, leader change record."""
+        self.controller_epoch += 1
+        settings = ControllerSettings(broker_session_timeout_ms=self.cfg.session_timeout_ms,
+                                      auto_leader_rebalance_enable=False)
+        self.controller = QuorumController(settings, random.Random(self.rng.getrandbits(32)))
+        assert self.propose([LeaderChangeRecord(1, self.controller_epoch)])
+        self.controller.reset_sessions(self.image, self.now)
+
+    def send(self, src: int, dst: int, kind: str, payload: Any) -> None:
+        if (src, dst) in self.cut or self.rng.random() < self.cfg.message_loss:
+            self.count("messages_lost")
+            return
+        at = self.now + self.rng.randint(1, self.cfg.delay_ms_max)
+        self.seq += 1
+        # a message to a broker travels on a connection to one process incarnation
+        inc = self.brokers[dst].incarnation if dst > 0 else 0
+        heapq.heappush(self.net, (at, self.seq, src, (dst, inc), kind, payload))
+
+    def broker(self, b: int) -> SimBroker:
+        return self.brokers[b]
+
+    def reg(self):
+        return self.image.partition(TOPIC, 0)
+
+    # ================================================================ setup
+    def setup(self) -> None:
+        self.brokers = {b: SimBroker(b, os.path.join(self.root, f"b{b}", f"{TOPIC}-0"))
+                        for b in range(1, self.cfg.brokers + 1)}
+        self.new_controller()
+        for b in self.brokers.values():
+            self.start_broker(b)
+            self.propose(self.controller.heartbeat(self.image, b.id, b.broker_epoch, self.image.offset, self.now))
+        records = self.controller.create_topic(self.image, TOPIC, 1, self.cfg.brokers,
+                                               {"min.insync.replicas": str(self.cfg.min_insync_replicas)})
+        assert self.propose(records)
+        self.push_metadata(force=True)
+
+    def start_broker(self, b: SimBroker) -> None:
+        b.alive = True
+        b.incarnation += 1
+        b.log = Log.open(b.dir, LogConfig(segment_bytes=4096), time_ms=lambda: self.now)
+        b.part = Partition(TOPIC, 0, b.id, high_watermark=b.log.high_watermark)
+        b.needs_truncation = False
+        b.inflight_until = -1
+        b.pending_alter_epoch = -1
+        b.waiters = []
+        b.meta_offset = 0
+        records = self.controller.register_broker(self.image, b.id, f"inc-{b.id}-{b.incarnation}",
+                                                  f"http://b{b.id}", None, self.now)
+        assert self.propose(records)
+        b.broker_epoch = self.image.brokers[b.id].epoch
+        self.note(f"b{b.id} starts: LEO {b.log.log_end_offset}, broker epoch {b.broker_epoch}, partition {self.reg()}")
+
+    def crash_broker(self, b: SimBroker) -> None:
+        b.alive = False
+        self.note(f"b{b.id} crashes (LEO {b.log.log_end_offset})")
+        for _, _, op, _, _ in b.waiters:  # the producer will time out on these
+            pass
+        b.waiters = []
+        b.log.close_without_flush()
+        self.count("broker_crashes")
+
+    # ================================================================ metadata
+    def push_metadata(self, force: bool = False) -> None:
+        """Brokers long-poll the controller; modelled as pushes of the partition state
+        (lossy, delayed, reorderable: brokers ignore stale epochs)."""
+        reg = self.reg()
+        if reg is None:
+            return
+        state = (tuple(reg.replicas), tuple(reg.isr), reg.leader, reg.leader_epoch, reg.partition_epoch,
+                 self.image.offset)
+        for b in self.brokers:
+            self.send(CONTROLLER, b, "metadata", state)
+
+    def apply_metadata(self, b: SimBroker, state) -> None:
+        replicas, isr, leader, leader_epoch, partition_epoch, offset = state
+        b.meta_offset = max(b.meta_offset, offset)
+        part, lg = b.part, b.log
+        was_leader, old_epoch = part.is_leader, part.leader_epoch
+        if leader == b.id:
+            changed = part.make_leader(replicas=list(replicas), isr=list(isr), leader_epoch=leader_epoch,
+                                       partition_epoch=partition_epoch, log_end_offset=lg.log_end_offset,
+                                       high_watermark=max(part.high_watermark, lg.high_watermark), now_ms=self.now)
+        else:
+            changed = part.make_follower(replicas=list(replicas), isr=list(isr), leader_id=leader,
+                                         leader_epoch=leader_epoch, partition_epoch=partition_epoch,
+                                         log_end_offset=lg.log_end_offset, high_watermark=lg.high_watermark)
+        if not changed:
+            return
+        self.note(f"b{b.id} applies metadata {state} (LEO {lg.log_end_offset}, HW {part.high_watermark})")
+        if part.high_watermark > lg.high_watermark:
+            lg.update_high_watermark(part.high_watermark)
+        if was_leader and (not part.is_leader or part.leader_epoch != old_epoch):
+            self.fail_waiters(b)
+        if not part.is_leader and leader_epoch != old_epoch:
+            b.needs_truncation = True
+            b.inflight_until = -1
+        if part.is_leader:
+            self.complete_waiters(b)
+
+    # ================================================================ broker behaviour
+    def broker_tick(self, b: SimBroker) -> None:
+        part = b.part
+        if self.now - b.last_hb_ms >= self.cfg.heartbeat_interval_ms:
+            b.last_hb_ms = self.now
+            self.send(b.id, CONTROLLER, "heartbeat", (b.id, b.broker_epoch, b.meta_offset))
+        if part.is_leader and self.now - b.last_isr_ms >= self.cfg.isr_check_interval_ms:
+            b.last_isr_ms = self.now
+            drop = part.out_of_sync_replicas(self.now, self.cfg.replica_lag_time_max_ms)
+            add = part.caught_up_out_of_isr()
+            if (drop or add) and (b.pending_alter_epoch != part.partition_epoch or self.now >= b.pending_alter_until):
+                b.pending_alter_epoch = part.partition_epoch
+                b.pending_alter_until = self.now + self.cfg.alter_partition_retry_ms
+                new_isr = [r for r in part.isr if r not in drop] + sorted(add)
+                self.send(b.id, CONTROLLER, "alter", (b.id, b.broker_epoch, part.leader_epoch,
+                                                       part.partition_epoch, new_isr))
+        if not part.is_leader and part.leader_id > 0 and self.now >= b.inflight_until \
+                and self.now - b.last_fetch_ms >= self.cfg.fetch_interval_ms:
+            b.last_fetch_ms = self.now
+            b.inflight_until = self.now + 4 * self.cfg.delay_ms_max
+            if b.needs_truncation:
+                self.send(b.id, part.leader_id, "epoch_req", (part.leader_epoch, b.log.latest_epoch))
+            else:
+                self.send(b.id, part.leader_id, "fetch", (part.leader_epoch, b.log.log_end_offset))
+        if part.is_leader:
+            self.expire_waiters(b)
+
+    def complete_waiters(self, b: SimBroker) -> None:
+        hw = b.part.high_watermark
+        keep = []
+        for w in b.waiters:
+            required, epoch, op, offsets, _ = w
+            if required <= hw and epoch == b.part.leader_epoch:
+                for o, v in zip(offsets, op.value["values"]):
+                    self.committed[o] = v
+                self.send(b.id, PRODUCER, "produce_ok", (op.id, offsets))
+            else:
+                keep.append(w)
+        b.waiters = keep
+
+    def fail_waiters(self, b: SimBroker) -> None:
+        for _, _, op, _, _ in b.waiters:  # may still be committed by the new leader: unknown
+            self.send(b.id, PRODUCER, "produce_unknown", (op.id, "NOT_LEADER_OR_FOLLOWER after append"))
+        b.waiters = []
+
+    def expire_waiters(self, b: SimBroker) -> None:
+        keep = []
+        for w in b.waiters:
+            if self.now >= w[4]:
+                self.send(b.id, PRODUCER, "produce_unknown", (w[2].id, "REQUEST_TIMED_OUT"))
+            else:
+                keep.append(w)
+        b.waiters = keep
+
+    def leader_hw_moved(self, b: SimBroker) -> None:
+        if b.part.high_watermark > b.log.high_watermark:
+            b.log.update_high_watermark(b.part.high_watermark)
+        self.complete_waiters(b)
+
+    # ================================================================ message handling
+    def deliver(self, src: int, dst: int, kind: str, payload: Any) -> None:
+        self.count(f"msg_{kind}")
+        if kind not in ("heartbeat", "metadata", "produce", "produce_ok") and not (kind == "fetch_resp" and not payload[2]):
+            self.note(f"{src}->{dst} {kind} {payload if kind != 'fetch_resp' else payload[:2] + payload[3:]}")
+        if dst == CONTROLLER:
+            return self.controller_receive(src, kind, payload)
+        if dst == PRODUCER:
+            return self.producer_receive(kind, payload)
+        b = self.broker(dst)
+        if not b.alive:
+            return
+        part, lg = b.part, b.log
+        if kind == "metadata":
+            self.apply_metadata(b, payload)
+        elif kind == "produce":
+            op = payload
+            if not part.is_leader:
+                return self.send(b.id, PRODUCER, "produce_fail", (op.id, "NOT_LEADER_OR_FOLLOWER"))
+            try:
+                part.check_enough_replicas(self.cfg.min_insync_replicas)
+            except KraftlogError:
+                return self.send(b.id, PRODUCER, "produce_fail", (op.id, "NOT_ENOUGH_REPLICAS"))
+            batch = build_batch([Record(None, v.encode(), timestamp=self.now) for v in op.value["values"]])
+            info = lg.append_as_leader(batch, part.leader_epoch)
+            offsets = list(range(info.first_offset, info.last_offset + 1))
+            b.waiters.append((info.last_offset + 1, part.leader_epoch, op, offsets,
+                              self.now + self.cfg.produce_timeout_ms))
+            if part.update_local_log_end_offset(lg.log_end_offset):
+                self.leader_hw_moved(b)
+            else:
+                self.complete_waiters(b)
+        elif kind == "epoch_req":
+            leader_epoch, epoch = payload
+            if not part.is_leader or part.leader_epoch != leader_epoch:
+                return self.send(b.id, src, "error", (leader_epoch,))
+            self.send(b.id, src, "epoch_resp", (leader_epoch, lg.end_offset_for_epoch(epoch)))
+        elif kind == "fetch":
+            leader_epoch, offset = payload
+            if not part.is_leader or part.leader_epoch != leader_epoch or src not in part.remote_replicas:
+                return self.send(b.id, src, "error", (leader_epoch,))
+            if offset > lg.log_end_offset:  # cannot happen after truncation: the follower is ahead
+                self.fail(f"broker {src} fetches offset {offset} beyond leader {b.id}'s LEO {lg.log_end_offset} "
+                          f"in epoch {leader_epoch}")
+            if part.update_follower_fetch(src, offset, self.now):
+                self.leader_hw_moved(b)
+            data = lg.read(offset, 2048).records
+            self.send(b.id, src, "fetch_resp", (leader_epoch, offset, data, part.high_watermark))
+        elif kind == "error":
+            if not part.is_leader and payload[0] == part.leader_epoch:
+                b.inflight_until = -1
+        elif kind == "epoch_resp":
+            leader_epoch, (epoch, end) = payload
+            if part.is_leader or part.leader_epoch != leader_epoch or not b.needs_truncation:
+                return
+            b.inflight_until = -1
+            if end < 0:
+                lg.truncate_to(0)
+            elif epoch != b.log.end_offset_for_epoch(epoch)[0]:
+                # we do not know the leader's epoch: cut to our epochs below it and ask again
+                lg.truncate_to(min(b.log.end_offset_for_epoch(epoch)[1], lg.log_end_offset))
+                return
+            else:
+                lg.truncate_to(min(b.log.end_offset_for_epoch(epoch)[1], end, lg.log_end_offset))
+            b.needs_truncation = False
+            self.note(f"b{b.id} truncated to {lg.log_end_offset}")
+            part.local_log_end_offset = lg.log_end_offset
+            part.high_watermark = min(part.high_watermark, lg.log_end_offset)
+            self.count("truncations")
+        elif kind == "fetch_resp":
+            leader_epoch, offset, data, hw = payload
+            if part.is_leader or part.leader_epoch != leader_epoch or b.needs_truncation \
+                    or offset != lg.log_end_offset:
+                return
+            b.inflight_until = -1
+            if data:
+                lg.append_as_follower(data)
+            part.local_log_end_offset = lg.log_end_offset
+            part.set_follower_high_watermark(hw)
+            if part.high_watermark > lg.high_watermark:
+                lg.update_high_watermark(part.high_watermark)
+
+    def controller_receive(self, src: int, kind: str, payload: Any) -> None:
+        try:
+            if kind == "heartbeat":
+                bid, epoch, offset = payload
+                self.propose(self.controller.heartbeat(self.image, bid, epoch, offset, self.now))
+            elif kind == "alter":
+                bid, epoch, leader_epoch, partition_epoch, new_isr = payload
+                ok = self.propose(self.controller.alter_partition(self.image, bid, epoch, TOPIC, 0, leader_epoch,
+                                                                  partition_epoch, new_isr))
+                self.count("alter_partition_ok" if ok else "alter_partition_conflict")
+        except KraftlogError as e:
+            self.count(f"controller_{e.code.name if hasattr(e.code, 'name') else e.code}")
+
+    def producer_receive(self, kind: str, payload: Any) -> None:
+        op = self.history.ops[payload[0]]
+        if op.type is not None:
+            return
+        if kind == "produce_ok":
+            self.history.ok(op, offsets=payload[1])
+        elif kind == "produce_fail":
+            self.history.fail(op, payload[1])
+        else:
+            self.history.info(op, payload[1])
+
+    # ================================================================ producer & faults
+    def produce(self) -> None:
+        reg = self.reg()
+        target = reg.leader if reg.leader > 0 else self.rng.choice(list(self.brokers))
+        if self.rng.random() < 0.1:  # stale client metadata
+            target = self.rng.choice(list(self.brokers))
+        self.value_no += 1
+        op = self.history.invoke("producer", "produce", topic=TOPIC, partition=0,
+                                 values=[f"v{self.value_no}"], idempotent=False)
+        op._deadline = self.now + 2 * self.cfg.produce_timeout_ms  # type: ignore[attr-defined]
+        self.send(PRODUCER, target, "produce", op)
+
+    def producer_timeouts(self) -> None:
+        for op in self.history.ops:
+            if op.type is None and self.now >= getattr(op, "_deadline", 10**18):
+                self.history.info(op, "client timeout")
+
+    def inject_fault(self) -> None:
+        alive = [b for b in self.brokers.values() if b.alive]
+        dead = [b for b in self.brokers.values() if not b.alive]
+        kind = self.rng.choice(["crash", "restart", "cut", "heal", "isolate", "controller_failover", "heal"])
+        if kind == "crash" and len(alive) > 1:
+            self.crash_broker(self.rng.choice(alive))
+        elif kind == "restart" and dead:
+            self.start_broker(self.rng.choice(dead))
+            self.count("broker_restarts")
+        elif kind == "cut":
+            a, b = self.rng.sample([CONTROLLER] + list(self.brokers), 2)
+            self.cut.add((a, b))
+            self.count("links_cut")
+        elif kind == "isolate":
+            x = self.rng.choice(list(self.brokers))
+            for y in [CONTROLLER, PRODUCER] + list(self.brokers):
+                if y != x:
+                    self.cut.update({(x, y), (y, x)})
+            self.count("isolations")
+        elif kind == "heal":
+            self.cut.clear()
+        elif kind == "controller_failover":
+            self.new_controller()
+            self.count("controller_failovers")
+
+    # ================================================================ invariants
+    def check_invariants(self) -> None:
+        reg = self.reg()
+        if reg is not None:
+            if not set(reg.isr) <= set(reg.replicas) or not reg.isr:
+                self.fail(f"ISR {reg.isr} is empty or not a subset of replicas {reg.replicas}")
+            if reg.leader != -1 and reg.leader not in reg.isr:
+                self.fail(f"leader {reg.leader} not in ISR {reg.isr}")
+            if reg.leader_epoch < self.last_leader_epoch or reg.partition_epoch < self.last_partition_epoch:
+                self.fail(f"epochs went backwards: leader epoch {reg.leader_epoch}, partition epoch "
+                          f"{reg.partition_epoch} after {self.last_leader_epoch}, {self.last_partition_epoch}")
+            self.last_leader_epoch, self.last_partition_epoch = reg.leader_epoch, reg.partition_epoch
+            if reg.leader != -1:
+                prev = self.epoch_leader.setdefault(reg.leader_epoch, reg.leader)
+                if prev != reg.leader:
+                    self.fail(f"two leaders in leader epoch {reg.leader_epoch}: {prev} and {reg.leader}")
+        for bid, br in self.image.brokers.items():
+            if br.epoch < self.broker_epochs.get(bid, -1):
+                self.fail(f"broker {bid} epoch went backwards: {br.epoch} < {self.broker_epochs[bid]}")
+            self.broker_epochs[bid] = br.epoch
+        for b in self.brokers.values():
+            if not b.alive or not b.part.is_leader:
+                continue
+            part = b.part
+            prev = self.epoch_leader.setdefault(part.leader_epoch, b.id)
+            if prev != b.id:
+                self.fail(f"brokers {prev} and {b.id} both lead leader epoch {part.leader_epoch}")
+            key = (b.id, part.leader_epoch)
+            if part.high_watermark < self.hw_seen.get(key, 0):
+                self.fail(f"leader {b.id} HW went backwards in epoch {part.leader_epoch}: "
+                          f"{part.high_watermark} < {self.hw_seen[key]}")
+            self.hw_seen[key] = part.high_watermark
+            if part.high_watermark > b.log.log_end_offset:
+                self.fail(f"leader {b.id} HW {part.high_watermark} above its LEO {b.log.log_end_offset}")
+            for r in (part.isr if self.cfg.check_hw_within_isr else ()):
+                f = self.brokers.get(r)
+                if r == b.id or f is None or not f.alive or f.part.is_leader \
+                        or f.part.leader_epoch != part.leader_epoch or f.needs_truncation:
+                    continue
+                if part.high_watermark > f.log.log_end_offset:
+                    self.fail(f"leader {b.id} HW {part.high_watermark} above ISR member {r}'s LEO "
+                              f"{f.log.log_end_offset} (epoch {part.leader_epoch})")
+            if reg is not None and reg.leader == b.id and reg.leader_epoch == part.leader_epoch:
+                self.check_committed_on(b)
+
+    def check_committed_on(self, b: SimBroker) -> None:
+        """Every acknowledged record is in the current leader's log at its offset."""
+        key = (b.id, b.part.leader_epoch)
+        start = self.verified.get(key, 0)
+        pending = sorted(o for o in self.committed if o >= start)
+        if not pending:
+            return
+        lg = b.log
+        if pending[-1] >= lg.log_end_offset:
+            o = next(o for o in pending if o >= lg.log_end_offset)
+            self.fail(f"acknowledged record {self.committed[o]!r} at offset {o} is missing on leader {b.id} "
+                      f"(epoch {b.part.leader_epoch}, LEO {lg.log_end_offset}): committed data lost")
+        got = {r.offset: r.value.decode() for r in decode_batches(lg.read(pending[0], 10**7).records)}
+        for o in pending:
+            if got.get(o) != self.committed[o]:
+                self.fail(f"acknowledged record {self.committed[o]!r} at offset {o} reads {got.get(o)!r} on "
+                          f"leader {b.id} (epoch {b.part.leader_epoch})")
+        self.verified[key] = pending[-1] + 1
+
+    # ================================================================ the loop
+    def step(self) -> None:
+        self.step_no += 1
+        self.now += self.cfg.step_ms
+        while self.net and self.net[0][0] <= self.now:
+            _, _, src, (dst, inc), kind, payload = heapq.heappop(self.net)
+            if dst > 0 and inc != self.brokers[dst].incarnation:
+                self.count("messages_to_dead_incarnation")
+                continue
+            self.deliver(src, dst, kind, payload)
+            self.check_invariants()
+        if self.now - self.last_maintenance >= self.cfg.maintenance_interval_ms:
+            self.last_maintenance = self.now
+            self.propose(self.controller.maintenance(self.image, self.now))
+        if self.now - self.last_push >= self.cfg.metadata_push_interval_ms:
+            self.last_push = self.now
+            self.push_metadata()
+        for b in self.brokers.values():
+            if b.alive:
+                self.broker_tick(b)
+        self.producer_timeouts()
+        self.check_invariants()
+
+    def run(self) -> dict:
+        with _no_fsync():
+            try:
+                self.setup()
+                for _ in range(self.cfg.steps):
+                    if self.rng.random() < self.cfg.fault_probability:
+                        self.inject_fault()
+                    if self.rng.random() < self.cfg.produce_probability:
+                        self.produce()
+                    self.step()
+                self.heal_and_converge()
+                return self.final_check()
+            finally:
+                for b in getattr(self, "brokers", {}).values():
+                    if b.log is not None and not b.log.closed:
+                        b.log.close_without_flush()
+                if self._own_root:
+                    shutil.rmtree(self.root, ignore_errors=True)
+
+    def heal_and_converge(self, max_steps: int = 3000) -> None:
+        self.cut.clear()
+        self.cfg.message_loss = 0.0
+        for b in self.brokers.values():
+            if not b.alive:
+                self.start_broker(b)
+        for _ in range(max_steps):
+            self.step()
+            reg = self.reg()
+            alive = list(self.brokers.values())
+            if reg.leader > 0 and len(reg.isr) == len(alive) and not self.net_has_produce() and all(
+                    b.log.log_end_offset == self.brokers[reg.leader].log.log_end_offset
+                    and b.part.leader_epoch == reg.leader_epoch for b in alive) \
+                    and self.brokers[reg.leader].part.high_watermark == self.brokers[reg.leader].log.log_end_offset \
+                    and all(op.type is not None for op in self.history.ops):
+                return
+        self.fail(f"the healed cluster did not converge within {max_steps} steps: partition {self.reg()}, LEOs "
+                  f"{[(b.id, b.log.log_end_offset, b.part.leader_epoch) for b in self.brokers.values()]}")
+
+    def net_has_produce(self) -> bool:
+        return any(m[4] == "produce" for m in self.net)
+
+    def final_check(self) -> dict:
+        reg = self.reg()
+        leader = self.brokers[reg.leader]
+        records = [(r.offset, r.value.decode()) for r in decode_batches(leader.log.read(0, 10**8).records)] \
+            if leader.log.log_end_offset else []
+        for b in self.brokers.values():
+            other = [(r.offset, r.value.decode()) for r in decode_batches(b.log.read(0, 10**8).records)] \
+                if b.log.log_end_offset else []
+            if other != records:
+                self.fail(f"replica {b.id} differs from leader {leader.id} after convergence")
+        op = self.history.invoke("checker", "fetch", topic=TOPIC, partition=0, offset=0, final=True)
+        self.history.ok(op, records=[list(r) for r in records], high_watermark=leader.part.high_watermark)
+        result = check_history(self.history)
+        if not result.valid:
+            self.fail("history checker: " + result.summary(limit=5))
+        summary = dict(self.stats)
+        summary.update(seed=self.seed, steps=self.step_no, records=len(records), acknowledged=len(self.committed),
+                       leader_epochs=reg.leader_epoch, **{k: v for k, v in result.stats.items()
+                                                           if k.startswith("produce_")})
+        return summary
