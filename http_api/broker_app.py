@@ -64,6 +64,7 @@ class BrokerDeps:
     http_session: aiohttp.ClientSession | None = None   # for forwarding; created on startup
     health: Any = None               # () -> (ready, info dict); default: ready once metadata is loaded
     producer_ids: Any = None         # async () -> a fresh producer id (POST /v1/producer-ids)
+    log_scheduler: Any = None        # LogScheduler (retention + log cleaner); None: one on demand
 
 
 class BrokerMetrics:
@@ -729,6 +730,8 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     from http_api.group_routes import install_group_routes  # consumer groups: /v1/groups...
     install_group_routes(app, h)
     r.add_post("/v1/producer-ids", h.init_producer_id)
+    from http_api.log_cleaner_routes import install_log_cleaner_routes  # /admin/v1/log-cleaner...
+    install_log_cleaner_routes(app, h)
     r.add_post("/internal/v1/replica-fetch", h.replica_fetch)
     r.add_post("/internal/v1/epoch-end-offsets", h.epoch_end_offsets)
     r.add_get("/healthz", h.healthz)

@@ -103,9 +103,16 @@ class Broker:
         # short metadata long polls: a controller shutting down waits for open polls to end
         self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS)
         self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
+        from partitions.log.log_scheduler import LogScheduler
+        self.log_scheduler = LogScheduler(
+            self.log_manager, cleaner_enable=cfg.log_cleaner_enable, cleaner_threads=cfg.log_cleaner_threads,
+            cleaner_backoff_ms=cfg.log_cleaner_backoff_ms, cleaner_process=cfg.log_cleaner_process,
+            retention_check_interval_ms=cfg.log_retention_check_interval_ms,
+            dedupe_buffer_size_bytes=cfg.log_cleaner_dedupe_buffer_size_bytes // max(1, cfg.log_cleaner_threads))
         deps = BrokerDeps(replica_manager=self.rm, metadata=self.view, controller=self.client,
                           groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")),
-                          health=self._health, producer_ids=self.producer_ids.next)
+                          health=self._health, producer_ids=self.producer_ids.next,
+                          log_scheduler=self.log_scheduler)
         app = create_app(cfg, deps)
         # handler_cancellation: a long poll whose client went away stops waiting (frees its slot)
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5)
@@ -121,8 +128,7 @@ class Broker:
             except Exception as e:  # controller not up yet: keep trying, say so
                 log.warning("registering with the controllers %s failed (%s); retrying", cfg.controller_urls, e)
                 await asyncio.sleep(REGISTER_RETRY_BACKOFF_S)
-        self.tasks.append(asyncio.create_task(self._periodic(cfg.log_retention_check_interval_ms,
-                                                             self.log_manager.run_retention), name="retention"))
+        self.log_scheduler.start()  # retention + log cleaner threads (partitions/log/log_scheduler.py)
         self.tasks.append(asyncio.create_task(self._periodic(cfg.offset_checkpoint_interval_ms,
                                                              self.log_manager.checkpoint), name="checkpoint"))
         self.tasks.append(asyncio.create_task(self._periodic(cfg.log_flush_scheduler_interval_ms,
@@ -240,6 +246,8 @@ class Broker:
             await self.runner.cleanup()
         if self.client is not None:
             await self.client.close()
+        if getattr(self, "log_scheduler", None) is not None:
+            await self._blocking(self.log_scheduler.stop)
         if self.log_manager is not None:
             await self._blocking(self.log_manager.close)
         self.executor.shutdown(wait=True)

@@ -41,6 +41,11 @@ class BrokerConfig:
     log_retention_check_interval_ms: int = 300_000
     offset_checkpoint_interval_ms: int = 60_000
     log_flush_scheduler_interval_ms: int = 1_000  # how often flush.ms policies are checked
+    log_cleaner_enable: bool = True            # compaction of cleanup.policy=compact topics (log_scheduler.py)
+    log_cleaner_threads: int = 1
+    log_cleaner_backoff_ms: int = 15_000       # a cleaner thread with nothing to clean sleeps this long
+    log_cleaner_dedupe_buffer_size_bytes: int = 128 * MiB  # key -> offset map of one pass (all threads share it)
+    log_cleaner_process: bool = True           # the CPU-heavy part of a pass in a child process (no GIL contention)
     metadata_wait_ms: int = 10_000             # how long admin calls wait for the broker to see their result
     # consumer groups (http_api/group_routes.py; Kafka's offsets.topic.* and group.* settings)
     offsets_topic_num_partitions: int = 10     # __consumer_offsets partitions (fixed once created)

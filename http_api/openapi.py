@@ -176,6 +176,17 @@ def openapi_document(server_url: str) -> dict:
                          "responses": {"200": {"description": "{partitions: [{topic, partition, epoch, end_offset}]}",
                                                "content": {"application/json": {"schema": {"type": "object"}}}}}},
             },
+            "/admin/v1/log-cleaner/run": {"post": {  # http_api/log_cleaner_routes.py
+                "summary": "Run retention and/or compaction now (waits for it); body optional: "
+                           "{topic?, compaction?: bool, retention?: bool, force?: bool (ignore dirty ratio)}",
+                "requestBody": {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}},
+                "responses": {"200": _obj("{cleaned: [{topic, partition, first_dirty_offset, end_offset, "
+                                          "segments_cleaned, bytes_read, bytes_written, tombstones_removed, "
+                                          "elapsed_s, aborted, ...}], retention: {segments_deleted, logs}}"),
+                              "400": _err("INVALID_REQUEST")}}},
+            "/admin/v1/log-cleaner": {"get": {"summary": "Log cleaner counters and dirty ratio per compacted log",
+                                              "responses": {"200": _obj("counters, dirty_ratio: [{topic, "
+                                                                        "partition, dirty_ratio}]")}}},
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI"}}}},

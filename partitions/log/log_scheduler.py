@@ -217,8 +217,11 @@ class LogScheduler:
         self._runners: list = []
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        # the cleaner used by run_once (in the calling thread)
-        self._local_cleaner = LogCleaner(dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, time_ms=time_ms)
+        # the cleaner used by run_once (planning in the calling thread; the work in a
+        # process of its own if cleaner_process)
+        self._local_runner = ProcessCleanerRunner() if cleaner_process else None
+        self._local_cleaner = LogCleaner(dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, time_ms=time_ms,
+                                         runner=self._local_runner)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -252,6 +255,8 @@ class LogScheduler:
             t.join(max(0.0, deadline - time.monotonic()))
         self._threads = []
         self._runners = []
+        if self._local_runner is not None:
+            self._local_runner.close()  # respawned if run_once is called again
 
     @property
     def running(self) -> bool:
