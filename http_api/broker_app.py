@@ -596,8 +596,16 @@ class BrokerApp:
                                 "high_watermark": res.high_watermark, "log_start_offset": res.log_start_offset,
                                 "log_end_offset": res.log_end_offset})
                 chunks.append(res.records)
-        return web.Response(body=replica_client.encode_fetch_response(entries, chunks),
-                            content_type=replica_client.REPLICA_FETCH_MEDIA)
+        head = replica_client.encode_fetch_header(entries)
+        resp = web.StreamResponse(headers={"Content-Type": replica_client.REPLICA_FETCH_MEDIA})
+        resp.content_length = len(head) + sum(len(c) for c in chunks)
+        await resp.prepare(request)
+        await resp.write(head)
+        for c in chunks:
+            if len(c):
+                await resp.write(c)
+        await resp.write_eof()
+        return resp
 
     async def epoch_end_offsets(self, request: web.Request) -> web.Response:
         """OffsetsForLeaderEpoch, batched: where each requested epoch ends in the leader's log."""

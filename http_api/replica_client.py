@@ -54,9 +54,27 @@ def _entry_error(e: dict) -> KraftlogError | None:
     return KraftlogError(code, str(e.get("message", "")), **extra)
 
 
-def encode_fetch_response(entries: list[dict], chunks: list[bytes]) -> bytes:
+def encode_fetch_header(entries: list[dict]) -> bytes:
+    """Length prefix + JSON header; the partitions' batches follow (written without joining:
+    a fetch answer carries megabytes, and copies of them dominated the leader's CPU)."""
     head = json.dumps({"partitions": entries}, separators=(",", ":")).encode()
-    return b"".join([_LEN.pack(len(head)), head, *chunks])
+    return _LEN.pack(len(head)) + head
+
+
+def encode_fetch_response(entries: list[dict], chunks: list[bytes]) -> bytes:
+    return b"".join([encode_fetch_header(entries), *chunks])
+
+
+def _entries_to_data(entries: list[dict], read) -> list[PartitionData]:
+    out = []
+    for e in entries:
+        err = _entry_error(e)
+        if err is not None:
+            out.append(PartitionData(e["topic"], e["partition"], error=err))
+            continue
+        out.append(PartitionData(e["topic"], int(e["partition"]), read(int(e["size"])), int(e["high_watermark"]),
+                                 int(e["log_start_offset"]), int(e["log_end_offset"])))
+    return out
 
 
 def decode_fetch_response(body: bytes) -> list[PartitionData]:
@@ -65,17 +83,12 @@ def decode_fetch_response(body: bytes) -> list[PartitionData]:
     (n,) = _LEN.unpack_from(body, 0)
     head = json.loads(body[4:4 + n])
     pos = 4 + n
-    out = []
-    for e in head["partitions"]:
-        err = _entry_error(e)
-        if err is not None:
-            out.append(PartitionData(e["topic"], e["partition"], error=err))
-            continue
-        size = int(e["size"])
-        out.append(PartitionData(e["topic"], int(e["partition"]), body[pos:pos + size], int(e["high_watermark"]),
-                                 int(e["log_start_offset"]), int(e["log_end_offset"])))
+
+    def read(size: int) -> bytes:
+        nonlocal pos
         pos += size
-    return out
+        return body[pos - size:pos]
+    return _entries_to_data(head["partitions"], read)
 
 
 def _error(status: int, body: bytes) -> KraftlogError:
@@ -120,11 +133,35 @@ class HttpReplicaTransport:
 
     async def fetch(self, leader_url: str, replica_id: int, broker_epoch: int, partitions: list[dict], *,
                     max_bytes: int, partition_max_bytes: int, max_wait_ms: int) -> list[PartitionData]:
-        body = await self._post(f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/replica-fetch", {
-            "replica_id": replica_id, "broker_epoch": broker_epoch, "max_wait_ms": max_wait_ms,
-            "max_bytes": max_bytes, "partition_max_bytes": partition_max_bytes, "partitions": partitions},
-            max_wait_ms / 1000 + self.request_timeout_ms / 1000)
-        return decode_fetch_response(body)
+        """One long poll; each partition's batches are read from the stream as their own
+        bytes object (one copy: no whole-body join, no slicing)."""
+        url = f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/replica-fetch"
+        doc = {"replica_id": replica_id, "broker_epoch": broker_epoch, "max_wait_ms": max_wait_ms,
+               "max_bytes": max_bytes, "partition_max_bytes": partition_max_bytes, "partitions": partitions}
+        try:
+            async with self._s().post(url, json=doc, timeout=aiohttp.ClientTimeout(
+                    total=max_wait_ms / 1000 + self.request_timeout_ms / 1000)) as r:
+                if r.status >= 400:
+                    raise _error(r.status, await r.read())
+                (n,) = _LEN.unpack(await r.content.readexactly(4))
+                head = json.loads(await r.content.readexactly(n))
+                out = []
+                for e in head["partitions"]:
+                    err = _entry_error(e)
+                    if err is not None:
+                        out.append(PartitionData(e["topic"], e["partition"], error=err))
+                        continue
+                    size = int(e["size"])
+                    data = await r.content.readexactly(size) if size else b""
+                    out.append(PartitionData(e["topic"], int(e["partition"]), data, int(e["high_watermark"]),
+                                             int(e["log_start_offset"]), int(e["log_end_offset"])))
+                return out
+        except aiohttp.ClientConnectorError as e:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",
+                                refused=True) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, asyncio.IncompleteReadError, OSError) as e:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"leader at {url} unreachable: {e or type(e).__name__}") from None
 
     async def epoch_end_offsets(self, leader_url: str, replica_id: int,
                                 partitions: list[dict]) -> list[tuple[str, int, int, int, KraftlogError | None]]:

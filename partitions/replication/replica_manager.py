@@ -502,7 +502,7 @@ class ReplicaManager:
         data = b""
         if offset < lg.log_end_offset and max_bytes > 0:
             data = lg.read(offset, max_bytes, max_offset=None, min_one_message=True).records
-        return FetchResult(bytes(data), offset, part.high_watermark, lg.log_start_offset, lg.log_end_offset)
+        return FetchResult(data, offset, part.high_watermark, lg.log_start_offset, lg.log_end_offset)
 
     async def replica_fetch(self, replica_id: int, requests: list[tuple[str, int, int, int, int]], *,
                             max_bytes: int, partition_max_bytes: int, max_wait_ms: int = 0
