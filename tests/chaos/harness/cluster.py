@@ -1,0 +1,270 @@
+"""A real-process kraftlog cluster for fault injection: N controllers + N brokers, every
+broker reached through TCP proxies.
+
+Layout under `root`: node-<i>/controller-<i>/ (raft journal), node-<i>/broker-<i>/ (logs,
+state), controller.log, broker.log.
+
+Wiring (all on 127.0.0.1, free ports):
+- broker i listens on `http_port[i]` and advertises `broker_proxy[i]` in metadata, so
+  replica fetchers of the other brokers (and forwarded requests) go through that proxy;
+- broker i talks to controller j through its own proxy `ctl_proxy[(i, j)]` (its
+  controller_urls), so a broker can be cut from the control plane one link at a time;
+- controllers talk raft to each other directly (pysyncobj identifies peers by address:
+  a proxy per link would need a separate advertised raft address per node; see the
+  report). Controller partitions are done with SIGSTOP or kill instead.
+- the workload clients talk to brokers directly (`direct_url`), mapping advertised proxy
+  URLs in metadata back to real ports, so client traffic is never cut by accident.
+
+Processes are children started with PR_SET_PDEATHSIG: they die with the harness.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Optional
+
+from tests.chaos.harness.proxy import Proxy, free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _http_json(url: str, timeout: float = 1.0) -> Optional[dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.loads(r.read())
+    except Exception:
+        return None
+
+
+@dataclass
+class ProcessSpec:
+    role: str          # controller | broker
+    node_id: int
+    cmd: list
+    env: dict
+    log_path: str
+    proc: Optional[subprocess.Popen] = None
+    paused: bool = False
+    fsize_limit_bytes: Optional[int] = None   # RLIMIT_FSIZE for the next start (disk full)
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class ClusterSettings:
+    """Knobs of the chaos cluster (broker settings are BrokerConfig field names)."""
+
+    nodes: int = 3
+    log_level: str = "WARNING"
+    broker_session_timeout_ms: int = 3000
+    broker_heartbeat_interval_ms: int = 500
+    broker: dict = field(default_factory=lambda: {
+        "replica_lag_time_max_ms": 3000, "request_timeout_ms": 5000, "min_insync_replicas": 2,
+        "default_replication_factor": 3, "replica_fetch_wait_max_ms": 200, "replica_fetch_backoff_ms": 100,
+        "offsets_commit_timeout_ms": 3000, "log_cleaner_process": False, "log_cleaner_enable": False,
+    })
+
+
+class ChaosCluster:
+    """Start, kill, pause, restart and partition the processes of one cluster."""
+
+    def __init__(self, root: str, settings: Optional[ClusterSettings] = None):
+        self.root = os.path.abspath(root)
+        self.s = settings or ClusterSettings()
+        n = self.s.nodes
+        self.ids = list(range(1, n + 1))
+        self.cluster_id = f"chaos-{os.getpid()}-{int(time.time())}"
+        self.password = "chaos-" + os.urandom(8).hex()
+        self.http_port = {i: free_port() for i in self.ids}
+        self.ctl_port = {i: free_port() for i in self.ids}
+        self.raft_port = {i: free_port() for i in self.ids}
+        self.broker_proxy = {i: Proxy(self.http_port[i], f"broker-{i}") for i in self.ids}
+        self.ctl_proxy = {(i, j): Proxy(self.ctl_port[j], f"broker-{i}->controller-{j}")
+                          for i in self.ids for j in self.ids}
+        self.procs: dict[tuple[str, int], ProcessSpec] = {}
+        os.makedirs(self.root, exist_ok=True)
+        for i in self.ids:
+            self.procs[("controller", i)] = self._controller_spec(i)
+            self.procs[("broker", i)] = self._broker_spec(i)
+
+    # ---- process specs -----------------------------------------------------------------
+
+    def node_dir(self, i: int) -> str:
+        return os.path.join(self.root, f"node-{i}")
+
+    def broker_log_dir(self, i: int) -> str:
+        return os.path.join(self.node_dir(i), f"broker-{i}", "logs")
+
+    def _controller_spec(self, i: int) -> ProcessSpec:
+        voters = ",".join(f"{j}@127.0.0.1:{self.raft_port[j]}:{self.ctl_port[j]}" for j in self.ids)
+        cmd = [sys.executable, "-m", "metadata_quorum.controller_server", "--node-id", str(i),
+               "--data-dir", os.path.join(self.node_dir(i), f"controller-{i}"), "--http-host", "127.0.0.1",
+               "--http-port", str(self.ctl_port[i]), "--raft-port", str(self.raft_port[i]), "--voters", voters,
+               "--cluster-id", self.cluster_id, "--log-level", self.s.log_level,
+               "--broker-session-timeout-ms", str(self.s.broker_session_timeout_ms),
+               "--broker-heartbeat-interval-ms", str(self.s.broker_heartbeat_interval_ms)]
+        return ProcessSpec("controller", i, cmd, {"KRAFTLOG_RAFT_PASSWORD": self.password},
+                           os.path.join(self.node_dir(i), "controller.log"))
+
+    def _broker_spec(self, i: int) -> ProcessSpec:
+        from http_api.config import BrokerConfig
+
+        state = os.path.join(self.node_dir(i), f"broker-{i}")
+        cfg = BrokerConfig(broker_id=i, cluster_id=self.cluster_id, http_host="127.0.0.1",
+                           http_port=self.http_port[i], advertised_url=self.broker_proxy[i].url,
+                           log_dirs=[os.path.join(state, "logs")], state_dir=state,
+                           controller_urls=[self.ctl_proxy[(i, j)].url for j in self.ids], **self.s.broker)
+        cmd = [sys.executable, "-m", "http_api.broker_server", "--config-json",
+               json.dumps(dataclasses.asdict(cfg)), "--log-level", self.s.log_level]
+        return ProcessSpec("broker", i, cmd, {}, os.path.join(self.node_dir(i), "broker.log"))
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def _spawn(self, spec: ProcessSpec) -> None:
+        os.makedirs(os.path.dirname(spec.log_path), exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.update(spec.env)
+        limit = spec.fsize_limit_bytes
+
+        def preexec():
+            try:
+                import ctypes
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            except Exception:
+                pass
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        with open(spec.log_path, "ab") as out:
+            out.write(f"\n==== chaos: start {spec.role} {spec.node_id} at {time.time():.3f}"
+                      f"{' RLIMIT_FSIZE=%d' % limit if limit is not None else ''} ====\n".encode())
+            out.flush()
+            spec.proc = subprocess.Popen(spec.cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, preexec_fn=preexec, start_new_session=True)
+        spec.paused = False
+
+    def start(self, ready_timeout_s: float = 90.0) -> None:
+        for i in self.ids:
+            self._spawn(self.procs[("controller", i)])
+        for i in self.ids:
+            self._spawn(self.procs[("broker", i)])
+        self.wait_ready(ready_timeout_s)
+
+    def wait_ready(self, timeout_s: float = 60.0, brokers: Optional[list] = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(brokers or self.ids)
+        while pending:
+            for i in pending:
+                spec = self.procs[("broker", i)]
+                if spec.proc is not None and spec.proc.poll() is not None:
+                    raise RuntimeError(f"broker {i} exited with {spec.proc.returncode}; see {spec.log_path}")
+            pending = [i for i in pending if not self._healthy(i)]
+            if pending and time.monotonic() > deadline:
+                raise RuntimeError(f"brokers {pending} not ready within {timeout_s}s; logs under {self.root}")
+            if pending:
+                time.sleep(0.2)
+
+    def _healthy(self, i: int) -> bool:
+        try:
+            with urllib.request.urlopen(self.direct_url(i) + "/healthz", timeout=1.0) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def stop(self) -> None:
+        for spec in self.procs.values():
+            if spec.alive():
+                if spec.paused:
+                    os.kill(spec.pid, signal.SIGCONT)
+                spec.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for spec in self.procs.values():
+            if spec.proc is None:
+                continue
+            try:
+                spec.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                spec.proc.kill()
+                spec.proc.wait(5)
+        for p in list(self.broker_proxy.values()) + list(self.ctl_proxy.values()):
+            p.close()
+
+    # ---- faults on processes -----------------------------------------------------------
+
+    def kill(self, role: str, i: int) -> None:
+        spec = self.procs[(role, i)]
+        if spec.alive():
+            spec.proc.kill()
+            spec.proc.wait(10)
+        spec.paused = False
+
+    def restart(self, role: str, i: int, fsize_limit_bytes: Optional[int] = None) -> None:
+        spec = self.procs[(role, i)]
+        if spec.alive():
+            self.kill(role, i)
+        spec.fsize_limit_bytes = fsize_limit_bytes
+        self._spawn(spec)
+
+    def pause(self, role: str, i: int) -> None:
+        spec = self.procs[(role, i)]
+        if spec.alive() and not spec.paused:
+            os.kill(spec.pid, signal.SIGSTOP)
+            spec.paused = True
+
+    def resume(self, role: str, i: int) -> None:
+        spec = self.procs[(role, i)]
+        if spec.alive() and spec.paused:
+            os.kill(spec.pid, signal.SIGCONT)
+        spec.paused = False
+
+    def alive(self, role: str, i: int) -> bool:
+        return self.procs[(role, i)].alive()
+
+    # ---- addresses & state -------------------------------------------------------------
+
+    def direct_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.http_port[i]}"
+
+    def url_map(self) -> dict[str, str]:
+        """Advertised (proxy) broker URL -> direct URL, for clients."""
+        return {self.broker_proxy[i].url: self.direct_url(i) for i in self.ids}
+
+    def active_controller(self) -> Optional[int]:
+        for i in self.ids:
+            spec = self.procs[("controller", i)]
+            if not spec.alive() or spec.paused:
+                continue
+            st = _http_json(f"http://127.0.0.1:{self.ctl_port[i]}/controller/v1/status", timeout=0.5)
+            if st and st.get("is_active"):
+                return i
+        return None
+
+    def heal_network(self) -> None:
+        for p in list(self.broker_proxy.values()) + list(self.ctl_proxy.values()):
+            p.heal()
+
+    def broker_links(self, i: int) -> list[Proxy]:
+        """Every proxy carrying broker i's traffic: its inbound proxy and its controller links."""
+        return [self.broker_proxy[i]] + [self.ctl_proxy[(i, j)] for j in self.ids]
+
+    def copy_broker_logs(self, i: int, dest: str) -> None:
+        """A copy of broker i's log dir as of now (for 'lost un-fsynced tail')."""
+        if os.path.exists(dest):
+            shutil.rmtree(dest)
+        shutil.copytree(self.broker_log_dir(i), dest, ignore_dangling_symlinks=True,
+                        ignore=shutil.ignore_patterns("*.tmp", ".lock"))
