@@ -47,6 +47,7 @@ class NodeConfig:
     num_partitions: int = 1
     default_replication_factor: int = 1
     min_insync_replicas: int = 1
+    replica_lag_time_max_ms: int = 30_000   # a follower not caught up for this long leaves the ISR
     log_retention_check_interval_ms: int = 300_000
     log_level: str = "INFO"
 
@@ -101,6 +102,7 @@ class NodeConfig:
             auto_create_topics_enable=self.auto_create_topics_enable, num_partitions=self.num_partitions,
             default_replication_factor=self.default_replication_factor,
             min_insync_replicas=self.min_insync_replicas,
+            replica_lag_time_max_ms=self.replica_lag_time_max_ms,
             log_retention_check_interval_ms=self.log_retention_check_interval_ms,
         )
 
