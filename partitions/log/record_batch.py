@@ -108,6 +108,7 @@ __all__ = [
     "stamp_batch",
     "set_log_append_time",
     "decode_records",
+    "decode_keys",
     "decode_batches",
     "batch_base_offset",
     "CREATE_TIME",
@@ -716,6 +717,42 @@ def decode_records(batch_bytes, *, validate: bool = True) -> list[Record]:
         if isinstance(exc, CorruptRecordError):
             raise
         raise CorruptRecordError(f"batch at base offset {header.base_offset} has a bad records section: {exc}") from exc
+
+
+def decode_keys(batch_bytes) -> tuple[Sequence[int], Sequence, list[int]]:
+    """(offsets, keys, value lengths) of one batch without building Records or slicing
+    values: the log cleaner's fast path. A value length of -1 is a tombstone; keys are
+    bytes or None. No CRC check (the caller read the batch from its own log)."""
+    header = BatchHeader.parse(batch_bytes, 0)
+    n = header.record_count
+    if n == 0:
+        return (), (), []
+    mv = memoryview(batch_bytes)[HEADER_SIZE : LOG_OVERHEAD + header.batch_length]
+    data = _decompress(header.attributes & CODEC_MASK, mv)
+    try:
+        if not data:
+            raise CorruptRecordError("records section is empty")
+        flags = data[0]
+        pos = 1
+        if flags & _F_OFFSETS:
+            deltas, pos = _read_int_array("i", data, pos, n)
+            offsets: Sequence[int] = list(map(header.base_offset.__add__, deltas))
+        else:
+            offsets = range(header.base_offset, header.base_offset + n)
+        if flags & _F_TIMESTAMPS:
+            pos += 8 * n
+        key_lens = None
+        if flags & _F_KEYS:
+            key_lens, pos = _read_int_array("i", data, pos, n)
+        value_lens, pos = _read_int_array("i", data, pos, n)
+        if flags & _F_HEADERS:
+            pos += 4 * n
+        keys: Sequence = _slices(data, key_lens, pos)[0] if key_lens is not None else (None,) * n
+    except (ValueError, IndexError, struct.error) as exc:
+        if isinstance(exc, CorruptRecordError):
+            raise
+        raise CorruptRecordError(f"batch at base offset {header.base_offset} has a bad records section: {exc}") from exc
+    return offsets, keys, value_lens
 
 
 def decode_batches(buf, *, validate: bool = True, skip_control: bool = False) -> list[Record]:
