@@ -70,6 +70,10 @@ def _error(e: GroupError) -> KraftlogError:
     return KraftlogError(code, e.message)
 
 
+async def _done() -> None:
+    return None
+
+
 def _json(doc: Any, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(doc).encode(), status=status, content_type=JSON)
 
@@ -83,7 +87,6 @@ class _Loaded:
         self.state = state
         self.ready = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task | None = None
-        self.write_lock = asyncio.Lock()   # keeps decide -> append in order per partition
 
 
 class GroupCoordinator:
@@ -148,12 +151,10 @@ class GroupCoordinator:
 
     async def _topics_changed(self, ld: _Loaded, topics: dict, gone: set) -> None:
         try:
-            async with ld.write_lock:
-                records = ld.state.update_topics(topics, _now_ms())
-                for t in gone:
-                    records += ld.state.delete_topic_offsets(t)
-                if records:
-                    await self._append(ld, records, apply=True)
+            records = ld.state.update_topics(topics, _now_ms())
+            for t in gone:
+                records += ld.state.delete_topic_offsets(t)
+            await self._append(ld, records, apply=True)
         except Exception as e:  # leadership moving: the next coordinator recomputes
             log.info("__consumer_offsets-%s: writing topic changes failed: %s", ld.partition, e)
 
@@ -216,24 +217,35 @@ class GroupCoordinator:
                 if nxt is None or nxt > _now_ms():
                     continue
                 try:
-                    async with ld.write_lock:
-                        for gid, mid, records in ld.state.expire(_now_ms()):
-                            log.info("group %s: member %s expired (no heartbeat within its session timeout)",
-                                     gid, mid)
-                            await self._append(ld, records)
+                    waits = []
+                    for gid, mid, records in ld.state.expire(_now_ms()):
+                        log.info("group %s: member %s expired (no heartbeat within its session timeout)", gid, mid)
+                        waits.append(self._append(ld, records))
+                    for r in await asyncio.gather(*waits, return_exceptions=True):
+                        if isinstance(r, Exception):
+                            raise r
                 except Exception as e:
                     log.info("__consumer_offsets-%s: writing expiries failed: %s", ld.partition, e)
 
     # ---- storage -----------------------------------------------------------------------
 
-    async def _append(self, ld: _Loaded, records: list, *, apply: bool = False) -> None:
+    def _append(self, ld: _Loaded, records: list, *, apply: bool = False):
+        """Start appending `records` now (call it right after deciding, with no await in
+        between: appends then reach the log in decision order, as tasks start FIFO) and
+        return an awaitable for the acks=all completion. Writes are pipelined (several wait
+        for replication at once); a write outlives a cancelled request, and offset records
+        enter the cache when written, whoever is still waiting."""
         if not records:
-            return
+            return _done()
         batch = rb.build_batch([rb.Record(k, v) for k, v in records])
-        res = await self.rm.append(OFFSETS_TOPIC, ld.partition, batch, acks=ACKS_ALL,
-                                   timeout_ms=self.config.offsets_commit_timeout_ms)
-        if apply:
-            ld.state.apply(records, res.first_offset, _now_ms())
+        task = asyncio.ensure_future(self.rm.append(OFFSETS_TOPIC, ld.partition, batch, acks=ACKS_ALL,
+                                                    timeout_ms=self.config.offsets_commit_timeout_ms))
+
+        def written(t: asyncio.Task) -> None:
+            if not t.cancelled() and t.exception() is None and apply and self.loaded.get(ld.partition) is ld:
+                ld.state.apply(records, t.result().first_offset, _now_ms())
+        task.add_done_callback(written)
+        return asyncio.shield(task)
 
     async def _ensure_offsets_topic(self) -> None:
         img = self.app.image
@@ -364,9 +376,8 @@ class GroupCoordinator:
         opts.setdefault("client_id", request.headers.get("X-Client-Id", ""))
 
         async def go(ld: _Loaded) -> web.Response:
-            async with ld.write_lock:
-                res, records = ld.state.join(group, member_id or uuid.uuid4().hex, topics, _now_ms(), **opts)
-                await self._append(ld, records)
+            res, records = ld.state.join(group, member_id or uuid.uuid4().hex, topics, _now_ms(), **opts)
+            await self._append(ld, records)
             return _json(res.to_json())
         return await self.route(request, group, go)
 
@@ -385,10 +396,9 @@ class GroupCoordinator:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "subscribed_topics: must be a list of topic names")
 
         async def go(ld: _Loaded) -> web.Response:
-            async with ld.write_lock:
-                res, records = ld.state.heartbeat(group, member_id, epoch, _now_ms(), owned=owned,
-                                                  subscribed_topics=topics)
-                await self._append(ld, records)
+            res, records = ld.state.heartbeat(group, member_id, epoch, _now_ms(), owned=owned,
+                                              subscribed_topics=topics)
+            await self._append(ld, records)
             return _json(res.to_json())
         return await self.route(request, group, go)
 
@@ -400,9 +410,8 @@ class GroupCoordinator:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, 'body must be {"member_id": str}')
 
         async def go(ld: _Loaded) -> web.Response:
-            async with ld.write_lock:
-                records = ld.state.leave(group, member_id, _now_ms())
-                await self._append(ld, records)
+            records = ld.state.leave(group, member_id, _now_ms())
+            await self._append(ld, records)
             return _json({"member_id": member_id, "member_epoch": -1})
         return await self.route(request, group, go)
 
@@ -440,10 +449,9 @@ class GroupCoordinator:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "member_epoch: must be an integer")
 
         async def go(ld: _Loaded) -> web.Response:
-            async with ld.write_lock:
-                records = ld.state.prepare_commit(group, parsed, _now_ms(), member_id=member_id,
-                                                  member_epoch=epoch)
-                await self._append(ld, records, apply=True)
+            records = ld.state.prepare_commit(group, parsed, _now_ms(), member_id=member_id,
+                                              member_epoch=epoch)
+            await self._append(ld, records, apply=True)
             return _json({"offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o, _ in parsed]})
         return await self.route(request, group, go)
 
