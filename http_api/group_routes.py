@@ -569,10 +569,27 @@ def _parse_tps(items: Any, name: str) -> list[tuple[str, int]]:
     return out
 
 
+def _register_metrics(gc: GroupCoordinator, registry) -> None:
+    import prometheus_client as prom
+
+    def count(fn):
+        return lambda: sum(fn(ld.state) for ld in list(gc.loaded.values())
+                           if ld.ready.done() and ld.ready.exception() is None)
+    g = prom.Gauge("kraftlog_groups", "Consumer groups coordinated by this broker", registry=registry)
+    g.set_function(count(lambda st: len(st.groups)))
+    g = prom.Gauge("kraftlog_group_members", "Members of the groups coordinated by this broker", registry=registry)
+    g.set_function(count(lambda st: sum(len(x.members) for x in st.groups.values())))
+    g = prom.Gauge("kraftlog_group_coordinator_partitions",
+                   "__consumer_offsets partitions this broker leads and has loaded", registry=registry)
+    g.set_function(count(lambda st: 1))
+
+
 def install_group_routes(app: web.Application, broker_app: Any) -> GroupCoordinator:
     """Add the consumer group routes to the broker app; the coordinator starts with the app."""
     gc = GroupCoordinator(broker_app)
     app[SERVICE_KEY] = gc
+    if getattr(broker_app.deps, "registry", None) is not None:
+        _register_metrics(gc, broker_app.deps.registry)
     r = app.router
     r.add_get("/v1/groups", gc.list_groups)
     r.add_get("/v1/groups/{group}", gc.describe)

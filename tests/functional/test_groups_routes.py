@@ -155,3 +155,12 @@ async def test_any_broker_serves_groups_and_the_coordinator_can_move(two_brokers
                                                            "member_epoch": m["member_epoch"],
                                                            "owned": m["assignment"]})
     assert hb["member_epoch"] == m["member_epoch"] and hb["assignment"] == m["assignment"]
+
+
+async def test_group_metrics(broker):
+    c = broker.client
+    await create(c, "tmx", 1)
+    await post(c, "/v1/groups/gmx/join", {"subscribed_topics": ["tmx"]})
+    text = await (await c.get("/metrics")).text()
+    assert "kraftlog_groups 1.0" in text and "kraftlog_group_members 1.0" in text
+    assert "kraftlog_group_coordinator_partitions 10.0" in text
