@@ -322,7 +322,10 @@ class LogScheduler:
         try:
             stats = cleaner.clean(lg, now_ms, should_abort=self._stop.is_set)
         except Exception as exc:  # noqa: BLE001 - e.g. the cleaner process died; next pass retries
-            log.warning("cleaning %s failed: %s", lg.dir, exc)
+            if self._stop.is_set():
+                log.info("cleaning %s stopped: %s", lg.dir, exc)
+            else:
+                log.warning("cleaning %s failed: %s", lg.dir, exc)
             stats = None
         if stats is not None:
             self.metrics.record_pass(stats)
