@@ -306,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from deploy.group_cli import add_group_parser  # kraftlog group list|describe
     add_group_parser(sub, client, _run_client)
+    from deploy.log_cleaner_cli import add_log_cleaner_parser  # kraftlog log-cleaner run|status
+    add_log_cleaner_parser(sub, client, _run_client)
 
     cl = sub.add_parser("cluster", help="local multi-node cluster: up, down, status")
     clsub = cl.add_subparsers(dest="cluster_cmd", metavar="ACTION")

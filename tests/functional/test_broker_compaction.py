@@ -217,3 +217,25 @@ def test_compacted_reads_over_http_equal_a_dict_replay(ops, passes):
         asyncio.run(_scenario(root, ops, passes))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_cli_log_cleaner_run_and_status(broker, capsys):
+    import json
+
+    from deploy.cli import build_parser
+    from deploy.log_cleaner_cli import _log_cleaner
+
+    c = broker.client
+    await create(c, "cmp", COMPACT)
+    for i in range(40):
+        await c.post("/v1/topics/cmp/records", json={"records": [{"key": f"k{i % 3}", "value": f"v{i}"}]})
+    url = broker.config.url
+    args = build_parser().parse_args(["log-cleaner", "run", "--bootstrap", url, "--force", "--output", "json"])
+    assert await _log_cleaner(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    [cleaned] = out["brokers"]["1"]["cleaned"]
+    assert cleaned["topic"] == "cmp" and cleaned["segments_cleaned"] > 0
+    args = build_parser().parse_args(["log-cleaner", "status", "--bootstrap", url])
+    assert await _log_cleaner(args) == 0
+    text = capsys.readouterr().out
+    assert "passes 1" in text and "cmp-0\tdirty ratio 0.00" in text
