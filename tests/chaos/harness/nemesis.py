@@ -1,0 +1,257 @@
+"""Reusable faults ("nemeses") for a ChaosCluster. Each nemesis has `start(cluster, rng)`,
+returning a description of what it did, and `stop(cluster)`, which undoes it (restart,
+resume, heal). `Schedule` runs a seeded sequence of them and records fault windows.
+
+Kinds:
+- kill-broker / kill-active-controller / kill-several: kill -9, restart at stop
+- pause-broker / pause-controller: SIGSTOP, SIGCONT at stop
+- isolate-broker: every proxy of one broker cut (inbound fetches/forwards, its controller links)
+- blackhole-broker: the same links accept connections but forward nothing (timeouts)
+- one-way-answers: a broker's inbound answers and controller answers dropped (requests
+  still served: outcomes unknown to the callers)
+- one-way-control: a broker cannot reach the controllers (heartbeats lost) but serves data
+- slow-links: 150-400 ms per chunk on one broker's links
+- disk-full: broker restarted with RLIMIT_FSIZE just above its largest file (writes get
+  EFBIG), restarted without the limit at stop
+- lost-tail: a copy of a broker's logs is taken at start; at stop the broker is killed
+  and restarted from that copy (what a power loss does to un-fsynced data)
+- torn-tail: kill -9, the last segment of each partition cut mid-batch and garbage
+  appended, restart (recovery must truncate the torn batch)
+Clock jumps need a test-only time source in the processes (see the report).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+class Nemesis:
+    name = "nemesis"
+
+    def start(self, c, rng: random.Random) -> str:
+        raise NotImplementedError
+
+    def stop(self, c) -> None:
+        pass
+
+
+class KillBroker(Nemesis):
+    name = "kill-broker"
+
+    def start(self, c, rng):
+        self.i = rng.choice(c.ids)
+        c.kill("broker", self.i)
+        return f"kill -9 broker {self.i}"
+
+    def stop(self, c):
+        c.restart("broker", self.i)
+
+
+class KillActiveController(Nemesis):
+    name = "kill-active-controller"
+
+    def start(self, c, rng):
+        self.i = c.active_controller() or rng.choice(c.ids)
+        c.kill("controller", self.i)
+        return f"kill -9 active controller {self.i}"
+
+    def stop(self, c):
+        c.restart("controller", self.i)
+
+
+class KillSeveral(Nemesis):
+    """A broker and a controller, or two brokers, at once (never a controller majority)."""
+
+    name = "kill-several"
+
+    def start(self, c, rng):
+        b = rng.sample(c.ids, 2)
+        if rng.random() < 0.5:
+            self.victims = [("broker", b[0]), ("controller", c.active_controller() or b[1])]
+        else:
+            self.victims = [("broker", b[0]), ("broker", b[1])]
+        for role, i in self.victims:
+            c.kill(role, i)
+        return "kill -9 " + ", ".join(f"{r} {i}" for r, i in self.victims)
+
+    def stop(self, c):
+        for role, i in self.victims:
+            c.restart(role, i)
+
+
+class Pause(Nemesis):
+    def __init__(self, role: str):
+        self.role = role
+        self.name = f"pause-{role}"
+
+    def start(self, c, rng):
+        self.i = (c.active_controller() if self.role == "controller" and rng.random() < 0.7 else None) \
+            or rng.choice(c.ids)
+        c.pause(self.role, self.i)
+        return f"SIGSTOP {self.role} {self.i}"
+
+    def stop(self, c):
+        c.resume(self.role, self.i)
+
+
+class Links(Nemesis):
+    """Network faults on one broker's proxies."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def start(self, c, rng):
+        self.i = rng.choice(c.ids)
+        inbound, control = c.broker_proxy[self.i], [c.ctl_proxy[(self.i, j)] for j in c.ids]
+        if self.name == "isolate-broker":
+            for p in [inbound] + control:
+                p.cut()
+            return f"broker {self.i} cut off (inbound + controller links)"
+        if self.name == "blackhole-broker":
+            for p in [inbound] + control:
+                p.blackhole()
+            return f"broker {self.i} blackholed"
+        if self.name == "one-way-answers":
+            for p in [inbound] + control:
+                p.one_way(down=False)
+            return f"answers to and from broker {self.i} dropped (requests delivered)"
+        if self.name == "one-way-control":
+            for p in control:
+                p.cut()
+            return f"broker {self.i} cannot reach the controllers"
+        if self.name == "slow-links":
+            ms = rng.randint(150, 400)
+            for p in [inbound] + control:
+                p.slow(ms)
+            return f"broker {self.i} links slowed by {ms} ms per chunk"
+        raise ValueError(self.name)
+
+    def stop(self, c):
+        for p in c.broker_links(self.i):
+            p.heal()
+
+
+class DiskFull(Nemesis):
+    name = "disk-full"
+    headroom_bytes = 32 * 1024
+
+    def start(self, c, rng):
+        self.i = rng.choice(c.ids)
+        files = glob.glob(os.path.join(c.broker_log_dir(self.i), "*", "*.log"))
+        biggest = max([os.path.getsize(f) for f in files] + [0])
+        limit = biggest + self.headroom_bytes
+        c.restart("broker", self.i, fsize_limit_bytes=limit)
+        return f"broker {self.i} restarted with RLIMIT_FSIZE={limit} (writes fail with EFBIG)"
+
+    def stop(self, c):
+        c.restart("broker", self.i)
+
+
+class LostTail(Nemesis):
+    name = "lost-tail"
+
+    def start(self, c, rng):
+        self.i = rng.choice(c.ids)
+        self.copy = os.path.join(c.root, f"lost-tail-copy-{self.i}")
+        c.copy_broker_logs(self.i, self.copy)
+        return f"broker {self.i}: logs copied; it will restart from this copy"
+
+    def stop(self, c):
+        c.kill("broker", self.i)
+        live = c.broker_log_dir(self.i)
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.copytree(self.copy, live)
+        shutil.rmtree(self.copy, ignore_errors=True)
+        c.restart("broker", self.i)
+
+
+class TornTail(Nemesis):
+    name = "torn-tail"
+
+    def start(self, c, rng):
+        self.i = rng.choice(c.ids)
+        c.kill("broker", self.i)
+        torn = 0
+        for d in glob.glob(os.path.join(c.broker_log_dir(self.i), "*-*")):
+            segs = sorted(glob.glob(os.path.join(d, "*.log")))
+            if not segs:
+                continue
+            last = segs[-1]
+            size = os.path.getsize(last)
+            if size > 100:
+                cut = size - rng.randint(1, min(60, size - 1))
+                with open(last, "r+b") as f:
+                    f.truncate(cut)
+                    f.seek(cut)
+                    f.write(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 40))))
+                torn += 1
+        c.restart("broker", self.i)
+        return f"broker {self.i} killed, {torn} segment tails torn, restarted"
+
+
+ALL_NEMESES = {
+    "kill-broker": KillBroker, "kill-active-controller": KillActiveController, "kill-several": KillSeveral,
+    "pause-broker": lambda: Pause("broker"), "pause-controller": lambda: Pause("controller"),
+    "isolate-broker": lambda: Links("isolate-broker"), "blackhole-broker": lambda: Links("blackhole-broker"),
+    "one-way-answers": lambda: Links("one-way-answers"), "one-way-control": lambda: Links("one-way-control"),
+    "slow-links": lambda: Links("slow-links"), "disk-full": DiskFull, "lost-tail": LostTail,
+    "torn-tail": TornTail,
+}
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    description: str
+    start: float
+    end: float = -1.0
+    error: Optional[str] = None
+
+
+@dataclass
+class Schedule:
+    """A seeded sequence of faults: `hold_s` with the fault active, then `quiet_s` healed."""
+
+    seed: int
+    kinds: list = field(default_factory=lambda: list(ALL_NEMESES))
+    hold_s: tuple = (2.0, 5.0)
+    quiet_s: tuple = (2.0, 4.0)
+    faults: list = field(default_factory=list)
+
+    def plan(self, count: int) -> list[str]:
+        """`count` fault kinds, every kind equally often, in a seeded random order."""
+        rng = random.Random(self.seed)
+        kinds = [self.kinds[i % len(self.kinds)] for i in range(count)]
+        rng.shuffle(kinds)
+        return kinds
+
+    def run_one(self, c, kind: str, rng: random.Random, clock, sleep) -> FaultRecord:
+        nem = ALL_NEMESES[kind]()
+        rec = FaultRecord(kind, "", clock())
+        try:
+            rec.description = nem.start(c, rng)
+            sleep(rng.uniform(*self.hold_s))
+        except Exception as e:  # a nemesis failing is reported, never hidden
+            rec.error = f"start: {e.__class__.__name__}: {e}"
+        try:
+            nem.stop(c)
+        except Exception as e:
+            rec.error = (rec.error or "") + f" stop: {e.__class__.__name__}: {e}"
+        rec.end = clock()
+        self.faults.append(rec)
+        return rec
+
+    def heal_all(self, c) -> None:
+        """Every process running and resumed, every link healed."""
+        c.heal_network()
+        for (role, i), spec in c.procs.items():
+            if spec.paused:
+                c.resume(role, i)
+            if not spec.alive() or spec.fsize_limit_bytes is not None:
+                c.restart(role, i)
+        time.sleep(0.1)

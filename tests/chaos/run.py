@@ -1,0 +1,121 @@
+"""Run a chaos schedule against a real 3-node cluster and write a report.
+
+    python -m tests.chaos.run --minutes 30 --report out/chaos [--seed N] [--kinds kill-broker,lost-tail]
+    python -m tests.chaos.run --faults 13 --report out/short
+
+The workload (tests/chaos/harness/workload.py) runs throughout; a nemesis thread injects
+one fault at a time (hold, then heal, then a quiet period); at the end everything is
+healed, the partitions are read in full and the history goes through the checker.
+Exit status 0 = no anomaly. The report directory gets report.md, report.json,
+history.jsonl and throughput_latency.svg.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Optional
+
+from tests.chaos.harness.checker import check
+from tests.chaos.harness.cluster import ChaosCluster, ClusterSettings
+from tests.chaos.harness.history import History
+from tests.chaos.harness.nemesis import ALL_NEMESES, Schedule
+from tests.chaos.harness.report import write_report
+from tests.chaos.harness.workload import Workload
+
+
+async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fault_count: Optional[int] = None,
+                    kinds: Optional[list] = None, partitions: int = 3, hold_s=(2.0, 5.0), quiet_s=(2.0, 4.0),
+                    warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print) -> tuple[dict, object]:
+    kinds = kinds or list(ALL_NEMESES)
+    cluster = ChaosCluster(root, ClusterSettings())
+    history = History()
+    schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s)
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, cluster.start)
+        log(f"cluster up in {time.monotonic() - t0:.1f}s under {root}")
+        async with Workload(cluster, history, partitions=partitions, seed=seed) as wl:
+            await wl.create_topic()
+            wl.start()
+            await asyncio.sleep(warmup_s)
+            stop_faults = threading.Event()
+
+            def nemesis_thread():
+                deadline = time.monotonic() + minutes * 60 if minutes else None
+                plan = schedule.plan(fault_count or 100_000)
+                for n, kind in enumerate(plan):
+                    if stop_faults.is_set() or (deadline and time.monotonic() > deadline):
+                        break
+                    rec = schedule.run_one(cluster, kind, rng, history.now, time.sleep)
+                    log(f"[{rec.start:7.1f}s] fault {n + 1}: {rec.kind}: {rec.description}"
+                        f"{' ERROR ' + rec.error if rec.error else ''}")
+                    stop_faults.wait(rng.uniform(*quiet_s))
+                schedule.heal_all(cluster)
+
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, nemesis_thread)
+            finally:
+                stop_faults.set()
+            log(f"[{history.now():7.1f}s] faults done; healing")
+            await asyncio.get_running_loop().run_in_executor(None, cluster.wait_ready, 90.0)
+            await asyncio.sleep(2.0)   # a little healed traffic
+            await wl.stop()
+            counts = await wl.final_reads()
+            log(f"[{history.now():7.1f}s] final reads: {counts}")
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, cluster.stop)
+    result = check(history)
+    meta = {"seed": seed, "minutes": minutes, "fault_count": fault_count, "kinds": kinds,
+            "partitions": partitions, "duration_s": round(time.monotonic() - t0, 1), "root": root}
+    if out_dir:
+        figs = write_report(out_dir, history, result, schedule.faults, meta)
+    else:
+        from tests.chaos.harness.report import figures
+        figs = figures(history, result, schedule.faults)
+        figs["meta"] = meta
+    figs["_faults"] = schedule.faults
+    return figs, result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=None, help="run faults for this long")
+    p.add_argument("--faults", type=int, default=None, help="or inject this many faults")
+    p.add_argument("--report", default="out/chaos", help="report directory")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--kinds", default=None, help=f"comma-separated subset of {','.join(ALL_NEMESES)}")
+    p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
+    args = p.parse_args(argv)
+    if args.minutes is None and args.faults is None:
+        args.minutes = 30.0
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    kinds = args.kinds.split(",") if args.kinds else None
+    for k in kinds or []:
+        if k not in ALL_NEMESES:
+            p.error(f"unknown fault kind {k!r}; choose from {', '.join(ALL_NEMESES)}")
+    root = args.data_dir or tempfile.mkdtemp(prefix=f"kraftlog-chaos-{seed}-")
+    print(f"chaos seed {seed} (replay: python -m tests.chaos.run --seed {seed} ...), data in {root}", flush=True)
+    figs, result = asyncio.run(run_chaos(root, seed, minutes=args.minutes, fault_count=args.faults, kinds=kinds,
+                                         partitions=args.partitions, out_dir=args.report,
+                                         log=lambda m: print(m, flush=True)))
+    figs.pop("_faults", None)
+    print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))
+    print(result.summary(limit=20))
+    print(f"report: {os.path.abspath(args.report)}/report.md")
+    if result.valid and not args.data_dir:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if result.valid else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
