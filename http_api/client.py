@@ -702,7 +702,18 @@ class Consumer:
             body.update(self.membership.commit_fields())
         if not body["offsets"]:
             return
-        await self.t.bootstrap_json("POST", f"/v1/groups/{self.group_id}/offsets", json_body=body)
+        # retriable errors (coordinator moving / loading, broker down) are retried until
+        # request_timeout_ms; fencing errors (ILLEGAL_GENERATION, ...) are raised at once
+        deadline = time.monotonic() + self.t.request_timeout_ms / 1000
+        while True:
+            try:
+                await self.t.bootstrap_json("POST", f"/v1/groups/{self.group_id}/offsets", json_body=body)
+                return
+            except KraftlogError as e:
+                if not e.code.retriable or time.monotonic() > deadline:
+                    raise
+                self.t.rotate()
+                await asyncio.sleep(0.1)
 
     async def committed(self, tp) -> int | None:
         if not self.group_id:

@@ -74,6 +74,27 @@ async def _done() -> None:
     return None
 
 
+# errors of the __consumer_offsets append, as a group client should read them (as Kafka maps them)
+_APPEND_ERRORS = {
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.LEADER_NOT_AVAILABLE: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+}
+
+
+async def _as_coordinator_error(aw, partition: int):
+    try:
+        return await aw
+    except KraftlogError as e:
+        code = _APPEND_ERRORS.get(e.code)
+        if code is None:
+            raise
+        raise KraftlogError(code, f"writing to {OFFSETS_TOPIC}-{partition} failed ({e.code.name}: {e.message}); "
+                                  "the group coordinator is moving or under-replicated: retry") from None
+
+
 def _json(doc: Any, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(doc).encode(), status=status, content_type=JSON)
 
@@ -245,7 +266,7 @@ class GroupCoordinator:
             if not t.cancelled() and t.exception() is None and apply and self.loaded.get(ld.partition) is ld:
                 ld.state.apply(records, t.result().first_offset, _now_ms())
         task.add_done_callback(written)
-        return asyncio.shield(task)
+        return _as_coordinator_error(asyncio.shield(task), ld.partition)
 
     async def _ensure_offsets_topic(self) -> None:
         img = self.app.image

@@ -164,3 +164,17 @@ async def test_group_metrics(broker):
     text = await (await c.get("/metrics")).text()
     assert "kraftlog_groups 1.0" in text and "kraftlog_group_members 1.0" in text
     assert "kraftlog_group_coordinator_partitions 10.0" in text
+
+
+async def test_under_replicated_offsets_partition_is_coordinator_not_available(two_brokers):
+    b1, b2 = two_brokers
+    await create(b1.client, "tu", 1)
+    await post(b1.client, "/v1/groups/gu/offsets", {"offsets": [{"topic": "tu", "partition": 0, "offset": 1}]})
+    r = await b1.client.post(f"/v1/topics/{OFFSETS_TOPIC}/configs", json={"configs": {"min.insync.replicas": "3"}})
+    assert r.status == 200, await r.text()
+    r = await b2.client.post("/v1/groups/gu/offsets", json={"offsets": [{"topic": "tu", "partition": 0, "offset": 2}]})
+    doc = await r.json()
+    assert r.status == 503 and doc["error_code"] == "COORDINATOR_NOT_AVAILABLE", doc
+    assert "NOT_ENOUGH_REPLICAS" in doc["message"]
+    doc = await (await b1.client.get("/v1/groups/gu/offsets")).json()
+    assert doc["offsets"][0]["offset"] == 1   # the refused commit is not visible
