@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="per throughput round")
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds of the throughput comparison")
-    ap.add_argument("--concurrency", type=int, default=6)
+    ap.add_argument("--concurrency", default="6,24", help="requests in flight; a comma list runs each")
     ap.add_argument("--latency-records", type=int, default=300)
     ap.add_argument("--failover-rounds", type=int, default=3)
     ap.add_argument("--partitions-mass", type=int, default=150)
@@ -149,17 +149,18 @@ def main(argv: list[str] | None = None) -> None:
     with ReplicatedCluster(base, brokers=3) as c:
         c.create_topic("rf1", PARTITIONS, 1)
         c.create_topic("rf3", PARTITIONS, 3)
-        rf1, rf3 = [], []
-        for r in range(args.rounds):
-            order = [("rf1", "1", rf1), ("rf3", "all", rf3)]
-            for topic, acks, out in (order if r % 2 == 0 else order[::-1]):
-                out.append(asyncio.run(produce_throughput(c, topic, acks, args.seconds, args.concurrency)))
-        a, b = statistics.median(rf1), statistics.median(rf3)
-        print(f"produce RF=1 acks=1:   {a:>10,.0f} records/s  {a * RECORD_BYTES / 1e6:6.1f} MB/s  rounds "
-              f"{[round(x) for x in rf1]}")
-        print(f"produce RF=3 acks=all: {b:>10,.0f} records/s  {b * RECORD_BYTES / 1e6:6.1f} MB/s  rounds "
-              f"{[round(x) for x in rf3]}")
-        print(f"RF=3 acks=all / RF=1 acks=1 = {b / a:.0%} (goal >= 50%)")
+        for conc in [int(x) for x in str(args.concurrency).split(",")]:
+            rf1, rf3 = [], []
+            for r in range(args.rounds):
+                order = [("rf1", "1", rf1), ("rf3", "all", rf3)]
+                for topic, acks, out in (order if r % 2 == 0 else order[::-1]):
+                    out.append(asyncio.run(produce_throughput(c, topic, acks, args.seconds, conc)))
+            a, b = statistics.median(rf1), statistics.median(rf3)
+            print(f"[{conc} in flight] produce RF=1 acks=1:   {a:>10,.0f} records/s  {a * RECORD_BYTES / 1e6:6.1f} MB/s"
+                  f"  rounds {[round(x) for x in rf1]}")
+            print(f"[{conc} in flight] produce RF=3 acks=all: {b:>10,.0f} records/s  {b * RECORD_BYTES / 1e6:6.1f} MB/s"
+                  f"  rounds {[round(x) for x in rf3]}")
+            print(f"[{conc} in flight] RF=3 acks=all / RF=1 acks=1 = {b / a:.0%} (goal >= 50%)")
 
         c.create_topic("lat", 1, 3)
         lat = asyncio.run(e2e_latency(c, "lat", args.latency_records))

@@ -325,3 +325,16 @@ def test_state_machine_snapshot_restores_image_and_request_ids():
     assert copy.seen_request("r1")
     assert copy.records_since(0, 10) is None  # too old for the tail: needs a snapshot
     assert h.sm.records_since(h.image.offset - 1, 10)[0]["offset"] == h.image.offset - 1
+
+
+def test_unreachable_broker_is_fenced_at_once_but_only_the_probed_incarnation():
+    h = Harness()
+    h.create("t", 6, 3)
+    epoch = h.image.brokers[1].epoch
+    assert h.controller.fence_unreachable(h.image, 1, epoch - 1) == []   # a newer incarnation: leave it
+    batch = h.controller.fence_unreachable(h.image, 1, epoch)
+    assert isinstance(batch[0], FenceBrokerRecord) and batch[0].broker_id == 1
+    h.run(batch)
+    assert h.image.brokers[1].fenced
+    assert all(p.leader != 1 and 1 not in p.isr for p in h.image.topic("t").partitions.values())
+    assert h.controller.fence_unreachable(h.image, 1, epoch) == []       # already fenced
