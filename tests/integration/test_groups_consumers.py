@@ -25,11 +25,12 @@ TOPIC = "six"
 class ConsumerProc:
     """groups_consumer_proc.py in a child process; its JSON lines parsed by a reader thread."""
 
-    def __init__(self, url: str, group: str) -> None:
+    def __init__(self, url: str, group: str, topic: str = TOPIC, session_ms: int = SESSION_MS) -> None:
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "groups_consumer_proc.py"), url, group,
-                                      TOPIC, str(SESSION_MS)], cwd=ROOT, stdout=subprocess.PIPE,
+                                      topic, str(session_ms)], cwd=ROOT, stdout=subprocess.PIPE,
                                      env={**os.environ, "PYTHONPATH": ROOT}, text=True)
         self.assignment: set = set()
+        self.assignment_changes = 0
         self.records: list = []
         self.closed = False
         threading.Thread(target=self._read, daemon=True).start()
@@ -39,6 +40,7 @@ class ConsumerProc:
             doc = json.loads(line)
             if "assignment" in doc:
                 self.assignment = {tuple(x) for x in doc["assignment"]}
+                self.assignment_changes += 1
             elif "r" in doc:
                 self.records.append(tuple(doc["r"]))
             elif "closed" in doc:
