@@ -575,6 +575,10 @@ class LogCleaner:
                         retention = plan.config.delete_retention_ms
                         horizons = [(e, t) for e, t in plan.horizons if t + retention > plan.now_ms]
                         if kept_dirty_tombstones:
+                            # bound the file: a recent entry's tombstones take the new, later
+                            # time (kept at most 1% of delete.retention.ms longer, never shorter)
+                            while horizons and plan.now_ms - horizons[-1][1] < max(1, retention // 100):
+                                horizons.pop()
                             horizons.append((stats.end_offset, plan.now_ms))
                         if horizons != list(plan.horizons) or read_tombstone_horizons(lg.dir) is None:
                             write_tombstone_horizons(lg.dir, horizons)

@@ -204,3 +204,32 @@ def test_background_threads_compact_in_a_cleaner_process(tmp_path):
     assert snap["retention_runs_total"] >= 1
     assert _view(lg) == expected and len(_all(lg)) == 5
     lm.close()
+
+
+def test_each_tombstone_is_kept_delete_retention_after_its_own_first_pass(tmp_path):
+    clock = FakeClock(10_000)
+    lg = Log.open(tmp_path / "c-0", COMPACT.replace(delete_retention_ms=1000), time_ms=clock)
+    cleaner = LogCleaner(time_ms=clock)
+    _put(lg, [(b"a", b"1"), (b"a", None)], ts=clock.now)
+    _fill(lg, ts=clock.now, rounds=3)
+    cleaner.clean(lg)  # first pass over the "a" tombstone at t=10000
+    clock.now = 10_600
+    _put(lg, [(b"b", b"1"), (b"b", None)], ts=clock.now)
+    _fill(lg, ts=clock.now, rounds=3)
+    cleaner.clean(lg)  # first pass over the "b" tombstone at t=10600
+    assert [e for e, _ in read_tombstone_horizons(lg.dir)] == [5, 10]
+
+    def tombstones():
+        return sorted(r.key for r in _all(lg) if r.value is None)
+
+    assert tombstones() == [b"a", b"b"]
+    clock.now = 11_000  # a's horizon reached, not b's
+    assert cleaner.needs_cleaning(lg)
+    stats = cleaner.clean(lg)
+    assert stats.tombstones_removed == 1 and tombstones() == [b"b"]
+    assert read_tombstone_horizons(lg.dir) == [(10, 10_600)]
+    clock.now = 11_599
+    assert not cleaner.needs_cleaning(lg)
+    clock.now = 11_600
+    cleaner.clean(lg)
+    assert tombstones() == [] and read_tombstone_horizons(lg.dir) == []
