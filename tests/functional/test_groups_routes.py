@@ -178,3 +178,29 @@ async def test_under_replicated_offsets_partition_is_coordinator_not_available(t
     assert "NOT_ENOUGH_REPLICAS" in doc["message"]
     doc = await (await b1.client.get("/v1/groups/gu/offsets")).json()
     assert doc["offsets"][0]["offset"] == 1   # the refused commit is not visible
+
+
+async def test_new_partitions_are_assigned_and_deleted_topics_lose_their_offsets(broker):
+    c = broker.client
+    await create(c, "tg", 2)
+    await create(c, "tk", 1)
+    m = await post(c, "/v1/groups/gp/join", {"subscribed_topics": ["tg"]})
+    assert len(m["assignment"]) == 2
+    r = await c.post("/v1/topics/tg/partitions", json={"partitions": 4})
+    assert r.status == 200
+
+    async def has_four():
+        await settle(c, "gp", {"m": m}, rounds=1)
+        return len(m["assignment"]) == 4
+    await wait_for(has_four)
+    await post(c, "/v1/groups/gp/offsets", {"member_id": m["member_id"], "member_epoch": m["member_epoch"],
+                                            "offsets": [{"topic": "tg", "partition": 3, "offset": 1}]})
+    await post(c, "/v1/groups/gk/offsets", {"offsets": [{"topic": "tk", "partition": 0, "offset": 5}]})
+    r = await c.delete("/v1/topics/tk")
+    assert r.status in (202, 204)
+
+    async def gone():
+        return (await (await c.get("/v1/groups/gk/offsets")).json()) == {"offsets": []}
+    await wait_for(gone)
+    doc = await (await c.get("/v1/groups/gp/offsets")).json()
+    assert doc == {"offsets": [{"topic": "tg", "partition": 3, "offset": 1}]}
