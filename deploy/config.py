@@ -49,6 +49,9 @@ class NodeConfig:
     min_insync_replicas: int = 1
     replica_lag_time_max_ms: int = 30_000   # a follower not caught up for this long leaves the ISR
     log_retention_check_interval_ms: int = 300_000
+    log_cleaner_enable: bool = True         # compaction of cleanup.policy=compact topics
+    log_cleaner_threads: int = 1
+    log_cleaner_dedupe_buffer_size_bytes: int = 128 * MiB
     log_level: str = "INFO"
 
     # ---- derived ----------------------------------------------------------------------
@@ -104,6 +107,8 @@ class NodeConfig:
             min_insync_replicas=self.min_insync_replicas,
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
             log_retention_check_interval_ms=self.log_retention_check_interval_ms,
+            log_cleaner_enable=self.log_cleaner_enable, log_cleaner_threads=self.log_cleaner_threads,
+            log_cleaner_dedupe_buffer_size_bytes=self.log_cleaner_dedupe_buffer_size_bytes,
         )
 
     # ---- loading ----------------------------------------------------------------------
