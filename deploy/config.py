@@ -52,6 +52,11 @@ class NodeConfig:
     log_cleaner_enable: bool = True         # compaction of cleanup.policy=compact topics
     log_cleaner_threads: int = 1
     log_cleaner_dedupe_buffer_size_bytes: int = 128 * MiB
+    # consumer groups (offsets.topic.num.partitions, group.min.session.timeout.ms, ...)
+    offsets_topic_num_partitions: int = 10
+    offsets_topic_replication_factor: int = 3
+    group_min_session_timeout_ms: int = 1_000
+    group_max_session_timeout_ms: int = 300_000
     log_level: str = "INFO"
 
     # ---- derived ----------------------------------------------------------------------
@@ -109,6 +114,10 @@ class NodeConfig:
             log_retention_check_interval_ms=self.log_retention_check_interval_ms,
             log_cleaner_enable=self.log_cleaner_enable, log_cleaner_threads=self.log_cleaner_threads,
             log_cleaner_dedupe_buffer_size_bytes=self.log_cleaner_dedupe_buffer_size_bytes,
+            offsets_topic_num_partitions=self.offsets_topic_num_partitions,
+            offsets_topic_replication_factor=self.offsets_topic_replication_factor,
+            group_min_session_timeout_ms=self.group_min_session_timeout_ms,
+            group_max_session_timeout_ms=self.group_max_session_timeout_ms,
         )
 
     # ---- loading ----------------------------------------------------------------------
