@@ -602,7 +602,13 @@ class Consumer:
 
     async def position(self, tp) -> int:
         if tp not in self._positions:
-            committed = await self.committed(tp) if self.group_id else None
+            if self.membership is not None:  # one offsets fetch per rebalance, not one per partition
+                if self._committed_cache is None:
+                    _, doc = await self.t.bootstrap_json("GET", f"/v1/groups/{self.group_id}/offsets")
+                    self._committed_cache = {(e["topic"], e["partition"]): e["offset"] for e in doc["offsets"]}
+                committed = self._committed_cache.get(tuple(tp))
+            else:
+                committed = await self.committed(tp) if self.group_id else None
             if committed is not None:
                 self._positions[tp] = committed
             else:
@@ -718,11 +724,7 @@ class Consumer:
     async def committed(self, tp) -> int | None:
         if not self.group_id:
             return None
-        if self.membership is not None and self._committed_cache is not None:
-            return self._committed_cache.get(tuple(tp))
         _, doc = await self.t.bootstrap_json("GET", f"/v1/groups/{self.group_id}/offsets")
-        if self.membership is not None:
-            self._committed_cache = {(e["topic"], e["partition"]): e["offset"] for e in doc["offsets"]}
         for e in doc["offsets"]:
             if (e["topic"], e["partition"]) == tuple(tp):
                 return e["offset"]

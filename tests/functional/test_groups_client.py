@@ -83,3 +83,28 @@ async def test_three_consumers_share_six_partitions_then_one_leaves(broker):
         while len(got) < 6 and loop.time() < end:
             got.extend(await c.poll(200))
         assert sorted((r.partition, r.offset) for r in got) == [(p, 15) for p in range(6)]
+
+
+async def test_manual_commit_seek_and_committed_in_a_group(broker):
+    url = broker.config.url
+    async with AdminClient(url) as admin:
+        await admin.create_topic("man", 1)
+    await produce(url, "man", 5, 1)
+    async with Consumer(url, group_id="gman", auto_offset_reset="earliest", enable_auto_commit=False,
+                        max_wait_ms=100) as c:
+        await c.subscribe(["man"])
+        got = []
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 5
+        while len(got) < 5 and loop.time() < end:
+            got.extend(await c.poll(100))
+        assert [r.offset for r in got] == [0, 1, 2, 3, 4]
+        assert await c.committed(("man", 0)) is None      # no auto commit
+        await c.commit({("man", 0): 3})
+        assert await c.committed(("man", 0)) == 3
+        await c.commit()
+        assert await c.committed(("man", 0)) == 5
+        c.seek(("man", 0), 1)
+        assert [r.offset for r in await c.poll(500)][:1] == [1]
+    # without auto commit, close does not commit the sought-back position
+    assert (await committed(url, "gman")) == {("man", 0): 5}
