@@ -27,6 +27,7 @@ from aiohttp import web
 
 from http_api.broker_app import BrokerDeps, create_app
 from http_api.config import BrokerConfig
+from http_api.errors import ErrorCode, KraftlogError
 from http_api.group_offsets import GroupOffsetStore
 from http_api.metadata_view import MetadataView
 from http_api.producer_ids import ProducerIdAllocator
@@ -40,6 +41,7 @@ CONTROLLED_SHUTDOWN_TIMEOUT_S = 10.0
 REGISTER_RETRY_BACKOFF_S = 0.5
 METADATA_POLL_MAX_WAIT_MS = 2000
 ISR_CHECK_INTERVAL_MS = 1000
+ALTER_PARTITION_RETRY_MS = 5000   # ask again when an answered AlterPartition brings no metadata
 
 
 class Broker:
@@ -188,8 +190,14 @@ class Broker:
 
     async def _isr_loop(self) -> None:
         """Leader side: shrink the ISR of lagging followers, expand it with caught-up ones,
-        through AlterPartition (the controller checks leader and partition epochs)."""
-        pending: dict[tuple[str, int], int] = {}
+        through AlterPartition (the controller checks leader and partition epochs).
+
+        One proposal per partition epoch is in flight; it is asked again when it failed
+        without an answer (controller unreachable, failover, lost answer) or got no
+        metadata within ALTER_PARTITION_RETRY_MS. Proposed additions count for the HW
+        (Partition.propose_isr_change) until the metadata answers or the controller
+        refuses for good (`isr_change_rejected`)."""
+        pending: dict[tuple[str, int], tuple[int, float]] = {}   # key -> (partition epoch asked, when)
         while True:
             # Kafka checks every replica.lag.time.max.ms / 2 (topic configs may lower it)
             lag = min([self.config.replica_lag_time_max_ms] +
@@ -201,15 +209,27 @@ class Broker:
                 continue
             for part, new_isr in self.rm.isr_changes(self.config.replica_lag_time_max_ms):
                 key = (part.topic, part.partition)
-                if pending.get(key) == part.partition_epoch:
-                    continue  # already asked for this partition epoch; wait for the metadata
-                pending[key] = part.partition_epoch
+                asked = pending.get(key)
+                now = time.monotonic()
+                if asked is not None and asked[0] == part.partition_epoch \
+                        and now - asked[1] < ALTER_PARTITION_RETRY_MS / 1000:
+                    continue  # asked for this partition epoch; wait for the metadata
+                pending[key] = (part.partition_epoch, now)
+                asked_epoch = part.partition_epoch
                 try:
                     await self.client.alter_partition(self.config.broker_id, epoch, part.topic, part.partition,
-                                                      part.leader_epoch, part.partition_epoch, new_isr)
+                                                      part.leader_epoch, asked_epoch, new_isr)
                     log.info("%s-%s: ISR %s -> %s", part.topic, part.partition, part.isr, new_isr)
-                except Exception as e:  # stale epochs etc.: metadata will tell us the truth
+                except KraftlogError as e:
                     log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
+                    if e.code is ErrorCode.INELIGIBLE_REPLICA:
+                        # refused at this very partition epoch (checked before eligibility).
+                        # Not on INVALID_UPDATE_VERSION: an earlier try may have committed it
+                        part.isr_change_rejected(asked_epoch)
+                    pending.pop(key, None)   # ask again at the next check
+                except Exception as e:  # noqa: BLE001 - unknown outcome: keep the additions, ask again
+                    log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
+                    pending.pop(key, None)
 
     async def _periodic(self, interval_ms: int, fn) -> None:
         while True:

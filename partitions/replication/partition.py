@@ -7,7 +7,10 @@ it derives the high watermark.
 
 Invariants:
 - the high watermark is min(LEO) over the ISR (the leader's own LEO included) and never
-  moves backwards while this replica stays leader;
+  moves backwards while this replica stays leader; while an ISR expansion proposed to the
+  controller is not yet in the metadata, the proposed members count too (Kafka's "maximal
+  ISR", KIP-497): the controller may already have committed them, and a new leader may be
+  elected among them, so the HW must not pass their LEO;
 - a leader epoch or partition epoch older than the current one is ignored (stale metadata);
 - only the leader tracks followers; a follower keeps the high watermark the leader sent it.
 """
@@ -44,6 +47,7 @@ class Partition:
     high_watermark: int = 0
     local_log_end_offset: int = 0
     remote_replicas: dict[int, ReplicaState] = field(default_factory=dict)
+    pending_isr_additions: set[int] = field(default_factory=set)   # proposed, not yet in metadata
 
     # ---- role changes -------------------------------------------------------------------
 
@@ -66,6 +70,8 @@ class Partition:
         if self.is_stale(leader_epoch, partition_epoch):
             return False
         new_epoch = leader_epoch != self.leader_epoch or not self.is_leader
+        if new_epoch or partition_epoch != self.partition_epoch:
+            self.pending_isr_additions = set()   # the metadata now says what the controller decided
         self.replicas = list(replicas)
         self.isr = list(isr)
         self.leader_id = self.local_broker_id
@@ -102,6 +108,7 @@ class Partition:
         self.local_log_end_offset = log_end_offset
         self.high_watermark = min(high_watermark, log_end_offset)
         self.remote_replicas = {}
+        self.pending_isr_additions = set()
         return True
 
     # ---- offsets ------------------------------------------------------------------------
@@ -140,7 +147,7 @@ class Partition:
         if not self.is_leader:
             return False
         candidate = self.local_log_end_offset
-        for r in self.isr:
+        for r in self.maximal_isr():
             if r == self.local_broker_id:
                 continue
             state = self.remote_replicas.get(r)
@@ -157,6 +164,29 @@ class Partition:
                                   min(leader_high_watermark, self.local_log_end_offset))
 
     # ---- ISR ----------------------------------------------------------------------------
+
+    def maximal_isr(self) -> list[int]:
+        """The ISR from metadata plus members of a pending expansion (what the HW counts)."""
+        return list(self.isr) + sorted(r for r in self.pending_isr_additions if r not in self.isr)
+
+    def propose_isr_change(self, now_ms: int, replica_lag_time_max_ms: int) -> list[int] | None:
+        """The ISR the leader should ask the controller for (lagging members out, caught-up
+        replicas in), or None. Proposed additions count for the HW from now on (until the
+        metadata brings a new partition epoch, or `isr_change_rejected`)."""
+        if not self.is_leader:
+            return None
+        drop = self.out_of_sync_replicas(now_ms, replica_lag_time_max_ms)
+        add = self.caught_up_out_of_isr()
+        if not drop and not add:
+            return None
+        self.pending_isr_additions |= add
+        return [r for r in self.isr if r not in drop] + sorted(add)
+
+    def isr_change_rejected(self, partition_epoch: int) -> None:
+        """The controller refused the proposal made at `partition_epoch` for good: its
+        additions no longer hold the HW back."""
+        if partition_epoch == self.partition_epoch:
+            self.pending_isr_additions = set()
 
     def out_of_sync_replicas(self, now_ms: int, replica_lag_time_max_ms: int) -> set[int]:
         """ISR members (other than the leader) not caught up within the lag time."""

@@ -578,12 +578,8 @@ class ReplicaManager:
         now = self._clock_ms()
         out = []
         for part in self.partitions.values():
-            if not part.is_leader:
-                continue
-            drop = part.out_of_sync_replicas(now, self.replica_lag_time_max_ms(part.topic, replica_lag_time_max_ms))
-            add = part.caught_up_out_of_isr()
-            if drop or add:
-                new_isr = [r for r in part.isr if r not in drop] + sorted(add)
+            new_isr = part.propose_isr_change(now, self.replica_lag_time_max_ms(part.topic, replica_lag_time_max_ms))
+            if new_isr is not None:
                 out.append((part, new_isr))
         return out
 

@@ -75,10 +75,10 @@ class SimConfig:
     session_timeout_ms: int = 900
     produce_timeout_ms: int = 1500
     # Kafka's rule: the HW never passes the LEO of a member of the leader's ISR. Off, only
-    # the consequence (acknowledged records lost after a leader change) is checked.
-    # Off by default until the leader counts pending ISR expansions (Kafka's "maximal ISR");
+    # the consequence (acknowledged records lost after a leader change) is checked. On by
+    # default since the leader counts pending ISR expansions (Kafka's "maximal ISR");
     # see tests/sim/test_regression_isr_expansion_hw.py.
-    check_hw_within_isr: bool = False
+    check_hw_within_isr: bool = True
     # a leader asks again when its AlterPartition got no answer within this time (the real
     # broker's _isr_loop never asks again for the same partition epoch: see
     # tests/chaos/test_regression_alter_partition_retry.py)
@@ -288,12 +288,12 @@ class Simulation:
             self.send(b.id, CONTROLLER, "heartbeat", (b.id, b.broker_epoch, b.meta_offset))
         if part.is_leader and self.now - b.last_isr_ms >= self.cfg.isr_check_interval_ms:
             b.last_isr_ms = self.now
-            drop = part.out_of_sync_replicas(self.now, self.cfg.replica_lag_time_max_ms)
-            add = part.caught_up_out_of_isr()
-            if (drop or add) and (b.pending_alter_epoch != part.partition_epoch or self.now >= b.pending_alter_until):
+            # the broker's path: proposed additions count for the HW until metadata answers
+            new_isr = part.propose_isr_change(self.now, self.cfg.replica_lag_time_max_ms)
+            if new_isr is not None and (b.pending_alter_epoch != part.partition_epoch
+                                        or self.now >= b.pending_alter_until):
                 b.pending_alter_epoch = part.partition_epoch
                 b.pending_alter_until = self.now + self.cfg.alter_partition_retry_ms
-                new_isr = [r for r in part.isr if r not in drop] + sorted(add)
                 self.send(b.id, CONTROLLER, "alter", (b.id, b.broker_epoch, part.leader_epoch,
                                                        part.partition_epoch, new_isr))
         if not part.is_leader and part.leader_id > 0 and self.now >= b.inflight_until \

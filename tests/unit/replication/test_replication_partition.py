@@ -91,3 +91,38 @@ def test_follower_keeping_pace_with_appends_stays_caught_up():
         q.update_local_log_end_offset(10 + t * 5)
         q.update_follower_fetch(2, 10, now_ms=1000 + t * 1000)
     assert q.out_of_sync_replicas(now_ms=1000 + 40 * 1000, replica_lag_time_max_ms=30_000) == {2}
+
+
+def test_pending_isr_expansion_holds_the_hw_back_until_metadata_answers():
+    """Kafka's maximal ISR (KIP-497): once the leader proposed adding 3, the controller may
+    commit it (and later elect 3), so the HW must not pass 3's LEO before the metadata says."""
+    p = leader(isr=(1, 2), leo=10)
+    p.update_follower_fetch(2, 10, now_ms=1001)
+    p.update_follower_fetch(3, 10, now_ms=1001)
+    assert p.high_watermark == 10
+    assert p.propose_isr_change(now_ms=1002, replica_lag_time_max_ms=30_000) == [1, 2, 3]
+    assert p.maximal_isr() == [1, 2, 3]
+    p.update_local_log_end_offset(15)
+    p.update_follower_fetch(2, 15, now_ms=1003)
+    assert p.high_watermark == 10          # 3 has not fetched 10..14
+    p.update_follower_fetch(3, 12, now_ms=1004)
+    assert p.high_watermark == 12
+    # the metadata answers (new partition epoch, ISR without 3: refused): back to the ISR
+    assert p.make_leader(replicas=[1, 2, 3], isr=[1, 2], leader_epoch=1, partition_epoch=2,
+                         log_end_offset=15, high_watermark=12, now_ms=1005)
+    assert p.pending_isr_additions == set() and p.high_watermark == 15
+
+
+def test_rejected_proposal_releases_the_hw():
+    p = leader(isr=(1, 2), leo=10)
+    p.update_follower_fetch(2, 10, now_ms=1001)
+    p.update_follower_fetch(3, 10, now_ms=1001)
+    p.propose_isr_change(now_ms=1002, replica_lag_time_max_ms=30_000)
+    p.update_local_log_end_offset(12)
+    p.update_follower_fetch(2, 12, now_ms=1003)
+    assert p.high_watermark == 10
+    p.isr_change_rejected(partition_epoch=0)   # an older proposal: ignored
+    assert p.high_watermark == 10
+    p.isr_change_rejected(partition_epoch=1)
+    assert p.maximal_isr() == [1, 2]
+    assert p.maybe_increment_high_watermark() and p.high_watermark == 12
