@@ -214,9 +214,15 @@ class GroupCoordinator:
                                 n += 1
                     offset = max(data.next_offset, offset + 1)
                     await asyncio.sleep(0)
-                ld.state.topics = dict(self._topics)
+            ld.state.topics = dict(self._topics)
+            records = ld.state.refresh_targets(_now_ms())   # topics may have changed meanwhile
             if not ld.ready.done():
                 ld.ready.set_result(None)
+            if records:
+                try:
+                    await self._append(ld, records)
+                except KraftlogError as e:  # leadership moving again: the next load redoes it
+                    log.info("%s-%d: writing refreshed targets failed: %s", OFFSETS_TOPIC, ld.partition, e)
             log.info("group coordinator for %s-%d loaded %d records (%d groups) in %.0f ms",
                      OFFSETS_TOPIC, ld.partition, n, len(ld.state.groups), (time.monotonic() - t0) * 1000)
         except asyncio.CancelledError:

@@ -175,6 +175,22 @@ class GroupCoordinatorState:
                 out.append(self._group_record(g))
         return out
 
+    def refresh_targets(self, now_ms: int) -> list[Record]:
+        """After a load: groups whose target assignment does not cover exactly the current
+        partitions of their subscriptions (topics changed while no coordinator ran) get a
+        new target."""
+        out = []
+        for g in self.groups.values():
+            if not g.members:
+                continue
+            universe = {(t, p) for m in g.members.values() for t in m.subscribed_topics
+                        for p in range(self.topics.get(t, 0))}
+            targeted = set().union(*g.target.values()) if g.target else set()
+            if targeted != universe or set(g.target) != set(g.members):
+                self._bump(g)
+                out.append(self._group_record(g))
+        return out
+
     # ---- membership --------------------------------------------------------------------
 
     def join(self, group_id: str, member_id: str, subscribed_topics: Iterable[str], now_ms: int, *,

@@ -242,3 +242,19 @@ def test_replay_rebuilds_the_same_state(seed):
     assert {g: x.to_dict() for g, x in fresh.groups.items()} == {g: x.to_dict() for g, x in st.groups.items()}
     assert fresh.fetch_offsets("g1") == st.fetch_offsets("g1")
     assert fresh.fetch_offsets("g2") == st.fetch_offsets("g2")
+
+
+def test_load_with_changed_topics_recomputes_targets():
+    st = GroupCoordinatorState(GroupConfig(), {"t": 2})
+    _, recs = st.join("g", "a", ["t"], 0)
+    fresh = GroupCoordinatorState(GroupConfig(), {"t": 4})   # two partitions added meanwhile
+    for i, (k, v) in enumerate(recs):
+        fresh.replay(k, v, i, 0)
+    assert fresh.refresh_targets(1)
+    res, _ = fresh.heartbeat("g", "a", 1, 2, owned=[("t", 0), ("t", 1)])
+    assert res.assignment == {("t", p) for p in range(4)}
+    assert fresh.refresh_targets(3) == []          # nothing more to do
+    same = GroupCoordinatorState(GroupConfig(), {"t": 2})
+    for i, (k, v) in enumerate(recs):
+        same.replay(k, v, i, 0)
+    assert same.refresh_targets(1) == []
