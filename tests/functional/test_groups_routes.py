@@ -155,6 +155,9 @@ async def test_any_broker_serves_groups_and_the_coordinator_can_move(two_brokers
                                                            "member_epoch": m["member_epoch"],
                                                            "owned": m["assignment"]})
     assert hb["member_epoch"] == m["member_epoch"] and hb["assignment"] == m["assignment"]
+    for h in (b1, b2):   # every broker lists every coordinator's groups
+        listed = (await (await h.client.get("/v1/groups")).json())["groups"]
+        assert [(g["group_id"], g["members"]) for g in listed] == [("gf", 0), ("gm", 1)]
 
 
 async def test_group_metrics(broker):
