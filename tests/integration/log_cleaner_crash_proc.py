@@ -1,6 +1,11 @@
 """A process that appends to a compacted log and cleans it in a loop (for kill -9 tests).
 
-    python log_cleaner_crash_proc.py LOG_DIR
+    python log_cleaner_crash_proc.py LOG_DIR            append + clean in a loop until killed
+    python log_cleaner_crash_proc.py LOG_DIR once       one cleaning pass, then print "ops <n>"
+
+With CRASH_AFTER_FS_OPS=N the process dies (os._exit, as abrupt as kill -9 for the file
+system) just before its (N+1)th os.replace / os.unlink / os.rename / os.fsync after
+opening the log: every step of a swap and of the checkpoint writes can be hit exactly.
 
 Batch i (BATCH_RECORDS records, keys and tombstones from a Random(i)) lands at offsets
 [i * BATCH_RECORDS, (i + 1) * BATCH_RECORDS); each round appends ROUND_BATCHES batches,
@@ -34,6 +39,37 @@ def written_until(end_offset: int) -> list[tuple[int, bytes, bytes | None]]:
     return out
 
 
+def _die_after_fs_ops(n: int) -> list:
+    import os
+
+    count = [0]
+
+    def wrap(fn):
+        def op(*args, **kwargs):
+            if count[0] >= n:
+                os._exit(137)
+            count[0] += 1
+            return fn(*args, **kwargs)
+        return op
+
+    for name in ("replace", "unlink", "rename", "fsync"):
+        setattr(os, name, wrap(getattr(os, name)))
+    return count
+
+
+def clean_once(log_dir: str, quiet: bool = False) -> int:
+    import os
+
+    lg = Log.open(log_dir, CFG, clean_shutdown=False)
+    count = _die_after_fs_ops(int(os.environ.get("CRASH_AFTER_FS_OPS", str(1 << 30))))
+    lg.update_high_watermark(lg.log_end_offset)  # the data is fsynced: all of it is committed
+    stats = LogCleaner().clean(lg)
+    assert stats is not None and not stats.aborted
+    if not quiet:
+        print("ops", count[0], flush=True)
+    return count[0]
+
+
 def main(log_dir: str) -> None:
     lg = Log.open(log_dir, CFG, clean_shutdown=False)
     cleaner = LogCleaner()
@@ -51,4 +87,7 @@ def main(log_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[2:] == ["once"]:
+        clean_once(sys.argv[1])
+    else:
+        main(sys.argv[1])

@@ -14,10 +14,10 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from log_cleaner_crash_proc import CFG, written_until  # noqa: E402
+from log_cleaner_crash_proc import BATCH_RECORDS, CFG, batch_items, written_until  # noqa: E402
 
 from partitions.log.log import Log  # noqa: E402
-from partitions.log.record_batch import decode_batches  # noqa: E402
+from partitions.log.record_batch import Record, build_batch, decode_batches  # noqa: E402
 
 pytestmark = pytest.mark.integration
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,3 +84,59 @@ def test_kill_9_during_cleaning_recovers_a_consistent_log(tmp_path):
         assert new_leo >= leo  # fsynced rounds survive
         leo = new_leo
     assert passes > 3 and leo > 0  # the kills did land among real cleaning passes
+
+
+def _run_once(log_dir, crash_after=None) -> tuple[int, int]:
+    """One cleaning pass in a forked child (cheap: no interpreter start), dying before its
+    (crash_after + 1)th file-system operation if given. (exit code, operations counted)."""
+    from log_cleaner_crash_proc import clean_once
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            os.close(r)
+            if crash_after is not None:
+                os.environ["CRASH_AFTER_FS_OPS"] = str(crash_after)
+            ops = clean_once(log_dir, quiet=True)
+            os.write(w, str(ops).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        ops = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), int(ops or -1)
+
+
+def test_death_at_every_step_of_a_pass_recovers_a_consistent_log(tmp_path):
+    """Deterministic crash points: a process dies (os._exit: for the file system the same
+    as kill -9) before each file-system operation of one pass in turn (swaps: index
+    removal, renames, deletions, directory fsyncs; checkpoint writes)."""
+    import shutil
+
+    prepared = str(tmp_path / "prepared-0")
+    lg = Log.open(prepared, CFG)
+    for i in range(12):
+        lg.append_as_leader(build_batch([Record(k, v) for k, v in batch_items(i)]), 0)
+    lg.roll()
+    lg.close()
+    assert lg.log_end_offset == 12 * BATCH_RECORDS and lg.segment_count >= 4  # 3 closed segments
+    probe = str(tmp_path / "probe-0")
+    shutil.copytree(prepared, probe)
+    code, total = _run_once(probe)
+    assert code == 0
+    assert total > 15
+    _check(probe)
+    step = max(1, total // 40)  # every operation of a small log
+    for n in sorted(set(range(0, total, step)) | {total - 1}):
+        d = str(tmp_path / f"crash-{n}-0")
+        shutil.copytree(prepared, d)
+        code, _ = _run_once(d, n)
+        assert code == 137, n
+        assert _check(d) == 12 * BATCH_RECORDS
+        assert _run_once(d)[0] == 0  # and cleaning resumes from whatever state was left
+        _check(d)
+    print(f"{total} file-system operations in one pass, crashed before each")
