@@ -95,6 +95,7 @@ class ReplicaManager:
         self._fetch_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._produce_waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
         self._long_polls = 0
+        self.replica_fetches_waiting = 0   # follower long polls parked here (metrics)
         self._closing = False
         self._flushing: dict[tuple[str, int], asyncio.Future] = {}
         self._image = None
@@ -545,9 +546,11 @@ class ReplicaManager:
             for key in keys:
                 self._fetch_waiters.setdefault(key, []).append(fut)
             handle = loop.call_later(remaining, _resolve, fut)
+            self.replica_fetches_waiting += 1
             try:
                 await fut
             finally:
+                self.replica_fetches_waiting -= 1
                 handle.cancel()
                 for key in keys:
                     lst = self._fetch_waiters.get(key)
@@ -663,6 +666,10 @@ class ReplicaManager:
         await self._run_blocking(lg.delete_records, before_offset)
         self._wake_fetchers((topic, partition))
         return lg.log_start_offset
+
+    def under_replicated_count(self) -> int:
+        """Led partitions whose ISR is smaller than their replica set (Kafka's URP metric)."""
+        return sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < len(p.replicas))
 
     def local_partition_counts(self) -> tuple[int, int]:
         """(partitions hosted, partitions led) for metrics."""

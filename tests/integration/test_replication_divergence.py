@@ -3,6 +3,7 @@ divergence point the new leader gives, by leader epoch) and converges to the new
 log, byte for byte."""
 import os
 import signal
+import urllib.request
 
 import pytest
 
@@ -21,6 +22,14 @@ def _log_bytes(base_dir: str, broker_id: int, name: str) -> tuple[bytes, list]:
         lg.close()
 
 
+def _parked_replica_fetches(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("kraftlog_replica_fetches_waiting "):
+                return float(line.split()[1])
+    raise AssertionError("no kraftlog_replica_fetches_waiting metric")
+
+
 def test_former_leader_truncates_its_unreplicated_tail_and_converges(tmp_path):
     base = str(tmp_path)
     with ReplicatedCluster(base, brokers=3, controller_args=["--broker-session-timeout-ms", "60000"]) as c:
@@ -34,6 +43,9 @@ def test_former_leader_truncates_its_unreplicated_tail_and_converges(tmp_path):
         # followers paused: acks=1 writes land on the old leader only
         for b in followers:
             c.signal(b, signal.SIGSTOP)
+        # the paused followers' parked long polls time out and are answered (into their
+        # socket buffers); only then is nothing in flight that could carry the next records
+        c.wait_for(lambda: _parked_replica_fetches(c.url(old)) == 0, 10, "no follower fetch parked on the leader")
         status, doc = http("POST", url + "?acks=1", {"records": [{"value": f"lost-{i}"} for i in range(7)]})
         assert status == 200 and doc["offsets"][0]["offset"] == 5, doc
         c.kill(old)
