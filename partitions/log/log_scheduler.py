@@ -30,6 +30,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from typing import Callable
 
 from .cleaner import (
@@ -177,6 +178,12 @@ class CleanerMetrics:
             else:
                 self.dirty_ratio[tp] = ratio
 
+    def retain(self, tps: set) -> None:
+        """Forget the gauges of logs that are gone."""
+        with self._lock:
+            for tp in [tp for tp in self.dirty_ratio if tp not in tps]:
+                del self.dirty_ratio[tp]
+
     def snapshot(self) -> dict:
         with self._lock:
             out = {k: v for k, v in self.__dict__.items() if not k.startswith("_") and k != "dirty_ratio"}
@@ -215,7 +222,7 @@ class LogScheduler:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._runners: list = []
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Log -> its job lock
         self._locks_guard = threading.Lock()
         # the cleaner used by run_once (planning in the calling thread; the work in a
         # process of its own if cleaner_process)
@@ -265,11 +272,10 @@ class LogScheduler:
     # ------------------------------------------------------------------ per-log locking
 
     def _lock_for(self, lg) -> threading.Lock:
-        key = str(lg.dir)
         with self._locks_guard:
-            lock = self._locks.get(key)
+            lock = self._locks.get(lg)
             if lock is None:
-                lock = self._locks[key] = threading.Lock()
+                lock = self._locks[lg] = threading.Lock()
             return lock
 
     def _logs(self, topic: str | None = None) -> list:
@@ -379,7 +385,9 @@ class LogScheduler:
 
     def _grab_filthiest(self, cleaner: LogCleaner):
         best, best_ratio = None, -1.0
-        for lg in self._logs():
+        logs = self._logs()
+        self.metrics.retain({(lg.topic, lg.partition) for lg in logs})
+        for lg in logs:
             ratio = self._update_ratio(cleaner, lg, None)
             if ratio is None:
                 continue
