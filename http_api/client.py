@@ -713,7 +713,10 @@ class Consumer:
         deadline = time.monotonic() + self.t.request_timeout_ms / 1000
         while True:
             try:
-                await self.t.bootstrap_json("POST", f"/v1/groups/{self.group_id}/offsets", json_body=body)
+                if self.membership is not None:   # straight to the coordinator
+                    await self.membership.request("POST", f"/v1/groups/{self.group_id}/offsets", body)
+                else:
+                    await self.t.bootstrap_json("POST", f"/v1/groups/{self.group_id}/offsets", json_body=body)
                 return
             except KraftlogError as e:
                 if not e.code.retriable or time.monotonic() > deadline:

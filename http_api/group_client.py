@@ -20,7 +20,10 @@ coordinator); connection failures rotate to the next bootstrap broker.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
+import uuid
 from typing import Any, Iterable
 
 from http_api.errors import ErrorCode, KraftlogError
@@ -29,7 +32,10 @@ log = logging.getLogger("kraftlog.client.group")
 
 TopicPartition = tuple[str, int]
 RETRY_BACKOFF_MS = 100
+COORDINATOR_REFRESH_S = 10.0      # re-ask where the coordinator is (leadership may have moved)
 FENCED_CODES = (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH)
+# answers meaning "not here (any more)": retry through a bootstrap broker, which forwards
+REDIRECT_CODES = (ErrorCode.BROKER_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
 
 class GroupMembership:
@@ -45,7 +51,8 @@ class GroupMembership:
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.assignor = assignor
         self.client_id = client_id
-        self.member_id: str | None = None
+        # the member id is the client's (as in KIP-848): a retried join is the same member
+        self.member_id: str = uuid.uuid4().hex
         self.member_epoch = 0
         self.heartbeat_interval_ms = 1000
         self.owned: frozenset = frozenset()        # what the consumer holds (acknowledged)
@@ -56,6 +63,8 @@ class GroupMembership:
         self._task: asyncio.Task | None = None
         self._closed = False
         self.joined = asyncio.Event()
+        self.coordinator_url: str | None = None
+        self._coordinator_found_at = 0.0
 
     @property
     def path(self) -> str:
@@ -76,9 +85,7 @@ class GroupMembership:
         self._task = asyncio.ensure_future(self._run())
 
     async def _join(self) -> None:
-        body: dict = {"subscribed_topics": self.topics}
-        if self.member_id:
-            body["member_id"] = self.member_id
+        body: dict = {"subscribed_topics": self.topics, "member_id": self.member_id}
         for k in ("session_timeout_ms", "rebalance_timeout_ms", "assignor", "client_id"):
             v = getattr(self, k)
             if v is not None:
@@ -97,7 +104,35 @@ class GroupMembership:
             self.changed.set()
 
     async def _call(self, op: str, body: dict) -> tuple[int, Any]:
-        return await self.t.bootstrap_json("POST", f"{self.path}/{op}", json_body=body)
+        return await self.request("POST", f"{self.path}/{op}", body)
+
+    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """Send to the group's coordinator directly (found with GET .../coordinator, refreshed
+        every COORDINATOR_REFRESH_S); when it cannot be reached, through a bootstrap broker
+        (which forwards to wherever the coordinator is now)."""
+        now = time.monotonic()
+        if self.coordinator_url is None or now - self._coordinator_found_at > COORDINATOR_REFRESH_S:
+            await self._find_coordinator()
+        url = self.coordinator_url
+        if url:
+            try:
+                status, _, raw = await self.t.request(method, url + path, json_body=body)
+                return status, (json.loads(raw) if raw else None)
+            except KraftlogError as e:
+                if e.code not in REDIRECT_CODES:
+                    raise
+                self.coordinator_url = None   # moved or down: ask a bootstrap broker
+        return await self.t.bootstrap_json(method, path, json_body=body)
+
+    async def _find_coordinator(self) -> None:
+        self._coordinator_found_at = time.monotonic()
+        try:
+            _, doc = await self.t.bootstrap_json("GET", f"{self.path}/coordinator")
+            self.coordinator_url = (doc.get("coordinator_url") or "").rstrip("/") or None
+        except KraftlogError as e:
+            log.info("group %s: finding the coordinator failed (%s); going through a bootstrap broker",
+                     self.group_id, e)
+            self.coordinator_url = None
 
     async def _run(self) -> None:
         while not self._closed:
@@ -138,9 +173,6 @@ class GroupMembership:
                 await asyncio.sleep(RETRY_BACKOFF_MS / 1000)
 
     async def heartbeat_once(self) -> None:
-        if self.member_id is None:
-            await self._join()
-            return
         _, doc = await self._call("heartbeat", {
             "member_id": self.member_id, "member_epoch": self.member_epoch,
             "owned": [{"topic": t, "partition": p} for t, p in sorted(self.owned)]})
@@ -164,7 +196,7 @@ class GroupMembership:
             self._wake.set()
 
     def commit_fields(self) -> dict:
-        return {"member_id": self.member_id, "member_epoch": self.member_epoch} if self.member_id else {}
+        return {"member_id": self.member_id, "member_epoch": self.member_epoch}
 
     async def close(self, leave: bool = True) -> None:
         self._closed = True
@@ -175,7 +207,7 @@ class GroupMembership:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        if leave and self.member_id is not None:
+        if leave and self.joined.is_set():
             try:
                 await self._call("leave", {"member_id": self.member_id})
             except KraftlogError as e:

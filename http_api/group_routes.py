@@ -57,6 +57,7 @@ OFFSETS_TOPIC = grec.OFFSETS_TOPIC
 FORWARDED_HEADER = "X-Kraftlog-Forwarded"
 EXPIRY_CHECK_INTERVAL_MS = 100
 LOAD_READ_BYTES = 1 << 20
+MEMBER_ID_MAX_CHARS = 255
 COORDINATOR_WAIT_MS = 10_000     # how long a request waits for a coordinator to be elected / loaded
 SERVICE_KEY: web.AppKey = web.AppKey("group_coordinator", object)
 
@@ -398,8 +399,10 @@ class GroupCoordinator:
                 if not isinstance(v, str):
                     raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{k}: must be a string")
                 opts[k] = v
-        if member_id is not None and not isinstance(member_id, str):
-            raise KraftlogError(ErrorCode.INVALID_REQUEST, "member_id: must be a string")
+        if member_id is not None and (not isinstance(member_id, str) or len(member_id) > MEMBER_ID_MAX_CHARS):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                f"member_id: must be a string of at most {MEMBER_ID_MAX_CHARS} characters "
+                                "(a fresh uuid per consumer instance), or omitted")
         opts.setdefault("client_id", request.headers.get("X-Client-Id", ""))
 
         async def go(ld: _Loaded) -> web.Response:

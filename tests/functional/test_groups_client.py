@@ -108,3 +108,27 @@ async def test_manual_commit_seek_and_committed_in_a_group(broker):
         assert [r.offset for r in await c.poll(500)][:1] == [1]
     # without auto commit, close does not commit the sought-back position
     assert (await committed(url, "gman")) == {("man", 0): 5}
+
+
+async def test_membership_talks_to_the_coordinator_and_falls_back_to_bootstrap(two_brokers):
+    from partitions.groups.records import OFFSETS_TOPIC, partition_for_group
+    b1, b2 = two_brokers
+    async with AdminClient(b1.config.url) as admin:
+        await admin.create_topic("dc", 2, replication_factor=2)
+    r = await b1.client.post("/v1/groups/gdc/offsets", json={"offsets": [{"topic": "dc", "partition": 0, "offset": 0}]})
+    assert r.status == 200
+    t = b1.controller.image.topics[OFFSETS_TOPIC]
+    coord = t.partitions[partition_for_group("gdc", len(t.partitions))].leader
+    coord_url, other_url = (b1.config.url, b2.config.url) if coord == 1 else (b2.config.url, b1.config.url)
+    async with Consumer(other_url, group_id="gdc", auto_offset_reset="earliest", max_wait_ms=50) as c:
+        await c.subscribe(["dc"])
+        m = c.membership
+        assert m.coordinator_url == coord_url.rstrip("/")
+        await c.poll(50)
+        m.coordinator_url = "http://127.0.0.1:9"   # unreachable: requests go through the bootstrap broker
+        m._coordinator_found_at = asyncio.get_running_loop().time() + 1e9
+        epoch = m.member_epoch
+        await m.heartbeat_once()
+        assert m.coordinator_url is None and m.member_epoch == epoch
+        await c.commit({("dc", 0): 1})
+        assert await c.committed(("dc", 0)) == 1
