@@ -27,7 +27,7 @@ from http_api import codecs, replica_client
 from http_api.codecs import CBOR, JSON, RAW_BATCH
 from http_api.config import BrokerConfig
 from http_api.errors import ErrorCode, KraftlogError
-from http_api.group_offsets import GroupOffsetStore, validate_group_id
+from http_api.group_offsets import GroupOffsetStore
 from http_api.partitioner import RoundRobin, partition_for_key
 from partitions.log import record_batch as rb
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
@@ -640,39 +640,7 @@ class BrokerApp:
         pid = await self.deps.producer_ids()
         return _json_response({"producer_id": pid, "producer_epoch": 0})
 
-    # ---- groups ------------------------------------------------------------------------
-
-    async def commit_offsets(self, request: web.Request) -> web.Response:
-        group = request.match_info["group"]
-        validate_group_id(group)
-        doc = await self._read_document(request)
-        entries = doc.get("offsets") if isinstance(doc, dict) else None
-        if not isinstance(entries, list):
-            raise KraftlogError(ErrorCode.INVALID_REQUEST,
-                                'offsets: body must be {"offsets": [{"topic", "partition", "offset"}]}')
-        img = self.image
-        parsed = []
-        for i, e in enumerate(entries):
-            if not isinstance(e, dict):
-                raise KraftlogError(ErrorCode.INVALID_REQUEST, f"offsets[{i}]: must be an object")
-            t, p, o = e.get("topic"), e.get("partition"), e.get("offset")
-            if not isinstance(t, str):
-                raise KraftlogError(ErrorCode.INVALID_REQUEST, f"offsets[{i}].topic: must be a string")
-            for fname, v in (("partition", p), ("offset", o)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise KraftlogError(ErrorCode.INVALID_REQUEST,
-                                        f"offsets[{i}].{fname}: must be an integer >= 0, got {v!r}")
-            if img.partition(t, p) is None:
-                raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                    f"offsets[{i}]: {t}-{p} does not exist")
-            parsed.append((t, p, o))
-        await self.deps.groups.commit(group, parsed)
-        return _json_response({"offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o in parsed]})
-
-    async def fetch_offsets(self, request: web.Request) -> web.Response:
-        group = request.match_info["group"]
-        validate_group_id(group)
-        return _json_response({"offsets": self.deps.groups.fetch(group)})
+    # ---- groups: http_api/group_routes.py (coordinator on the __consumer_offsets leaders) --
 
     # ---- ops ---------------------------------------------------------------------------
 

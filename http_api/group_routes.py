@@ -489,9 +489,24 @@ class GroupCoordinator:
         group = request.match_info["group"]
 
         async def go(ld: _Loaded) -> web.Response:
+            await self._import_legacy(ld, group)
             return _json({"offsets": [{"topic": t, "partition": p, "offset": om.offset}
                                       for t, p, om in ld.state.fetch_offsets(group)]})
         return await self.route(request, group, go)
+
+    async def _import_legacy(self, ld: _Loaded, group: str) -> None:
+        """Offsets committed before `__consumer_offsets` existed (per-broker file,
+        http_api/group_offsets.py) are written into the group on its first offsets fetch, when
+        the file is on the coordinator's broker (always, on a single node)."""
+        legacy = getattr(self.deps, "groups", None)
+        if legacy is None or group in ld.state.groups or ld.state.fetch_offsets(group):
+            return
+        img = self.app.image
+        entries = [(e["topic"], e["partition"], e["offset"]) for e in legacy.fetch(group)
+                   if img.partition(e["topic"], e["partition"]) is not None]
+        if entries:
+            await self._append(ld, ld.state.prepare_commit(group, entries, _now_ms()), apply=True)
+            log.info("group %s: imported %d offsets from the legacy per-broker store", group, len(entries))
 
     async def coordinator(self, request: web.Request) -> web.Response:
         group = request.match_info["group"]

@@ -207,3 +207,17 @@ async def test_new_partitions_are_assigned_and_deleted_topics_lose_their_offsets
     await wait_for(gone)
     doc = await (await c.get("/v1/groups/gp/offsets")).json()
     assert doc == {"offsets": [{"topic": "tg", "partition": 3, "offset": 1}]}
+
+
+async def test_offsets_of_the_legacy_per_broker_store_are_imported(broker):
+    from http_api.broker_app import BROKER_KEY
+    c = broker.client
+    await create(c, "tl", 2)
+    legacy = c.server.app[BROKER_KEY].deps.groups
+    await legacy.commit("old", [("tl", 0, 4), ("tl", 1, 6), ("gone", 0, 1)])
+    doc = await (await c.get("/v1/groups/old/offsets")).json()
+    assert doc == {"offsets": [{"topic": "tl", "partition": 0, "offset": 4},
+                               {"topic": "tl", "partition": 1, "offset": 6}]}
+    await post(c, "/v1/groups/old/offsets", {"offsets": [{"topic": "tl", "partition": 0, "offset": 5}]})
+    doc = await (await c.get("/v1/groups/old/offsets")).json()
+    assert doc["offsets"][0]["offset"] == 5   # imported once; the group's own commits win
