@@ -104,6 +104,19 @@ class BrokerMetrics:
 
 # ---- helpers ---------------------------------------------------------------------------
 
+METADATA_REFRESH_WAIT_S = 1.0   # topic-level produce: wait this long for newer metadata before retrying
+
+
+def _nothing_appended(e: KraftlogError) -> bool:
+    """Errors raised before any leader appended the batch, so a retry cannot duplicate it:
+    no leader, "not the leader" answered up front (it names the leader), refused connection."""
+    if e.code is ErrorCode.LEADER_NOT_AVAILABLE:
+        return True
+    if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER:
+        return "leader_id" in e.extra or "becoming leader" in e.message
+    return e.code is ErrorCode.BROKER_NOT_AVAILABLE and bool(e.extra.get("refused"))
+
+
 def _json_response(doc: Any, status: int = 200, media: str = JSON) -> web.Response:
     return web.Response(body=codecs.encode_document(media, doc), status=status, content_type=media)
 
@@ -397,6 +410,21 @@ class BrokerApp:
         offset or the KraftlogError (never raises, so one partition's failure is reported
         per record)."""
         payload = batches[0] if len(batches) == 1 else b"".join(batches)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        while True:
+            res = await self._append_once(topic, partition, payload, acks)
+            if not (isinstance(res, KraftlogError) and _nothing_appended(res)) or loop.time() >= deadline:
+                return res
+            # the leader moved (failover, controlled shutdown): wait for newer metadata, retry
+            view = self.deps.metadata
+            version = getattr(view, "version", None)
+            if version is None:
+                return res
+            await view.wait_until(lambda _img: view.version != version,
+                                  min(METADATA_REFRESH_WAIT_S, max(0.0, deadline - loop.time())))
+
+    async def _append_once(self, topic: str, partition: int, payload: bytes, acks: int):
         try:
             part = self.rm.partitions.get((topic, partition))
             if part is not None and part.is_leader:
@@ -434,8 +462,13 @@ class BrokerApp:
                 doc = codecs.decode_document(JSON, body) if body else {}
                 if resp.status != 200:
                     code = ErrorCode.__members__.get(doc.get("error_code", ""), ErrorCode.UNKNOWN_SERVER_ERROR)
-                    raise KraftlogError(code, doc.get("message", f"leader answered HTTP {resp.status}"))
+                    extra = {k: v for k, v in doc.items() if k in ("leader_id", "leader_url")}
+                    raise KraftlogError(code, doc.get("message", f"leader answered HTTP {resp.status}"), **extra)
                 return int(doc["offsets"][0]["offset"])
+        except aiohttp.ClientConnectorError as e:  # refused: the request was never sent
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"cannot reach the leader of {topic}-{partition} at {leader_url}: {e}; "
+                                "retry after a metadata refresh", refused=True) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"cannot reach the leader of {topic}-{partition} at {leader_url}: {e}; "

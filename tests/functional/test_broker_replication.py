@@ -91,3 +91,29 @@ async def test_lagging_follower_is_proposed_for_isr_removal(two_brokers):
     await leader.client.post("/v1/topics/r/records?acks=1", json={"records": [{"value": "x"}]})
     changes = leader.rm.isr_changes(replica_lag_time_max_ms=0)
     assert [(p.topic, p.partition, isr) for p, isr in changes] == [("r", 0, [parts[0]["leader"]])]
+
+
+async def test_topic_route_forwarding_retries_once_newer_metadata_names_the_leader(two_brokers):
+    """The forwarding broker's metadata is stale: the broker it forwards to answers 421
+    (before appending anything); the route waits for newer metadata and retries."""
+    import copy
+    b1, b2 = two_brokers
+    parts = await rf2_topic(b1)
+    leader_id = parts[0]["leader"]
+    fwd, leader = by_id(b1, b2, 3 - leader_id), by_id(b1, b2, leader_id)
+    ctl = b1.controller
+    ctl.views.remove(fwd.view)          # the forwarding broker misses the next change for now
+    try:
+        await ctl.move_leader("r", 0, 3 - leader_id)   # the forwarding broker itself now leads
+    finally:
+        ctl.views.append(fwd.view)
+
+    async def late_metadata():
+        await asyncio.sleep(0.2)
+        await fwd.view.update(copy.deepcopy(ctl.image))
+    late = asyncio.create_task(late_metadata())
+    r = await fwd.client.post("/v1/topics/r/records?acks=1", json={"records": [{"value": "x", "partition": 0}]})
+    await late
+    assert r.status == 200, await r.text()
+    assert (await r.json())["offsets"] == [{"partition": 0, "offset": 0}]
+    assert leader.rm.partitions[("r", 0)].is_leader is False
