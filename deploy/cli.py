@@ -6,7 +6,7 @@
     kraftlog topic list | describe NAME | delete NAME
     kraftlog produce TOPIC [--key-separator SEP] [--acks all|1|0]
     kraftlog consume TOPIC [--from-beginning] [--group G] [--max-records N]
-    kraftlog group list | describe G          (consumer groups, with lag)
+    kraftlog group list | describe G | delete G   (consumer groups, with lag)
     kraftlog cluster up|down|status ...
 
 Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082)

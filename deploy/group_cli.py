@@ -2,6 +2,7 @@
 
     kraftlog group list [--output json]
     kraftlog group describe G [--output json]
+    kraftlog group delete G            (an empty group: its committed offsets are forgotten)
 
 Text output follows kafka-consumer-groups.sh: one line per partition with the committed
 offset, the high watermark (what a consumer can read up to), the lag and the owning member.
@@ -19,6 +20,8 @@ def add_group_parser(sub, client_parent: argparse.ArgumentParser, run_client) ->
     gsub.add_parser("list", parents=[client_parent])
     gd = gsub.add_parser("describe", parents=[client_parent])
     gd.add_argument("group")
+    gdel = gsub.add_parser("delete", parents=[client_parent], help="forget an empty group and its offsets")
+    gdel.add_argument("group")
 
     def run(a: argparse.Namespace) -> int:
         if not a.group_cmd:
@@ -58,6 +61,9 @@ async def _group(args: argparse.Namespace) -> int:
             else:
                 for g in groups:
                     print(f"{g['group_id']}\t{g['state']}\t{g['members']} member(s)")
+        elif args.group_cmd == "delete":
+            await admin.delete_group(args.group)
+            print(json.dumps({"deleted": args.group}) if args.output == "json" else f"Deleted group {args.group}.")
         else:
             d = await admin.describe_group(args.group)
             print(json.dumps(d) if args.output == "json" else format_describe(d))

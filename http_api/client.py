@@ -226,6 +226,9 @@ class AdminClient:
         _, doc = await self.t.bootstrap_json("GET", f"/v1/groups/{group}")
         return doc
 
+    async def delete_group(self, group: str) -> None:
+        await self.t.bootstrap_json("DELETE", f"/v1/groups/{group}")
+
     async def close(self) -> None:
         await self.t.close()
 

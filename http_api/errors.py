@@ -72,6 +72,7 @@ class ErrorCode(enum.Enum):
     INCONSISTENT_GROUP_PROTOCOL = (409, False)
     GROUP_MAX_SIZE_REACHED = (409, False)
     OFFSET_METADATA_TOO_LARGE = (400, False)
+    NON_EMPTY_GROUP = (409, False)
 
     @property
     def http_status(self) -> int:

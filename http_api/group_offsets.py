@@ -47,6 +47,14 @@ class GroupOffsetStore:
         g = self._groups.setdefault(group, {})
         for topic, partition, offset in offsets:
             g[(topic, partition)] = offset
+        await self._persist()
+
+    async def forget(self, group: str) -> None:
+        """Drop a group (once its offsets were imported into `__consumer_offsets`)."""
+        if self._groups.pop(group, None) is not None:
+            await self._persist()
+
+    async def _persist(self) -> None:
         self._dirty = True
         async with self._lock:  # one writer at a time; later commits fold into one write
             if not self._dirty:

@@ -29,6 +29,7 @@ Routes (JSON; see API.md for the two offsets routes, kept exactly):
   GET  /v1/groups/{g}             state, members (assignment, epochs) and per-partition
                                   committed offset, high watermark, log end offset, lag
   GET  /v1/groups/{g}/coordinator {"partition", "coordinator_id", "coordinator_url"}
+  DELETE /v1/groups/{g}           204: an empty group and its offsets forgotten (409 NON_EMPTY_GROUP)
 """
 from __future__ import annotations
 
@@ -507,6 +508,16 @@ class GroupCoordinator:
         if entries:
             await self._append(ld, ld.state.prepare_commit(group, entries, _now_ms()), apply=True)
             log.info("group %s: imported %d offsets from the legacy per-broker store", group, len(entries))
+        if legacy.fetch(group):
+            await legacy.forget(group)   # imported once: a later delete of the group must not revive them
+
+    async def delete_group(self, request: web.Request) -> web.Response:
+        group = request.match_info["group"]
+
+        async def go(ld: _Loaded) -> web.Response:
+            await self._append(ld, ld.state.delete_group(group), apply=True)
+            return web.Response(status=204)
+        return await self.route(request, group, go)
 
     async def coordinator(self, request: web.Request) -> web.Response:
         group = request.match_info["group"]
@@ -638,6 +649,7 @@ def install_group_routes(app: web.Application, broker_app: Any) -> GroupCoordina
     r = app.router
     r.add_get("/v1/groups", gc.list_groups)
     r.add_get("/v1/groups/{group}", gc.describe)
+    r.add_delete("/v1/groups/{group}", gc.delete_group)
     r.add_get("/v1/groups/{group}/coordinator", gc.coordinator)
     r.add_post("/v1/groups/{group}/join", gc.join)
     r.add_post("/v1/groups/{group}/heartbeat", gc.heartbeat)

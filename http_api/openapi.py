@@ -140,7 +140,10 @@ def openapi_document(server_url: str) -> dict:
                 "summary": "Describe a group: members, assignments, per-partition committed offset, "
                            "high_watermark, log_end_offset, lag", "responses": {
                     "200": _obj("{group_id, state, assignor, group_epoch, members, partitions, total_lag}"),
-                    "404": _err("GROUP_ID_NOT_FOUND")}}},
+                    "404": _err("GROUP_ID_NOT_FOUND")}},
+                "delete": {"summary": "Delete an empty group and its committed offsets", "responses": {
+                    "204": {"description": "Deleted"}, "404": _err("GROUP_ID_NOT_FOUND"),
+                    "409": _err("NON_EMPTY_GROUP")}}},
             "/v1/groups/{group}/coordinator": {"parameters": [_G], "get": {
                 "summary": "The group's coordinator", "responses": {"200": _obj(
                     "{group_id, partition, coordinator_id, coordinator_url}")}}},

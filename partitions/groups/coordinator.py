@@ -363,6 +363,20 @@ class GroupCoordinatorState:
             out.append((rec.offset_key(group_id, t, p), rec.offset_value(o, meta, now_ms)))
         return out
 
+    def delete_group(self, group_id: str) -> list[Record]:
+        """Forget an empty group and its committed offsets (Kafka DeleteGroups): the group is
+        gone at once; its offsets once the returned tombstones are written and applied."""
+        g = self.groups.get(group_id)
+        if g is not None and g.members:
+            raise GroupError("NON_EMPTY_GROUP",
+                             f"group {group_id!r} has {len(g.members)} member(s); stop its consumers first")
+        if g is None and group_id not in self.offsets:
+            raise GroupError("GROUP_ID_NOT_FOUND", f"group {group_id!r} does not exist")
+        self.groups.pop(group_id, None)
+        out = [(rec.group_key(group_id), None)]
+        out += [(rec.offset_key(group_id, t, p), None) for (t, p) in sorted(self.offsets.get(group_id, {}))]
+        return out
+
     def fetch_offsets(self, group_id: str) -> list[tuple[str, int, OffsetAndMetadata]]:
         return [(t, p, om) for (t, p), om in sorted(self.offsets.get(group_id, {}).items())]
 

@@ -221,3 +221,25 @@ async def test_offsets_of_the_legacy_per_broker_store_are_imported(broker):
     await post(c, "/v1/groups/old/offsets", {"offsets": [{"topic": "tl", "partition": 0, "offset": 5}]})
     doc = await (await c.get("/v1/groups/old/offsets")).json()
     assert doc["offsets"][0]["offset"] == 5   # imported once; the group's own commits win
+
+
+async def test_delete_group(broker):
+    c = broker.client
+    await create(c, "td", 1)
+    m = await post(c, "/v1/groups/gd/join", {"subscribed_topics": ["td"]})
+    await post(c, "/v1/groups/gd/offsets", {"member_id": m["member_id"], "member_epoch": m["member_epoch"],
+                                            "offsets": [{"topic": "td", "partition": 0, "offset": 2}]})
+    r = await c.delete("/v1/groups/gd")
+    assert r.status == 409 and (await r.json())["error_code"] == "NON_EMPTY_GROUP"
+    await post(c, "/v1/groups/gd/leave", {"member_id": m["member_id"]})
+    r = await c.delete("/v1/groups/gd")
+    assert r.status == 204
+    assert (await (await c.get("/v1/groups/gd/offsets")).json()) == {"offsets": []}
+    assert (await c.get("/v1/groups/gd")).status == 404
+    assert (await c.delete("/v1/groups/gd")).status == 404
+    # imported legacy offsets are not revived after the group is deleted
+    from http_api.broker_app import BROKER_KEY
+    await c.server.app[BROKER_KEY].deps.groups.commit("gl2", [("td", 0, 7)])
+    assert (await (await c.get("/v1/groups/gl2/offsets")).json())["offsets"][0]["offset"] == 7
+    assert (await c.delete("/v1/groups/gl2")).status == 204
+    assert (await (await c.get("/v1/groups/gl2/offsets")).json()) == {"offsets": []}

@@ -51,3 +51,7 @@ def test_consume_group_then_list_and_describe_with_lag(tmp_path):
         assert json.loads(r.stdout)["total_lag"] == 0
         r = kraftlog(node, "group", "describe", "missing")
         assert r.returncode == 1 and "GROUP_ID_NOT_FOUND" in r.stderr
+        r = kraftlog(node, "group", "delete", "cg")
+        assert r.returncode == 0 and "Deleted group cg." in r.stdout, r.stderr
+        r = kraftlog(node, "group", "list", "--output", "json")
+        assert json.loads(r.stdout)["groups"] == []

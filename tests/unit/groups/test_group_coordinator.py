@@ -258,3 +258,24 @@ def test_load_with_changed_topics_recomputes_targets():
     for i, (k, v) in enumerate(recs):
         same.replay(k, v, i, 0)
     assert same.refresh_targets(1) == []
+
+
+def test_delete_group_only_when_empty_and_replay_forgets_it():
+    st = new_state()
+    log = Log()
+    _, recs = st.join("g", "a", ["t"], 0)
+    log.write(st, recs, 0)
+    log.write(st, st.prepare_commit("g", [("t", 0, 3)], 1, member_id="a"), 1, apply=True)
+    with pytest.raises(GroupError) as e:
+        st.delete_group("g")
+    assert e.value.code == "NON_EMPTY_GROUP"
+    log.write(st, st.leave("g", "a", 2), 2)
+    log.write(st, st.delete_group("g"), 3, apply=True)
+    assert "g" not in st.groups and st.fetch_offsets("g") == []
+    with pytest.raises(GroupError) as e:
+        st.delete_group("g")
+    assert e.value.code == "GROUP_ID_NOT_FOUND"
+    fresh = new_state()
+    for i, (k, v) in enumerate(log.records):
+        fresh.replay(k, v, i, 5)
+    assert fresh.groups == {} and fresh.offsets == {}
