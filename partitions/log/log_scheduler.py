@@ -55,6 +55,16 @@ def _wall_clock_ms() -> int:
 
 _jobs: dict[int, CleanerWorker] = {}
 _job_ids = itertools.count(1)
+CLEANER_PROCESS_NICE = 10  # background work yields the CPU to the request path when cores are busy
+
+
+def _proc_init(nice: int) -> None:
+    import os
+
+    try:
+        os.nice(nice)
+    except OSError:  # pragma: no cover - not permitted: run at normal priority
+        pass
 
 
 def _proc_start(plan: CleaningPlan) -> int:
@@ -93,12 +103,14 @@ class _ProcessJob:
 
 
 class ProcessCleanerRunner:
-    """Runs CleanerWorkers in one dedicated child process (spawned on first use; a dead
-    child is replaced on the next pass). The worker keeps its offset map between calls."""
+    """Runs CleanerWorkers in one dedicated child process (spawned on first use, at
+    `nice` lower CPU priority; a dead child is replaced on the next pass). The worker
+    keeps its offset map between calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = CLEANER_PROCESS_NICE) -> None:
         self._pool: cf.ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.nice = nice
 
     def _get_pool(self) -> cf.ProcessPoolExecutor:
         import multiprocessing
@@ -110,7 +122,8 @@ class ProcessCleanerRunner:
                 pool = None
             if pool is None:
                 pool = self._pool = cf.ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn")
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_proc_init, initargs=(self.nice,),
                 )
             return pool
 
