@@ -283,8 +283,16 @@ class GroupCoordinator:
         async with self._create_lock:
             if OFFSETS_TOPIC in self.app.image.topics:
                 return
-            live = sum(1 for b in img.brokers.values() if not getattr(b, "fenced", False)) or 1
-            rf = max(1, min(self.config.offsets_topic_replication_factor, live))
+            # as Kafka (KRaft): RF = min(offsets.topic.replication.factor, registered brokers),
+            # and no creation until that many are live (a fenced broker may be restarting)
+            live = sum(1 for b in img.brokers.values() if not getattr(b, "fenced", False))
+            rf = max(1, min(self.config.offsets_topic_replication_factor, len(img.brokers)))
+            if live < rf:
+                raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                    f"{OFFSETS_TOPIC} needs {rf} live brokers to be created with replication "
+                                    f"factor {rf} (offsets_topic_replication_factor="
+                                    f"{self.config.offsets_topic_replication_factor}); {live} are live: retry "
+                                    "once the others are up")
             try:
                 await self.deps.controller.create_topic(OFFSETS_TOPIC, self.config.offsets_topic_num_partitions,
                                                         rf, {"cleanup.policy": "compact"})

@@ -243,3 +243,19 @@ async def test_delete_group(broker):
     assert (await (await c.get("/v1/groups/gl2/offsets")).json())["offsets"][0]["offset"] == 7
     assert (await c.delete("/v1/groups/gl2")).status == 204
     assert (await (await c.get("/v1/groups/gl2/offsets")).json()) == {"offsets": []}
+
+
+async def test_offsets_topic_waits_for_enough_live_brokers(broker):
+    from metadata_quorum.records import RegisterBrokerRecord, UnfenceBrokerRecord
+    ctl = broker.controller
+    ctl._apply([RegisterBrokerRecord(7, "inc-7", -1, "http://127.0.0.1:9", None, True, 0)])  # registered, fenced
+    await ctl.publish()
+    await create(broker.client, "tw", 1)
+    r = await broker.client.get("/v1/groups/gw/offsets")
+    doc = await r.json()
+    assert r.status == 503 and doc["error_code"] == "COORDINATOR_NOT_AVAILABLE", doc
+    assert OFFSETS_TOPIC not in ctl.image.topics
+    ctl._apply([UnfenceBrokerRecord(7, ctl.image.brokers[7].epoch)])
+    await ctl.publish()
+    await broker.client.get("/v1/groups/gw/offsets")   # answered by broker 1 or forwarded to 7 (not running)
+    assert all(len(p.replicas) == 2 for p in ctl.image.topics[OFFSETS_TOPIC].partitions.values())
