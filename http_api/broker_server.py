@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
@@ -83,10 +84,14 @@ class Broker:
                  "after a clean shutdown (recovery skipped)" if clean or n == 0
                  else "after an unclean shutdown (recovered from the recovery points)")
 
+        # a fresh incarnation per process: leaderships are served only once the metadata
+        # holds this incarnation's registration (not the previous process's)
+        self.lifecycle_incarnation = uuid.uuid4().hex
         self.rm = ReplicaManager(cfg.broker_id, self.log_manager, min_insync_replicas=cfg.min_insync_replicas,
                                  request_timeout_ms=cfg.request_timeout_ms,
                                  max_concurrent_long_polls=cfg.max_concurrent_long_polls, executor=self.executor,
-                                 topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"))
+                                 topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"),
+                                 incarnation_id=self.lifecycle_incarnation)
         self.view = MetadataView(self.rm)
         self.replica_transport = HttpReplicaTransport(request_timeout_ms=cfg.request_timeout_ms)
         self.fetcher = ReplicaFetcherManager(
@@ -105,6 +110,7 @@ class Broker:
         # short metadata long polls: a controller shutting down waits for open polls to end
         self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS)
         self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
+        self.lifecycle.incarnation_id = self.lifecycle_incarnation
         from partitions.log.log_scheduler import LogScheduler
         self.log_scheduler = LogScheduler(
             self.log_manager, cleaner_enable=cfg.log_cleaner_enable, cleaner_threads=cfg.log_cleaner_threads,

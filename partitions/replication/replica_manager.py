@@ -79,7 +79,7 @@ class ReplicaManager:
                  request_timeout_ms: int = 30_000, max_concurrent_long_polls: int = 1024,
                  default_log_config_factory: Callable[[dict], Any] | None = None,
                  executor=None, clock_ms: Callable[[], int] | None = None,
-                 topic_ids_path: str | None = None) -> None:
+                 topic_ids_path: str | None = None, incarnation_id: str | None = None) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
         self.min_insync_replicas = min_insync_replicas
@@ -97,6 +97,9 @@ class ReplicaManager:
         self._long_polls = 0
         self.replica_fetches_waiting = 0   # follower long polls parked here (metrics)
         self._closing = False
+        # this process's registration; leaderships in metadata that does not contain it yet
+        # belong to the previous incarnation (None: no such check, e.g. in-process tests)
+        self.incarnation_id = incarnation_id
         self._flushing: dict[tuple[str, int], asyncio.Future] = {}
         self._image = None
         self._metadata_lock = asyncio.Lock()
@@ -180,6 +183,11 @@ class ReplicaManager:
                                                             high_watermark=lg.high_watermark)
                 was_leader = part.is_leader
                 old_epoch = part.leader_epoch
+                if reg.leader == self.broker_id and not self._registered_in(image):
+                    # our previous incarnation's leadership (we restarted, maybe with a shorter
+                    # log): never serve it; the controller moves it away when it applies our
+                    # registration, in the same batch
+                    continue
                 if reg.leader == self.broker_id:
                     changed = part.make_leader(
                         replicas=list(reg.replicas), isr=list(reg.isr), leader_epoch=reg.leader_epoch,
@@ -204,6 +212,12 @@ class ReplicaManager:
             self._topic_configs.pop(name, None)
         if ids_changed:
             await self._save_topic_ids()
+
+    def _registered_in(self, image) -> bool:
+        if self.incarnation_id is None:
+            return True
+        b = image.brokers.get(self.broker_id)
+        return b is not None and b.incarnation_id == self.incarnation_id
 
     async def _save_topic_ids(self) -> None:
         if self._topic_ids_path is None:

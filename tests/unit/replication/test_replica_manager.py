@@ -183,3 +183,22 @@ async def test_stray_logs_removed_once_caught_up():
     await rm.apply_metadata(img)
     assert await rm.remove_stray_logs(img) == [("gone", 0)]
     assert lm.partitions() == [("t", 0)]
+
+
+async def test_restarted_broker_does_not_serve_its_previous_incarnations_leadership():
+    """Until the metadata holds this process's registration, a leadership naming this broker
+    is the previous process's (which may have had a longer log): never act on it."""
+    rm = ReplicaManager(1, MemoryLogManager(), default_log_config_factory=lambda c: None,
+                        incarnation_id="new")
+    old = image(replicas=(1, 2))                  # broker 1 registered as incarnation "i1"
+    await rm.apply_metadata(old)
+    assert not rm.partitions[("t", 0)].is_leader
+    with pytest.raises(KraftlogError) as e:
+        await rm.append("t", 0, batch(), acks=ACKS_LEADER)
+    assert e.value.code is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    res = await rm.replica_fetch(2, [("t", 0, 0, 0, -1)], max_bytes=100, partition_max_bytes=100)
+    assert res[0].code is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    new = image(replicas=(1, 2))
+    new.replay(RegisterBrokerRecord(1, "new", -1, "http://b1", None, False))
+    await rm.apply_metadata(new)
+    assert rm.partitions[("t", 0)].is_leader
