@@ -3,7 +3,8 @@
 Job: serve `/v1/groups...` on every broker. A group lives in partition
 crc32(group) % offsets_topic_num_partitions of the internal compacted topic
 `__consumer_offsets` (auto-created through the controller on first use, replication
-factor min(offsets_topic_replication_factor, live brokers)); its *coordinator* is that
+factor min(offsets_topic_replication_factor, registered brokers), once that many are
+live); its *coordinator* is that
 partition's leader. Any other broker forwards the request there (header
 `X-Kraftlog-Forwarded` stops loops: a forwarded request reaching a non-coordinator gets
 421 NOT_COORDINATOR with `coordinator_id` / `coordinator_url`).
