@@ -199,6 +199,8 @@ class _LeaderFetcher:
                     continue
                 rm.follower_append(res.topic, res.partition, epoch, res.records, res.high_watermark,
                                    res.log_start_offset)
+                if res.records:
+                    await rm.follower_flush_if_needed(res.topic, res.partition)
             except KraftlogError:
                 self.state.back_off(res.topic, res.partition, _now_ms(), self.mgr.backoff_ms)
             except (log_errors.OffsetMismatchError, ValueError) as e:

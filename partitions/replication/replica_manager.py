@@ -625,6 +625,16 @@ class ReplicaManager:
             lg.update_high_watermark(part.high_watermark)
         return lg.log_end_offset
 
+    async def follower_flush_if_needed(self, topic: str, partition: int) -> None:
+        """A follower honours the topic's flush policy (flush.messages / flush.ms) before its
+        next fetch acknowledges the records, so acks=all on such a topic means fsync'd on
+        every ISR member, as on the leader. Off the event loop, one fsync at a time."""
+        key = (topic, partition)
+        lg = self.logs.get(key)
+        needs_flush = getattr(lg, "needs_flush", None)
+        if needs_flush is not None and needs_flush():
+            await self._flush(key, lg, lg.log_end_offset)
+
     def follower_truncate(self, topic: str, partition: int, leader_epoch: int, offset: int) -> int:
         """Truncate to the divergence point the leader gave (never to our own HW)."""
         part, lg = self.follower_partition(topic, partition, leader_epoch)

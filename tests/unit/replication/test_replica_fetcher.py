@@ -24,7 +24,7 @@ class DiskLogManager:
     def get_or_create(self, topic, p, config):
         key = (topic, p)
         if key not in self.logs:
-            self.logs[key] = Log.open(self.root / f"{topic}-{p}", LogConfig())
+            self.logs[key] = Log.open(self.root / f"{topic}-{p}", config or LogConfig())
         return self.logs[key]
 
     def partitions(self):
@@ -175,3 +175,14 @@ async def test_internal_routes_fence_stale_epochs_and_non_replicas(pair):
     with pytest.raises(KraftlogError) as e:
         rms[1].epoch_end_offset("t", 0, 3, leader_epoch=2)
     assert e.value.code is ErrorCode.FENCED_LEADER_EPOCH
+
+
+async def test_follower_fsyncs_before_acknowledging_on_a_flush_messages_topic(pair):
+    rms, fetchers, transport, apply = pair
+    for rm in rms.values():
+        rm._config_factory = lambda c: LogConfig(flush_messages=1)
+    await apply(image(leader=1, epoch=1, partitions=1))
+    await rms[1].append("t", 0, batch(b"a", b"b"), acks=ACKS_ALL, timeout_ms=2000)
+    # the follower's next fetch acknowledged the records, after its fsync
+    assert rms[2].logs[("t", 0)].recovery_point == 2
+    assert rms[2].logs[("t", 0)].log_end_offset == 2
