@@ -33,9 +33,10 @@ from tests.chaos.harness.workload import Workload
 
 async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fault_count: Optional[int] = None,
                     kinds: Optional[list] = None, partitions: int = 3, hold_s=(2.0, 5.0), quiet_s=(2.0, 4.0),
-                    warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print) -> tuple[dict, object]:
+                    warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print,
+                    log_level: str = "WARNING") -> tuple[dict, object]:
     kinds = kinds or list(ALL_NEMESES)
-    cluster = ChaosCluster(root, ClusterSettings())
+    cluster = ChaosCluster(root, ClusterSettings(log_level=log_level))
     history = History()
     schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s)
     rng = random.Random(seed)
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--kinds", default=None, help=f"comma-separated subset of {','.join(ALL_NEMESES)}")
     p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--log-level", default="WARNING", help="of the cluster processes (INFO shows replication)")
     p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
     args = p.parse_args(argv)
     if args.minutes is None and args.faults is None:
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
     root = args.data_dir or tempfile.mkdtemp(prefix=f"kraftlog-chaos-{seed}-")
     print(f"chaos seed {seed} (replay: python -m tests.chaos.run --seed {seed} ...), data in {root}", flush=True)
     figs, result = asyncio.run(run_chaos(root, seed, minutes=args.minutes, fault_count=args.faults, kinds=kinds,
-                                         partitions=args.partitions, out_dir=args.report,
+                                         partitions=args.partitions, out_dir=args.report, log_level=args.log_level,
                                          log=lambda m: print(m, flush=True)))
     figs.pop("_faults", None)
     print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))

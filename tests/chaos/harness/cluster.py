@@ -4,16 +4,20 @@ broker reached through TCP proxies.
 Layout under `root`: node-<i>/controller-<i>/ (raft journal), node-<i>/broker-<i>/ (logs,
 state), controller.log, broker.log.
 
-Wiring (all on 127.0.0.1, free ports):
-- broker i listens on `http_port[i]` and advertises `broker_proxy[i]` in metadata, so
-  replica fetchers of the other brokers (and forwarded requests) go through that proxy;
-- broker i talks to controller j through its own proxy `ctl_proxy[(i, j)]` (its
-  controller_urls), so a broker can be cut from the control plane one link at a time;
-- controllers talk raft to each other directly (pysyncobj identifies peers by address:
-  a proxy per link would need a separate advertised raft address per node; see the
-  report). Controller partitions are done with SIGSTOP or kill instead.
-- the workload clients talk to brokers directly (`direct_url`), mapping advertised proxy
-  URLs in metadata back to real ports, so client traffic is never cut by accident.
+Wiring (free ports on loopback):
+- broker i listens on 127.0.0.1:`http_port[i]` and advertises its proxy
+  `broker_proxy[i]` in metadata, so replica fetchers of the other brokers (and forwarded
+  requests) reach it through that proxy;
+- controller j listens on 127.0.0.1:`ctl_port[j]` and is named 127.0.0.2:`ctl_port[j]` in
+  the voters list, where `ctl_proxy[j]` listens: brokers (configured with those URLs) and
+  NOT_CONTROLLER redirects (leader_url comes from the voters list) both go through it;
+- the proxies know which process connects (see proxy.py), so a fault is set per link:
+  `link(src, dst)` = (proxy of dst, label of src);
+- controllers talk raft to each other directly on 127.0.0.2 (pysyncobj binds the address
+  it advertises: a proxy per raft link needs a separate bind address option; see the
+  report). Controller faults are kill / SIGSTOP;
+- the workload clients talk to brokers directly (`direct_url`), so client traffic is never
+  cut by accident.
 
 Processes are children started with PR_SET_PDEATHSIG: they die with the harness.
 """
@@ -34,6 +38,7 @@ from typing import Optional
 
 from tests.chaos.harness.proxy import Proxy, free_port
 
+CONTROLLER_HOST = "127.0.0.2"   # controllers are advertised (and proxied) here
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
@@ -91,11 +96,12 @@ class ChaosCluster:
         self.password = "chaos-" + os.urandom(8).hex()
         self.http_port = {i: free_port() for i in self.ids}
         self.ctl_port = {i: free_port() for i in self.ids}
-        self.raft_port = {i: free_port() for i in self.ids}
-        self.broker_proxy = {i: Proxy(self.http_port[i], f"broker-{i}") for i in self.ids}
-        self.ctl_proxy = {(i, j): Proxy(self.ctl_port[j], f"broker-{i}->controller-{j}")
-                          for i in self.ids for j in self.ids}
+        self.raft_port = {i: free_port(CONTROLLER_HOST) for i in self.ids}
         self.procs: dict[tuple[str, int], ProcessSpec] = {}
+        self.broker_proxy = {i: Proxy(self.http_port[i], f"broker-{i}", resolver=self.source_label)
+                             for i in self.ids}
+        self.ctl_proxy = {j: Proxy(self.ctl_port[j], f"controller-{j}", host=CONTROLLER_HOST,
+                                   port=self.ctl_port[j], resolver=self.source_label) for j in self.ids}
         os.makedirs(self.root, exist_ok=True)
         for i in self.ids:
             self.procs[("controller", i)] = self._controller_spec(i)
@@ -110,7 +116,7 @@ class ChaosCluster:
         return os.path.join(self.node_dir(i), f"broker-{i}", "logs")
 
     def _controller_spec(self, i: int) -> ProcessSpec:
-        voters = ",".join(f"{j}@127.0.0.1:{self.raft_port[j]}:{self.ctl_port[j]}" for j in self.ids)
+        voters = ",".join(f"{j}@{CONTROLLER_HOST}:{self.raft_port[j]}:{self.ctl_port[j]}" for j in self.ids)
         cmd = [sys.executable, "-m", "metadata_quorum.controller_server", "--node-id", str(i),
                "--data-dir", os.path.join(self.node_dir(i), f"controller-{i}"), "--http-host", "127.0.0.1",
                "--http-port", str(self.ctl_port[i]), "--raft-port", str(self.raft_port[i]), "--voters", voters,
@@ -127,7 +133,7 @@ class ChaosCluster:
         cfg = BrokerConfig(broker_id=i, cluster_id=self.cluster_id, http_host="127.0.0.1",
                            http_port=self.http_port[i], advertised_url=self.broker_proxy[i].url,
                            log_dirs=[os.path.join(state, "logs")], state_dir=state,
-                           controller_urls=[self.ctl_proxy[(i, j)].url for j in self.ids], **self.s.broker)
+                           controller_urls=[self.ctl_proxy[j].url for j in self.ids], **self.s.broker)
         cmd = [sys.executable, "-m", "http_api.broker_server", "--config-json",
                json.dumps(dataclasses.asdict(cfg)), "--log-level", self.s.log_level]
         return ProcessSpec("broker", i, cmd, {}, os.path.join(self.node_dir(i), "broker.log"))
@@ -187,20 +193,16 @@ class ChaosCluster:
             return False
 
     def stop(self) -> None:
+        """kill -9 everything (a test cluster: nothing to shut down cleanly), close the proxies."""
         for spec in self.procs.values():
             if spec.alive():
-                if spec.paused:
-                    os.kill(spec.pid, signal.SIGCONT)
-                spec.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for spec in self.procs.values():
-            if spec.proc is None:
-                continue
-            try:
-                spec.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
                 spec.proc.kill()
-                spec.proc.wait(5)
+        for spec in self.procs.values():
+            if spec.proc is not None:
+                try:
+                    spec.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
         for p in list(self.broker_proxy.values()) + list(self.ctl_proxy.values()):
             p.close()
 
@@ -240,6 +242,9 @@ class ChaosCluster:
     def direct_url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.http_port[i]}"
 
+    def controller_direct_url(self, j: int) -> str:
+        return f"http://127.0.0.1:{self.ctl_port[j]}"
+
     def url_map(self) -> dict[str, str]:
         """Advertised (proxy) broker URL -> direct URL, for clients."""
         return {self.broker_proxy[i].url: self.direct_url(i) for i in self.ids}
@@ -249,18 +254,33 @@ class ChaosCluster:
             spec = self.procs[("controller", i)]
             if not spec.alive() or spec.paused:
                 continue
-            st = _http_json(f"http://127.0.0.1:{self.ctl_port[i]}/controller/v1/status", timeout=0.5)
+            st = _http_json(self.controller_direct_url(i) + "/controller/v1/status", timeout=0.5)
             if st and st.get("is_active"):
                 return i
         return None
+
+    def source_label(self, peer_port: int, local_port: int) -> str:
+        """Which of our processes opened this connection ("broker-2", "controller-1", else "client")."""
+        pids = {spec.pid: f"{role}-{i}" for (role, i), spec in self.procs.items() if spec.alive()}
+        from tests.chaos.harness.proxy import pid_of_peer
+        pid = pid_of_peer(peer_port, local_port, list(pids))
+        return pids.get(pid, "client")
 
     def heal_network(self) -> None:
         for p in list(self.broker_proxy.values()) + list(self.ctl_proxy.values()):
             p.heal()
 
-    def broker_links(self, i: int) -> list[Proxy]:
-        """Every proxy carrying broker i's traffic: its inbound proxy and its controller links."""
-        return [self.broker_proxy[i]] + [self.ctl_proxy[(i, j)] for j in self.ids]
+    def links_from(self, i: int) -> list:
+        """(proxy, source label) of every link broker i opens: to other brokers and to controllers."""
+        return [(self.broker_proxy[j], f"broker-{i}") for j in self.ids if j != i] + \
+               [(self.ctl_proxy[j], f"broker-{i}") for j in self.ids]
+
+    def links_to(self, i: int) -> list:
+        """(proxy, source label) of every link other brokers open to broker i."""
+        return [(self.broker_proxy[i], f"broker-{j}") for j in self.ids if j != i]
+
+    def control_links(self, i: int) -> list:
+        return [(self.ctl_proxy[j], f"broker-{i}") for j in self.ids]
 
     def copy_broker_logs(self, i: int, dest: str) -> None:
         """A copy of broker i's log dir as of now (for 'lost un-fsynced tail')."""

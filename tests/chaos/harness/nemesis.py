@@ -5,11 +5,12 @@ resume, heal). `Schedule` runs a seeded sequence of them and records fault windo
 Kinds:
 - kill-broker / kill-active-controller / kill-several: kill -9, restart at stop
 - pause-broker / pause-controller: SIGSTOP, SIGCONT at stop
-- isolate-broker: every proxy of one broker cut (inbound fetches/forwards, its controller links)
+- isolate-broker: one broker cut from the other brokers and the controllers, both ways
 - blackhole-broker: the same links accept connections but forward nothing (timeouts)
-- one-way-answers: a broker's inbound answers and controller answers dropped (requests
-  still served: outcomes unknown to the callers)
+- one-way-answers: answers on those links dropped (requests still served: outcomes
+  unknown to the callers)
 - one-way-control: a broker cannot reach the controllers (heartbeats lost) but serves data
+- broker-partition: data plane split {i} | {others}; every broker still sees the controllers
 - slow-links: 150-400 ms per chunk on one broker's links
 - disk-full: broker restarted with RLIMIT_FSIZE just above its largest file (writes get
   EFBIG), restarted without the limit at stop
@@ -100,40 +101,44 @@ class Pause(Nemesis):
 
 
 class Links(Nemesis):
-    """Network faults on one broker's proxies."""
+    """Network faults on one broker's links (rules per link on the proxies)."""
 
     def __init__(self, name: str):
         self.name = name
 
     def start(self, c, rng):
-        self.i = rng.choice(c.ids)
-        inbound, control = c.broker_proxy[self.i], [c.ctl_proxy[(self.i, j)] for j in c.ids]
+        self.i = i = rng.choice(c.ids)
+        both = c.links_from(i) + c.links_to(i)
         if self.name == "isolate-broker":
-            for p in [inbound] + control:
-                p.cut()
-            return f"broker {self.i} cut off (inbound + controller links)"
+            for proxy, src in both:
+                proxy.cut(src)
+            return f"broker {i} cut off from the other brokers and the controllers"
         if self.name == "blackhole-broker":
-            for p in [inbound] + control:
-                p.blackhole()
-            return f"broker {self.i} blackholed"
+            for proxy, src in both:
+                proxy.blackhole(src)
+            return f"broker {i} blackholed (connections hang)"
         if self.name == "one-way-answers":
-            for p in [inbound] + control:
-                p.one_way(down=False)
-            return f"answers to and from broker {self.i} dropped (requests delivered)"
+            for proxy, src in both:
+                proxy.one_way(src, answers=False)
+            return f"answers on broker {i}'s links dropped (requests delivered: outcomes unknown)"
         if self.name == "one-way-control":
-            for p in control:
-                p.cut()
-            return f"broker {self.i} cannot reach the controllers"
+            for proxy, src in c.control_links(i):
+                proxy.cut(src)
+            return f"broker {i} cannot reach the controllers (serves data, misses heartbeats)"
+        if self.name == "broker-partition":
+            others = [j for j in c.ids if j != i]
+            for proxy, src in c.links_to(i) + [(c.broker_proxy[j], f"broker-{i}") for j in others]:
+                proxy.cut(src)
+            return f"data plane split {{{i}}} | {set(others)} (controllers see everyone)"
         if self.name == "slow-links":
             ms = rng.randint(150, 400)
-            for p in [inbound] + control:
-                p.slow(ms)
-            return f"broker {self.i} links slowed by {ms} ms per chunk"
+            for proxy, src in both:
+                proxy.slow(ms, src)
+            return f"broker {i}'s links slowed by {ms} ms per chunk"
         raise ValueError(self.name)
 
     def stop(self, c):
-        for p in c.broker_links(self.i):
-            p.heal()
+        c.heal_network()
 
 
 class DiskFull(Nemesis):
@@ -199,7 +204,8 @@ ALL_NEMESES = {
     "pause-broker": lambda: Pause("broker"), "pause-controller": lambda: Pause("controller"),
     "isolate-broker": lambda: Links("isolate-broker"), "blackhole-broker": lambda: Links("blackhole-broker"),
     "one-way-answers": lambda: Links("one-way-answers"), "one-way-control": lambda: Links("one-way-control"),
-    "slow-links": lambda: Links("slow-links"), "disk-full": DiskFull, "lost-tail": LostTail,
+    "slow-links": lambda: Links("slow-links"), "broker-partition": lambda: Links("broker-partition"),
+    "disk-full": DiskFull, "lost-tail": LostTail,
     "torn-tail": TornTail,
 }
 

@@ -1,23 +1,25 @@
 """An in-process TCP proxy for network faults between kraftlog nodes.
 
-One asyncio loop in a daemon thread hosts every `Proxy`. A proxy listens on a free port and
-forwards to one target port. Faults, changeable at any time from any thread:
+One asyncio loop in a daemon thread hosts every `Proxy`. A proxy listens on a host:port and
+forwards to one target port. It knows *who* is connecting: the peer's source port is looked
+up in /proc/net/tcp and the owning process found among known pids (`resolver`), so faults
+can be set per link (source label -> this proxy's destination), e.g. "broker-2" -> broker 1.
 
-- `cut()` / `heal()`: existing connections are severed and new ones closed at once
-  (connection refused, as a dead host behind a firewall rejecting);
-- `blackhole()`: connections are accepted but nothing is forwarded either way (a
-  partition where packets vanish: callers hit their timeouts);
-- `one_way(up=False)` drops client->server bytes (requests never arrive);
-  `one_way(down=False)` drops server->client bytes (requests are served, answers lost:
-  outcomes unknown to the caller);
-- `slow(delay_ms)`: every chunk waits `delay_ms` before being forwarded.
+Rules, changeable at any time from any thread, for one source label or "*" (everyone):
+- `cut`: existing connections severed, new ones closed at once (connection refused-like);
+- `blackhole`: connections accepted, nothing forwarded either way (callers time out);
+- `no_requests` / `no_answers`: one-way loss (client->server resp. server->client bytes
+  dropped: with no answers a request is served but its caller never learns it);
+- `delay_ms`: every chunk waits before being forwarded (slow link).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 CHUNK_BYTES = 64 * 1024
 
@@ -42,66 +44,124 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-class Proxy:
-    """Forwards 127.0.0.1:`port` to 127.0.0.1:`target_port`, with injectable faults."""
+def pid_of_peer(peer_port: int, local_port: int, pids) -> Optional[int]:
+    """The pid (among `pids`) owning the TCP socket 127.0.0.1:peer_port connected to our
+    `local_port`, from /proc/net/tcp and /proc/<pid>/fd (Linux)."""
+    inode = None
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                if int(parts[1].rsplit(":", 1)[1], 16) == peer_port and \
+                        int(parts[2].rsplit(":", 1)[1], 16) == local_port:
+                    inode = parts[9]
+                    break
+    except OSError:
+        return None
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        return pid
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return None
 
-    def __init__(self, target_port: int, name: str = "", port: Optional[int] = None):
+
+@dataclass
+class Rule:
+    mode: str = "up"        # up | cut | blackhole
+    requests: bool = True   # forward client -> server
+    answers: bool = True    # forward server -> client
+    delay_ms: int = 0
+
+    def describe(self) -> str:
+        parts = [self.mode]
+        if not self.requests:
+            parts.append("no-requests")
+        if not self.answers:
+            parts.append("no-answers")
+        if self.delay_ms:
+            parts.append(f"slow {self.delay_ms}ms")
+        return ",".join(parts)
+
+
+class Proxy:
+    """Forwards `host`:`port` to 127.0.0.1:`target_port`, with per-source faults.
+
+    `resolver(peer_port, local_port) -> label` names the connecting process ("broker-2",
+    "controller-1", "client", ...); without one every connection is "client"."""
+
+    def __init__(self, target_port: int, name: str = "", host: str = "127.0.0.1", port: Optional[int] = None,
+                 resolver: Optional[Callable[[int, int], str]] = None):
         self.target_port = target_port
         self.name = name or f"proxy->{target_port}"
-        self.mode = "up"          # up | cut | blackhole
-        self.up = True            # forward client -> server
-        self.down = True          # forward server -> client
-        self.delay_ms = 0
-        self._conns: set = set()
+        self.host = host
+        self.resolver = resolver
+        self.rules: dict[str, Rule] = {}
+        self._conns: dict = {}          # writer -> source label
         self._lp = _Loop.get()
         self._server = self._lp.call(self._start(port or 0))
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def _start(self, port: int):
-        return await asyncio.start_server(self._handle, "127.0.0.1", port, reuse_address=True)
+        return await asyncio.start_server(self._handle, self.host, port, reuse_address=True)
 
-    # ---- faults (thread-safe: they only set attributes read by the pumps) --------------
+    # ---- faults ------------------------------------------------------------------------
 
-    def heal(self) -> None:
-        self.mode, self.up, self.down, self.delay_ms = "up", True, True, 0
+    def rule(self, source: str) -> Rule:
+        return self.rules.get(source) or self.rules.get("*") or Rule()
 
-    def cut(self) -> None:
-        self.mode = "cut"
-        self._lp.loop.call_soon_threadsafe(self._sever)
+    def set_rule(self, source: str = "*", **kw) -> None:
+        r = self.rules.get(source) or Rule()
+        for k, v in kw.items():
+            setattr(r, k, v)
+        self.rules[source] = r
+        if r.mode == "cut":
+            self._lp.loop.call_soon_threadsafe(self._sever, source)
 
-    def blackhole(self) -> None:
-        self.mode = "blackhole"
+    def cut(self, source: str = "*") -> None:
+        self.set_rule(source, mode="cut")
 
-    def one_way(self, up: bool = True, down: bool = True) -> None:
-        self.up, self.down = up, down
+    def blackhole(self, source: str = "*") -> None:
+        self.set_rule(source, mode="blackhole")
 
-    def slow(self, delay_ms: int) -> None:
-        self.delay_ms = delay_ms
+    def one_way(self, source: str = "*", requests: bool = True, answers: bool = True) -> None:
+        self.set_rule(source, requests=requests, answers=answers)
+
+    def slow(self, delay_ms: int, source: str = "*") -> None:
+        self.set_rule(source, delay_ms=delay_ms)
+
+    def heal(self, source: Optional[str] = None) -> None:
+        if source is None:
+            self.rules.clear()
+        else:
+            self.rules.pop(source, None)
 
     def state(self) -> str:
-        parts = [self.mode]
-        if not self.up:
-            parts.append("no-requests")
-        if not self.down:
-            parts.append("no-answers")
-        if self.delay_ms:
-            parts.append(f"slow {self.delay_ms}ms")
-        return ",".join(parts)
+        return "; ".join(f"{s}: {r.describe()}" for s, r in sorted(self.rules.items())) or "up"
 
     def close(self) -> None:
         async def _close():
             self._server.close()
-            self._sever()
+            self._sever("*")
         try:
             self._lp.call(_close())
         except Exception:
@@ -109,16 +169,24 @@ class Proxy:
 
     # ---- forwarding --------------------------------------------------------------------
 
-    def _sever(self) -> None:
-        for w in list(self._conns):
-            try:
-                w.transport.abort()
-            except Exception:
-                pass
-        self._conns.clear()
+    def _sever(self, source: str) -> None:
+        for w, label in list(self._conns.items()):
+            if source == "*" or label == source:
+                try:
+                    w.transport.abort()
+                except Exception:
+                    pass
+                self._conns.pop(w, None)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.mode == "cut":
+        label = "client"
+        if self.resolver is not None:
+            peer = writer.get_extra_info("peername")
+            try:
+                label = self.resolver(peer[1], self.port)
+            except Exception:
+                label = "unknown"
+        if self.rule(label).mode == "cut":
             writer.transport.abort()
             return
         try:
@@ -126,28 +194,32 @@ class Proxy:
         except OSError:
             writer.transport.abort()
             return
-        self._conns.update({writer, t_writer})
+        self._conns[writer] = label
+        self._conns[t_writer] = label
         try:
-            await asyncio.gather(self._pump(reader, t_writer, "up"), self._pump(t_reader, writer, "down"))
+            await asyncio.gather(self._pump(reader, t_writer, label, True),
+                                 self._pump(t_reader, writer, label, False))
         finally:
             for w in (writer, t_writer):
-                self._conns.discard(w)
+                self._conns.pop(w, None)
                 try:
                     w.transport.abort()
                 except Exception:
                     pass
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str) -> None:
+    async def _pump(self, reader, writer, label: str, request_direction: bool) -> None:
         try:
             while True:
                 data = await reader.read(CHUNK_BYTES)
                 if not data:
                     break
-                if self.delay_ms:
-                    await asyncio.sleep(self.delay_ms / 1000)
-                if self.mode == "cut":
+                r = self.rule(label)
+                if r.delay_ms:
+                    await asyncio.sleep(r.delay_ms / 1000)
+                    r = self.rule(label)
+                if r.mode == "cut":
                     break
-                if self.mode == "blackhole" or not (self.up if direction == "up" else self.down):
+                if r.mode == "blackhole" or not (r.requests if request_direction else r.answers):
                     continue
                 writer.write(data)
                 await writer.drain()
