@@ -49,6 +49,7 @@ class _LeaderFetcher:
         self.state = LeaderFetchState(leader_id, leader_url)
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.rotation = 0
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
@@ -169,6 +170,9 @@ class _LeaderFetcher:
             sent[(s.topic, s.partition)] = (s.leader_epoch, lg.log_end_offset)
         if not reqs:
             return False
+        # rotate the order: the leader fills max_bytes in request order, so no partition starves
+        self.rotation = (self.rotation + 1) % len(reqs)
+        reqs = reqs[self.rotation:] + reqs[:self.rotation]
         try:
             results = await self._cancellable(self.mgr.transport.fetch(
                 self.state.leader_url, self.mgr.broker_id, self.mgr.broker_epoch(), reqs,
