@@ -37,6 +37,11 @@ REPLICA_FETCH_BACKOFF_MS = 200
 TRUNCATION_ROUNDS_MAX = 50
 
 
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -77,9 +82,13 @@ class _LeaderFetcher:
     async def _cancellable(self, coro):
         """Run a request; a wakeup (partition set changed) cancels it. None if cancelled."""
         req = asyncio.ensure_future(coro)
+        req.add_done_callback(_retrieve)   # an abandoned request's error is not "never retrieved"
         waker = asyncio.ensure_future(self.wakeup.wait())
         try:
             done, _ = await asyncio.wait({req, waker}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            req.cancel()   # the fetcher stops: its request must not outlive it
+            raise
         finally:
             waker.cancel()
         if req in done:
