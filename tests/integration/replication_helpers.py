@@ -79,3 +79,39 @@ def assert_acked_exactly_once_in_order(acked: list[tuple[int, str, float]], log:
     assert offsets == sorted(offsets), "acknowledged writes out of order"
     logged = [o for o, _ in log]
     assert logged == sorted(set(logged)), "log offsets not strictly increasing"
+
+
+class BackgroundConsumer:
+    """Polls one partition from the beginning with the Python Consumer (which follows the
+    leader through metadata refreshes) until `stop()`; `records` = [(offset, value)]."""
+
+    def __init__(self, urls: list[str], topic: str, partition: int) -> None:
+        self.urls, self.topic, self.partition = urls, topic, partition
+        self.records: list[tuple[int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def start(self) -> "BackgroundConsumer":
+        self._thread.start()
+        return self
+
+    def wait_offset(self, offset: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.records or self.records[-1][0] < offset:
+            assert time.monotonic() < deadline, f"consumer at {self.records[-1:]} not at {offset}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    async def _main(self) -> None:
+        from http_api.client import Consumer
+        async with Consumer(self.urls, auto_offset_reset="earliest", max_wait_ms=200) as c:
+            c.assign([(self.topic, self.partition)])
+            while not self._stop.is_set():
+                try:
+                    for r in await c.poll(200):
+                        self.records.append((r.offset, r.value.decode()))
+                except Exception:  # noqa: BLE001 - leader gone: the consumer refreshes metadata
+                    await asyncio.sleep(0.05)

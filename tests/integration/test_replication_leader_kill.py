@@ -4,7 +4,7 @@ comes back, catches up and rejoins the ISR."""
 import time
 
 import pytest
-from replication_helpers import BackgroundProducer, assert_acked_exactly_once_in_order
+from replication_helpers import BackgroundConsumer, BackgroundProducer, assert_acked_exactly_once_in_order
 
 from partitions.replication.testing import ReplicatedCluster
 
@@ -15,6 +15,7 @@ def test_kill_9_leader_under_acks_all_load_loses_no_acknowledged_write(tmp_path)
     with ReplicatedCluster(str(tmp_path), brokers=3, broker_config={"min_insync_replicas": 2}) as c:
         c.create_topic("k", partitions=2, replication_factor=3)
         prod = BackgroundProducer(c.urls, "k", [0, 1]).start()
+        cons = BackgroundConsumer(c.urls, "k", 0).start()   # reads across the failover
         prod.wait_acked(100, 30)
         victim = c.partition("k", 0)["leader"]
         before = c.partition("k", 0)["leader_epoch"]
@@ -36,4 +37,9 @@ def test_kill_9_leader_under_acks_all_load_loses_no_acknowledged_write(tmp_path)
         for p in (0, 1):
             log = c.read_all("k", p)
             assert_acked_exactly_once_in_order(prod.acked[p], log)
+            if p == 0:
+                # the consumer saw the committed log exactly: no gap, no duplicate, no reset
+                cons.wait_offset(log[-1][0], 20)
+                cons.stop()
+                assert cons.records == log
         assert sum(len(v) for v in prod.acked.values()) > 150
