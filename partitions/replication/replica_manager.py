@@ -387,11 +387,20 @@ class ReplicaManager:
         waiters = self._produce_waiters.get(key)
         if waiters:
             hw = part.high_watermark
+            min_isr = self.min_isr_for(key[0])
             keep = []
             for offset, fut in waiters:
                 if offset < hw:
-                    if not fut.done():
+                    if fut.done():
+                        continue
+                    if len(part.isr) >= min_isr:
                         fut.set_result(None)
+                    else:  # committed, but the ISR shrank below min.insync.replicas meanwhile (Kafka)
+                        fut.set_exception(KraftlogError(
+                            ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                            f"{key[0]}-{key[1]}: written, but only {len(part.isr)} in-sync replicas "
+                            f"{sorted(part.isr)} remain (min.insync.replicas={min_isr}); retry "
+                            "idempotently once the ISR has grown back"))
                 else:
                     keep.append((offset, fut))
             waiters[:] = keep

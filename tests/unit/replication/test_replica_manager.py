@@ -202,3 +202,19 @@ async def test_restarted_broker_does_not_serve_its_previous_incarnations_leaders
     new.replay(RegisterBrokerRecord(1, "new", -1, "http://b1", None, False))
     await rm.apply_metadata(new)
     assert rm.partitions[("t", 0)].is_leader
+
+
+async def test_acks_all_fails_after_append_when_the_isr_shrank_below_min_isr():
+    """Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND: the HW passed the batch only because the
+    ISR shrank below min.insync.replicas while the produce waited."""
+    rm = ReplicaManager(1, MemoryLogManager(), default_log_config_factory=lambda c: None,
+                        request_timeout_ms=2000, min_insync_replicas=2)
+    await rm.apply_metadata(image(replicas=(1, 2)))
+    task = asyncio.create_task(rm.append("t", 0, batch(), acks=ACKS_ALL))
+    await asyncio.sleep(0)
+    shrunk = image(replicas=(1, 2), isr=(1,))
+    shrunk.replay(PartitionChangeRecord("t", "tid", 0, (1, 2), (1,), 1, 0, 1))
+    await rm.apply_metadata(shrunk)
+    with pytest.raises(KraftlogError) as e:
+        await asyncio.wait_for(task, 1)
+    assert e.value.code is ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
