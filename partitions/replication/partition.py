@@ -48,6 +48,7 @@ class Partition:
     local_log_end_offset: int = 0
     remote_replicas: dict[int, ReplicaState] = field(default_factory=dict)
     pending_isr_additions: set[int] = field(default_factory=set)   # proposed, not yet in metadata
+    leader_epoch_start_offset: int = 0    # our LEO when we became leader of this epoch
 
     # ---- role changes -------------------------------------------------------------------
 
@@ -79,6 +80,7 @@ class Partition:
         self.leader_epoch = leader_epoch
         self.local_log_end_offset = log_end_offset
         if new_epoch:
+            self.leader_epoch_start_offset = log_end_offset
             self.high_watermark = min(high_watermark, log_end_offset)
             self.remote_replicas = {
                 r: ReplicaState(r, last_caught_up_time_ms=now_ms if r in isr else -1)
@@ -202,10 +204,14 @@ class Partition:
         return out
 
     def caught_up_out_of_isr(self) -> set[int]:
-        """Replicas outside the ISR whose LEO has reached the high watermark (may rejoin)."""
+        """Replicas outside the ISR that may rejoin: their LEO reached the high watermark
+        and the offset where this leader epoch began (Kafka). A new leader's HW may still
+        be below what the previous leader had committed; the epoch start offset is not, so
+        a replica lacking committed records never becomes electable."""
+        floor = max(self.high_watermark, self.leader_epoch_start_offset)
         return {
             r for r, s in self.remote_replicas.items()
-            if r not in self.isr and s.log_end_offset >= self.high_watermark
+            if r not in self.isr and s.log_end_offset >= floor
         }
 
     def check_enough_replicas(self, min_insync_replicas: int) -> None:

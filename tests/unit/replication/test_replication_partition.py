@@ -126,3 +126,16 @@ def test_rejected_proposal_releases_the_hw():
     p.isr_change_rejected(partition_epoch=1)
     assert p.maximal_isr() == [1, 2]
     assert p.maybe_increment_high_watermark() and p.high_watermark == 12
+
+
+def test_a_replica_rejoins_only_once_it_has_the_leader_epochs_start():
+    """A new leader's HW can lag what the old leader committed; a follower at that HW but
+    below the offset where the new epoch began may lack acknowledged records: not in sync."""
+    p = Partition("t", 0, local_broker_id=1)
+    p.make_leader(replicas=[1, 2, 3], isr=[1, 2], leader_epoch=5, partition_epoch=5,
+                  log_end_offset=100, high_watermark=60, now_ms=0)
+    assert p.high_watermark == 60
+    p.update_follower_fetch(3, 70, now_ms=1)
+    assert p.caught_up_out_of_isr() == set()
+    p.update_follower_fetch(3, 100, now_ms=2)
+    assert p.caught_up_out_of_isr() == {3}
