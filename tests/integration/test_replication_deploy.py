@@ -41,11 +41,14 @@ def write_until_ok(url, topic, value, timeout=20):
 
 
 def test_cluster_up_is_replicated_and_survives_a_broker_kill(tmp_path):
-    data = str(tmp_path / "c")
-    base = free_port()
-    while base + 2003 > 65535:
+    for attempt in range(5):   # base+i, base+1000+i, base+2000+i must all be free
+        data = str(tmp_path / f"c{attempt}")
         base = free_port()
-    r = kraftlog("cluster", "up", "--nodes", "3", "--data-dir", data, "--base-port", str(base))
+        while base + 2003 > 65535:
+            base = free_port()
+        r = kraftlog("cluster", "up", "--nodes", "3", "--data-dir", data, "--base-port", str(base))
+        if "is in use" not in r.stderr:
+            break
     assert r.returncode == 0, r.stderr
     urls = r.stdout.split()
     try:
