@@ -230,3 +230,35 @@ def test_anomaly_reports_are_capped_per_kind(limit):
     b.fetch([], final=True, hw=0)
     r = check(b.h, anomaly_limit_per_kind=limit)
     assert len(r.anomalies) == limit and r.stats["anomalies_total"] == 5
+
+
+def test_unavailability_windows_per_partition():
+    h = History(clock=iter([0, 0, 1, 2, 3, 10, 11]).__next__)
+    for p in (0, 1, 0):
+        op = h.invoke("p", "produce", topic=T, partition=p, values=[f"v{p}"], idempotent=False)
+        h.ok(op, offsets=[0])
+    # partition 0: oks at 1 and 11 -> gap (1, 11); partition 1 alone has no gap
+    assert unavailability_windows(h, min_gap_s=2.0, key=(T, 0)) == [(1, 11)]
+    assert unavailability_windows(h, min_gap_s=2.0, key=(T, 1)) == []
+
+
+def test_report_files_and_svg_are_well_formed(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from tests.chaos.harness.nemesis import FaultRecord
+    from tests.chaos.harness.report import write_report
+
+    b = Builder()
+    b.produce(["a"], [0])
+    b.produce(["b"], [1])
+    b.fetch([(0, "a"), (1, "b")], final=True)
+    faults = [FaultRecord("kill-broker", "kill -9 broker 1", 0.5, 1.5),
+              FaultRecord("slow-links", "slow <&> links", 2.0, 3.0, error="start: boom")]
+    figs = write_report(str(tmp_path), b.h, check(b.h), faults, {"seed": 1})
+    assert figs["faults_total"] == 2 and figs["anomalies_total"] == 0
+    assert figs["fault_errors"] == [{"kind": "slow-links", "error": "start: boom"}]
+    root = ET.parse(tmp_path / "throughput_latency.svg").getroot()
+    titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert any("kill-broker" in t for t in titles) and any("slow-links" in t for t in titles)
+    assert (tmp_path / "report.md").read_text().count("kill -9 broker 1") == 1
+    assert History.load(str(tmp_path / "history.jsonl")).ops[0].value["values"] == ["a"]

@@ -9,8 +9,9 @@ with fresh soft state and a new epoch, as after a raft election).
 
 What is simulated: time (`now_ms`), a network between brokers, the controller and one
 producer (loss, random delay = reordering, cut links), broker crashes (kill -9: the
-process state is gone, the files stay, the log is recovered on restart) and restarts with a
-new incarnation, controller failovers. The broker glue mirrors
+process state is gone, the files stay, sometimes with a torn tail, the log is recovered
+on restart) and restarts with a new incarnation that registers over the network (so the
+restarted broker sees the old incarnation's metadata first), controller failovers. The broker glue mirrors
 `partitions/replication/replica_manager.py` and `http_api/broker_server.py`: metadata is
 applied with make_leader / make_follower, a new follower asks the leader for its epoch
 end offset and truncates there, then fetches; the leader proposes ISR changes through
@@ -27,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import heapq
+import logging
 import os
 import random
 import shutil
@@ -79,10 +81,17 @@ class SimConfig:
     # default since the leader counts pending ISR expansions (Kafka's "maximal ISR");
     # see tests/sim/test_regression_isr_expansion_hw.py.
     check_hw_within_isr: bool = True
-    # a leader asks again when its AlterPartition got no answer within this time (the real
-    # broker's _isr_loop never asks again for the same partition epoch: see
-    # tests/chaos/test_regression_alter_partition_retry.py)
+    # a leader asks again when its AlterPartition got no answer within this time (as the
+    # broker's _isr_loop does since tests/chaos/test_regression_alter_partition_retry.py)
     alter_partition_retry_ms: int = 300
+    # a crash tears the last bytes of the active segment (power loss / torn write) with this
+    # probability, unless the broker is its partition's only ISR member (losing the only
+    # in-sync copy is a loss Kafka accepts too)
+    torn_tail_probability: float = 0.3
+    # a restarted broker ignores partition state until the metadata holds its new
+    # registration (the broker's incarnation gate, 6c3f54a; off = the race of
+    # tests/chaos/test_regression_restarted_leader_truncates_followers.py)
+    incarnation_gate: bool = True
 
 
 @dataclass
@@ -99,6 +108,8 @@ class SimBroker:
     inflight_until: int = -1          # one fetch / epoch request at a time
     pending_alter_epoch: int = -1
     pending_alter_until: int = -1
+    registered: bool = False
+    last_register_ms: int = -10**9
     waiters: list = field(default_factory=list)  # (required_offset, leader_epoch, op, offsets, deadline)
     last_fetch_ms: int = -10**9
     last_hb_ms: int = -10**9
@@ -113,10 +124,14 @@ def _no_fsync():
     saved = (segment._fdatasync, os.fsync)
     segment._fdatasync = lambda fd: None
     os.fsync = lambda fd: None
+    log = logging.getLogger("partitions.log")   # torn tails are expected here: no warnings
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
         yield
     finally:
         segment._fdatasync, os.fsync = saved
+        log.setLevel(level)
 
 
 class Simulation:
@@ -211,6 +226,7 @@ class Simulation:
         self.new_controller()
         for b in self.brokers.values():
             self.start_broker(b)
+            self.register(b)
             self.propose(self.controller.heartbeat(self.image, b.id, b.broker_epoch, self.image.offset, self.now))
         records = self.controller.create_topic(self.image, TOPIC, 1, self.cfg.brokers,
                                                {"min.insync.replicas": str(self.cfg.min_insync_replicas)})
@@ -227,11 +243,23 @@ class Simulation:
         b.pending_alter_epoch = -1
         b.waiters = []
         b.meta_offset = 0
-        records = self.controller.register_broker(self.image, b.id, f"inc-{b.id}-{b.incarnation}",
-                                                  f"http://b{b.id}", None, self.now)
+        b.registered = False
+        b.broker_epoch = -1
+        b.last_register_ms = -10**9
+        self.note(f"b{b.id} starts: LEO {b.log.log_end_offset}, partition {self.reg()}")
+
+    def incarnation_id(self, b: SimBroker) -> str:
+        return f"inc-{b.id}-{b.incarnation}"
+
+    def register(self, b: SimBroker) -> int:
+        """The controller side of a registration (idempotent for the same incarnation)."""
+        records = self.controller.register_broker(self.image, b.id, self.incarnation_id(b), f"http://b{b.id}",
+                                                  None, self.now)
         assert self.propose(records)
-        b.broker_epoch = self.image.brokers[b.id].epoch
-        self.note(f"b{b.id} starts: LEO {b.log.log_end_offset}, broker epoch {b.broker_epoch}, partition {self.reg()}")
+        reg = self.image.brokers[b.id]
+        if b.alive and reg.incarnation_id == self.incarnation_id(b):
+            b.registered, b.broker_epoch = True, reg.epoch
+        return reg.epoch
 
     def crash_broker(self, b: SimBroker) -> None:
         b.alive = False
@@ -241,6 +269,16 @@ class Simulation:
         b.waiters = []
         b.log.close_without_flush()
         self.count("broker_crashes")
+        reg = self.reg()
+        if self.rng.random() < self.cfg.torn_tail_probability and reg is not None and set(reg.isr) - {b.id}:
+            segs = sorted(f for f in os.listdir(b.dir) if f.endswith(".log"))
+            path = os.path.join(b.dir, segs[-1]) if segs else None
+            if path and os.path.getsize(path) > 0:
+                cut = self.rng.randint(1, min(30, os.path.getsize(path)))
+                with open(path, "r+b") as f:
+                    f.truncate(os.path.getsize(path) - cut)
+                self.count("torn_tails")
+                self.note(f"b{b.id}: last {cut} bytes of {segs[-1]} torn")
 
     # ================================================================ metadata
     def push_metadata(self, force: bool = False) -> None:
@@ -250,13 +288,15 @@ class Simulation:
         if reg is None:
             return
         state = (tuple(reg.replicas), tuple(reg.isr), reg.leader, reg.leader_epoch, reg.partition_epoch,
-                 self.image.offset)
+                 self.image.offset, {bid: br.incarnation_id for bid, br in self.image.brokers.items()})
         for b in self.brokers:
             self.send(CONTROLLER, b, "metadata", state)
 
     def apply_metadata(self, b: SimBroker, state) -> None:
-        replicas, isr, leader, leader_epoch, partition_epoch, offset = state
+        replicas, isr, leader, leader_epoch, partition_epoch, offset, incarnations = state
         b.meta_offset = max(b.meta_offset, offset)
+        if self.cfg.incarnation_gate and incarnations.get(b.id) != self.incarnation_id(b):
+            return  # the metadata still describes our previous incarnation
         part, lg = b.part, b.log
         was_leader, old_epoch = part.is_leader, part.leader_epoch
         if leader == b.id:
@@ -283,7 +323,11 @@ class Simulation:
     # ================================================================ broker behaviour
     def broker_tick(self, b: SimBroker) -> None:
         part = b.part
-        if self.now - b.last_hb_ms >= self.cfg.heartbeat_interval_ms:
+        if not b.registered:
+            if self.now - b.last_register_ms >= self.cfg.heartbeat_interval_ms:
+                b.last_register_ms = self.now
+                self.send(b.id, CONTROLLER, "register", (b.id, self.incarnation_id(b)))
+        elif self.now - b.last_hb_ms >= self.cfg.heartbeat_interval_ms:
             b.last_hb_ms = self.now
             self.send(b.id, CONTROLLER, "heartbeat", (b.id, b.broker_epoch, b.meta_offset))
         if part.is_leader and self.now - b.last_isr_ms >= self.cfg.isr_check_interval_ms:
@@ -354,6 +398,11 @@ class Simulation:
         part, lg = b.part, b.log
         if kind == "metadata":
             self.apply_metadata(b, payload)
+        elif kind == "registered":
+            inc, epoch = payload
+            if inc == self.incarnation_id(b) and not b.registered:
+                b.registered, b.broker_epoch = True, epoch
+                self.note(f"b{b.id} registered: broker epoch {epoch}")
         elif kind == "produce":
             op = payload
             if not part.is_leader:
@@ -423,6 +472,12 @@ class Simulation:
 
     def controller_receive(self, src: int, kind: str, payload: Any) -> None:
         try:
+            if kind == "register":
+                bid, inc = payload
+                b = self.brokers[bid]
+                if inc == self.incarnation_id(b):
+                    self.send(CONTROLLER, bid, "registered", (inc, self.register(b)))
+                return
             if kind == "heartbeat":
                 bid, epoch, offset = payload
                 self.propose(self.controller.heartbeat(self.image, bid, epoch, offset, self.now))

@@ -80,3 +80,12 @@ def test_failure_message_names_the_seed_and_replay_command(tmp_path):
     with pytest.raises(SimulationFailure) as err:
         sim.fail("planted")
     assert "seed 77" in str(err.value) and "KRAFTLOG_SIM_SEED=77" in str(err.value)
+
+
+def test_without_the_incarnation_gate_a_restarted_leader_is_caught(tmp_path):
+    """Seed 71: a leader restarts (torn tail) and, before its new registration is in the
+    metadata, resumes its old incarnation's leadership with a reset high watermark: the
+    bug of tests/chaos/test_regression_restarted_leader_truncates_followers.py."""
+    with pytest.raises(SimulationFailure, match="HW went backwards|acknowledged record"):
+        Simulation(71, SimConfig(steps=600, incarnation_gate=False), root=str(tmp_path / "off")).run()
+    Simulation(71, SimConfig(steps=600), root=str(tmp_path / "on")).run()

@@ -218,14 +218,16 @@ def _uniq(ops) -> list[Op]:
     return sorted(out, key=lambda o: o.id)
 
 
-def unavailability_windows(history: History, min_gap_s: float = 1.0, f: str = "produce") -> list[tuple[float, float]]:
-    """Intervals longer than `min_gap_s` with no `ok` completion of kind `f`, while some
-    operation of that kind was outstanding or being attempted."""
-    oks = sorted(op.complete_time for op in history.ops if op.f == f and op.type == OK)
-    attempts = [op.invoke_time for op in history.ops if op.f == f]
-    if not attempts:
+def unavailability_windows(history: History, min_gap_s: float = 1.0, f: str = "produce",
+                           key: Optional[tuple] = None) -> list[tuple[float, float]]:
+    """Intervals longer than `min_gap_s` without an `ok` completion of kind `f` (for one
+    (topic, partition) `key`, or any), between the first invocation and the last completion."""
+    ops = [op for op in history.ops if op.f == f and (key is None or op.key == key)]
+    if not ops:
         return []
-    start, end = min(attempts), max(op.complete_time for op in history.ops if op.f == f and op.type) \
-        if any(op.f == f and op.type for op in history.ops) else max(attempts)
+    oks = sorted(op.complete_time for op in ops if op.type == OK)
+    start = min(op.invoke_time for op in ops)
+    done = [op.complete_time for op in ops if op.type]
+    end = max(done) if done else max(op.invoke_time for op in ops)
     points = [start] + oks + [end]
     return [(a, b) for a, b in zip(points, points[1:]) if b - a > min_gap_s]

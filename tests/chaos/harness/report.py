@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from html import escape
 from collections import Counter, defaultdict
 from typing import Optional
 
@@ -33,6 +34,11 @@ def figures(history: History, result: CheckResult, faults: list, min_gap_s: floa
     ops = Counter(f"{op.f}:{op.type or 'pending'}" for op in history.ops)
     windows = unavailability_windows(history, min_gap_s=min_gap_s)
     fault_counts = Counter(f.kind for f in faults)
+    by_partition = {}
+    for key in sorted({op.key for op in history.ops if op.f == "produce"}, key=str):
+        w = unavailability_windows(history, min_gap_s=min_gap_s, key=key)
+        by_partition[f"{key[0]}-{key[1]}"] = {"windows": len(w), "total_s": round(sum(b - a for a, b in w), 2),
+                                              "max_s": round(max([b - a for a, b in w] or [0]), 2)}
     return {
         "operations": dict(sorted(ops.items())),
         "operations_total": len(history.ops),
@@ -45,6 +51,7 @@ def figures(history: History, result: CheckResult, faults: list, min_gap_s: floa
                                    for a, b in windows],
         "unavailable_s_total": round(sum(b - a for a, b in windows), 2),
         "unavailable_s_max": round(max([b - a for a, b in windows] or [0]), 2),
+        "unavailability_by_partition": by_partition,
         "checker_stats": result.stats,
     }
 
@@ -78,7 +85,8 @@ def svg_plot(points: list[dict], faults: list, width: int = 1000, height: int = 
            f'font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" fill="white"/>']
     for f in faults:
         out.append(f'<rect x="{x(f.start):.1f}" y="{pad_t}" width="{max(1.0, x(f.end) - x(f.start)):.1f}" '
-                   f'height="{h}" fill="{color[f.kind]}" opacity="0.45"><title>{f.kind}: {f.description}</title></rect>')
+                   f'height="{h}" fill="{color[f.kind]}" opacity="0.45"><title>{escape(f.kind)}: {escape(f.description)}'
+                   f'</title></rect>')
     bw = max(1.0, w / max(1, len(points)) - 0.5)
     for p in points:
         out.append(f'<rect x="{x(p["t"]):.1f}" y="{y_thr(p["ok_per_s"]):.1f}" width="{bw:.1f}" '
@@ -105,7 +113,7 @@ def svg_plot(points: list[dict], faults: list, width: int = 1000, height: int = 
     for i, k in enumerate(kinds):
         lx, ly = pad_l + (i % 4) * 220, height + 5 + 20 * (i // 4)
         out.append(f'<rect x="{lx}" y="{ly - 10}" width="12" height="12" fill="{color[k]}"/>'
-                   f'<text x="{lx + 16}" y="{ly}">{k}</text>')
+                   f'<text x="{lx + 16}" y="{ly}">{escape(k)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -127,7 +135,8 @@ def write_report(out_dir: str, history: History, result: CheckResult, faults: li
              f"- faults: {figs['faults_total']} {figs['faults']}",
              f"- anomalies: {figs['anomalies_total']} {figs['anomalies']}",
              f"- unavailability (no acknowledged produce for > {min_gap_s}s): {len(figs['unavailability_windows'])} "
-             f"windows, {figs['unavailable_s_total']} s total, longest {figs['unavailable_s_max']} s",
+             f"windows, {figs['unavailable_s_total']} s total, longest {figs['unavailable_s_max']} s; per partition "
+             f"{figs['unavailability_by_partition']}",
              f"- nemesis errors: {len(figs['fault_errors'])}", "", "![](throughput_latency.svg)", "",
              "## Faults", ""]
     lines += [f"- {x.start:7.1f}s - {x.end:7.1f}s {x.kind}: {x.description}{' ERROR ' + x.error if x.error else ''}"
