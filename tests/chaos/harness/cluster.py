@@ -39,6 +39,7 @@ from typing import Optional
 from tests.chaos.harness.proxy import Proxy, free_port
 
 CONTROLLER_HOST = "127.0.0.2"   # controllers are advertised (and proxied) here
+CLOCK_SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clockshim")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
@@ -143,7 +144,8 @@ class ChaosCluster:
     def _spawn(self, spec: ProcessSpec) -> None:
         os.makedirs(os.path.dirname(spec.log_path), exist_ok=True)
         env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = os.pathsep.join([CLOCK_SHIM_DIR, ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["KRAFTLOG_CHAOS_CLOCK_FILE"] = self.clock_file(spec.role, spec.node_id)
         env.update(spec.env)
         limit = spec.fsize_limit_bytes
 
@@ -233,6 +235,16 @@ class ChaosCluster:
         if spec.alive() and spec.paused:
             os.kill(spec.pid, signal.SIGCONT)
         spec.paused = False
+
+    def clock_file(self, role: str, i: int) -> str:
+        return os.path.join(self.root, f"clock-offset-{role}-{i}")
+
+    def set_clock_offset(self, role: str, i: int, seconds: float) -> None:
+        """Jump the wall clock of one process (time.time via clockshim/sitecustomize.py)."""
+        path = self.clock_file(role, i)
+        with open(path + ".tmp", "w") as f:
+            f.write(repr(float(seconds)))
+        os.replace(path + ".tmp", path)
 
     def alive(self, role: str, i: int) -> bool:
         return self.procs[(role, i)].alive()

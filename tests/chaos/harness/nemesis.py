@@ -18,7 +18,8 @@ Kinds:
   and restarted from that copy (what a power loss does to un-fsynced data)
 - torn-tail: kill -9, the last segment of each partition cut mid-batch and garbage
   appended, restart (recovery must truncate the torn batch)
-Clock jumps need a test-only time source in the processes (see the report).
+- clock-jump: one process's wall clock (time.time) jumps +-10 min..2 days, back at stop
+  (clockshim/sitecustomize.py on the processes' PYTHONPATH: no product code involved)
 """
 from __future__ import annotations
 
@@ -199,6 +200,23 @@ class TornTail(Nemesis):
         return f"broker {self.i} killed, {torn} segment tails torn, restarted"
 
 
+class ClockJump(Nemesis):
+    """One process's wall clock jumps forwards or backwards (10 min .. 2 days: below the
+    default retention.ms of 7 days, whose deletions a forward jump would legitimately
+    trigger), then jumps back at stop."""
+
+    name = "clock-jump"
+
+    def start(self, c, rng):
+        self.role, self.i = rng.choice(["broker", "broker", "controller"]), rng.choice(c.ids)
+        offset = rng.choice([-1, 1]) * rng.uniform(600, 2 * 86400)
+        c.set_clock_offset(self.role, self.i, offset)
+        return f"{self.role} {self.i} wall clock jumps {offset / 3600:+.1f} h"
+
+    def stop(self, c):
+        c.set_clock_offset(self.role, self.i, 0.0)
+
+
 ALL_NEMESES = {
     "kill-broker": KillBroker, "kill-active-controller": KillActiveController, "kill-several": KillSeveral,
     "pause-broker": lambda: Pause("broker"), "pause-controller": lambda: Pause("controller"),
@@ -206,7 +224,7 @@ ALL_NEMESES = {
     "one-way-answers": lambda: Links("one-way-answers"), "one-way-control": lambda: Links("one-way-control"),
     "slow-links": lambda: Links("slow-links"), "broker-partition": lambda: Links("broker-partition"),
     "disk-full": DiskFull, "lost-tail": LostTail,
-    "torn-tail": TornTail,
+    "torn-tail": TornTail, "clock-jump": ClockJump,
 }
 
 
