@@ -87,6 +87,11 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
     return figs, result
 
 
+def _range(text: str) -> tuple:
+    lo, _, hi = text.partition(",")
+    return float(lo), float(hi or lo)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=None, help="run faults for this long")
@@ -95,6 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--kinds", default=None, help=f"comma-separated subset of {','.join(ALL_NEMESES)}")
     p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--hold", default="2,5", help="seconds a fault stays, MIN,MAX (default 2,5)")
+    p.add_argument("--quiet", default="2,4", help="healed seconds between faults, MIN,MAX (default 2,4)")
     p.add_argument("--log-level", default="WARNING", help="of the cluster processes (INFO shows replication)")
     p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
     args = p.parse_args(argv)
@@ -109,6 +116,7 @@ def main(argv=None) -> int:
     print(f"chaos seed {seed} (replay: python -m tests.chaos.run --seed {seed} ...), data in {root}", flush=True)
     figs, result = asyncio.run(run_chaos(root, seed, minutes=args.minutes, fault_count=args.faults, kinds=kinds,
                                          partitions=args.partitions, out_dir=args.report, log_level=args.log_level,
+                                         hold_s=_range(args.hold), quiet_s=_range(args.quiet),
                                          log=lambda m: print(m, flush=True)))
     figs.pop("_faults", None)
     print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))
