@@ -95,7 +95,17 @@ def test_example_configs_start_a_replicated_cluster(tmp_path):
                                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=log,
                                           stderr=subprocess.STDOUT))
             urls.append(f"http://127.0.0.1:{ports[i][0]}")
-        wait_for(lambda: all(http("GET", u + "/healthz", timeout=2)[0] == 200 for u in urls), 60, "3 ready brokers")
+        def ready():
+            for i, p in enumerate(procs, 1):
+                if p.poll() is not None:
+                    raise AssertionError(f"node {i} exited with {p.returncode}:\n"
+                                         + (tmp_path / f"node{i}.log").read_text()[-3000:])
+            return all(http("GET", u + "/healthz", timeout=2)[0] == 200 for u in urls)
+        try:
+            wait_for(ready, 60, "3 ready brokers")
+        except AssertionError as e:
+            logs = "\n".join(f"--- node{i}.log\n" + (tmp_path / f"node{i}.log").read_text()[-2000:] for i in (1, 2, 3))
+            raise AssertionError(f"{e}\n{logs}") from None
         status, topic = http("POST", urls[0] + "/v1/topics", {"name": "ex", "partitions": 3})
         assert status == 201 and all(len(q["replicas"]) == 3 for q in topic["partitions"]), topic
         write_until_ok(urls[1], "ex", "hello")
