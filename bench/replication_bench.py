@@ -7,7 +7,9 @@ Figures (printed, not asserted):
 - failover: kill -9 of a partition leader -> first acknowledged write on the new leader
   (default settings; several rounds, the killed broker restarted in between);
 - mass failover: kill -9 a broker leading many partitions; time until every one of them
-  has taken an acknowledged write again.
+  has taken an acknowledged write again;
+- node failover: 3 controllers, kill -9 the active controller and a partition leader at
+  once (a combined node dying); time to the first acknowledged write.
 
     python -m bench.replication_bench [--seconds S] [--concurrency C] [--partitions-mass N]
 """
@@ -130,6 +132,28 @@ async def mass_failover(c: ReplicatedCluster, topic: str) -> tuple[int, float, f
     return len(led), elected, max(results)
 
 
+def node_failover(base: str) -> float:
+    """3 controllers + 3 brokers: kill -9 the active controller and, at the same moment, the
+    leader of a partition (a whole combined node dying); seconds to the first acked write."""
+    with ReplicatedCluster(base, brokers=3, controllers=3) as c:
+        active = c.controllers.wait_active()
+        c.create_topic("node", 3, 3)
+        part = next((p for p in c.partition_list("node") if p["leader"] == active), c.partition_list("node")[0])
+        victim = part["leader"]
+        others = [c.url(b) for b in c.ports if b != victim]
+        t0 = time.monotonic()
+        c.controllers.kill(active)
+        c.kill(victim)
+        i = 0
+        while True:
+            status, _ = http("POST", f"{others[i % 2]}/v1/topics/node/records?acks=all",
+                             {"records": [{"value": "x", "partition": part["partition"]}]}, timeout=5)
+            i += 1
+            if status == 200:
+                return time.monotonic() - t0
+            time.sleep(0.01)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -181,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
         n, elected, writable = asyncio.run(mass_failover(c, "mass"))
         print(f"mass failover: {n} partitions led by the killed broker; all re-elected in {elected:.2f} s, "
               f"all took an acked write within {writable:.2f} s")
+    node = [node_failover(tempfile.mkdtemp(prefix="kraftlog-repl-bench-node-")) for _ in range(args.failover_rounds)]
+    print(f"kill -9 of the active controller + a leader together -> first acked write: median "
+          f"{statistics.median(node):.2f} s rounds {[round(t, 2) for t in node]}")
 
 
 if __name__ == "__main__":
