@@ -551,7 +551,10 @@ class ReplicaManager:
                                              leader_epoch=epoch, max_bytes=min(partition_max_bytes, budget),
                                              record=record)
                     budget -= len(res.records)
-                    if res.records or res.high_watermark > follower_hw:
+                    # a HW the follower lacks is news only on the first pass; a parked fetch is
+                    # not answered for a HW move alone (that would cost every follower a round
+                    # trip per commit): it learns the HW with the next data or at max_wait_ms
+                    if res.records or (record and res.high_watermark > follower_hw):
                         news = True
                     out.append(res)
                 except KraftlogError as e:
