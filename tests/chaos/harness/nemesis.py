@@ -143,16 +143,25 @@ class Links(Nemesis):
 
 
 class DiskFull(Nemesis):
+    """Restart a broker with RLIMIT_FSIZE just above its smallest active segment of a
+    workload topic: appends to every partition fail with EFBIG within a few records (a
+    full disk as the process sees it), small files (checkpoints) still fit."""
+
     name = "disk-full"
-    headroom_bytes = 32 * 1024
+    headroom_bytes = 1024
 
     def start(self, c, rng):
         self.i = rng.choice(c.ids)
-        files = glob.glob(os.path.join(c.broker_log_dir(self.i), "*", "*.log"))
-        biggest = max([os.path.getsize(f) for f in files] + [0])
-        limit = biggest + self.headroom_bytes
+        active = []
+        for d in glob.glob(os.path.join(c.broker_log_dir(self.i), "*-*")):
+            if os.path.basename(d).startswith("__"):
+                continue
+            segs = sorted(glob.glob(os.path.join(d, "*.log")))
+            if segs:
+                active.append(os.path.getsize(segs[-1]))
+        limit = max(16 * 1024, min(active or [0]) + self.headroom_bytes)
         c.restart("broker", self.i, fsize_limit_bytes=limit)
-        return f"broker {self.i} restarted with RLIMIT_FSIZE={limit} (writes fail with EFBIG)"
+        return f"broker {self.i} restarted with RLIMIT_FSIZE={limit} (writes past it fail with EFBIG)"
 
     def stop(self, c):
         c.restart("broker", self.i)
