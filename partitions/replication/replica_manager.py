@@ -535,8 +535,8 @@ class ReplicaManager:
         poll. `requests` = (topic, partition, fetch offset, leader epoch, follower's HW).
         The fetch offset is the follower's LEO, which acknowledges everything below it, so
         the HW may move (completing acks=all produces). Answers at once when some
-        partition has data or a HW the follower does not know yet, else waits up to
-        max_wait_ms for an append / HW move on any of them. One entry per request: the
+        partition has data (or an error), else waits up to max_wait_ms for an append on any
+        of them; the answer always carries the current HW (how followers learn it). One entry per request: the
         result or the partition's error (FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
@@ -551,10 +551,10 @@ class ReplicaManager:
                                              leader_epoch=epoch, max_bytes=min(partition_max_bytes, budget),
                                              record=record)
                     budget -= len(res.records)
-                    # a HW the follower lacks is news only on the first pass; a parked fetch is
-                    # not answered for a HW move alone (that would cost every follower a round
-                    # trip per commit): it learns the HW with the next data or at max_wait_ms
-                    if res.records or (record and res.high_watermark > follower_hw):
+                    # only data answers early (Kafka's replica.fetch.min.bytes=1): answering a HW
+                    # move alone would cost every follower a round trip per commit; the follower
+                    # learns the HW with the next data or when max_wait_ms ends
+                    if res.records:
                         news = True
                     out.append(res)
                 except KraftlogError as e:
