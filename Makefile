@@ -34,5 +34,10 @@ bench: $(STAMP)
 pipeline: $(STAMP)
 	$(PY) -m pipelines.clickstream
 
+## chaos: a long fault schedule against a real 3-node cluster; report in chaos-report/
+CHAOS_MINUTES ?= 30
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.run --minutes $(CHAOS_MINUTES) --report chaos-report
+
 clean:
 	rm -rf $(VENV) data .pytest_cache
