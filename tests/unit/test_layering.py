@@ -18,6 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PURE_CORES = [
     "partitions/log",
     "partitions/replication/partition.py",
+    "partitions/replication/fetcher_state.py",
+    "partitions/groups",
     "metadata_quorum/records.py",
     "metadata_quorum/image.py",
     "metadata_quorum/controller.py",
