@@ -1,74 +1,15 @@
-"""In-process broker apps for functional tests: real app + replica manager + storage,
-fake controller (pure QuorumController + MetadataImage in memory)."""
+"""Fixtures for functional tests: in-process brokers (see broker_harness.py)."""
 from __future__ import annotations
 
 import os
 import sys
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from broker_harness import start_broker, stop_broker  # noqa: E402
 from fake_controller import FakeControllerClient  # noqa: E402
-
-from http_api.broker_app import BrokerDeps, create_app  # noqa: E402
-from http_api.config import BrokerConfig  # noqa: E402
-from http_api.group_offsets import GroupOffsetStore  # noqa: E402
-from http_api.metadata_view import MetadataView  # noqa: E402
-from partitions.replication.replica_manager import ReplicaManager  # noqa: E402
-from partitions.replication.replica_fetcher import ReplicaFetcherManager  # noqa: E402
-from http_api.replica_client import HttpReplicaTransport  # noqa: E402
-
-
-def make_log_manager(log_dir: str):
-    """The real storage engine when present, else the in-memory stand-in."""
-    try:
-        from partitions.log.config import LogConfig
-        from partitions.log.log_manager import LogManager
-    except ImportError:
-        from tests.unit.replication.fake_log import MemoryLogManager
-        return MemoryLogManager(), (lambda c: None)
-    lm = LogManager([log_dir], LogConfig())
-    lm.open_all()
-    return lm, None
-
-
-class BrokerHarness:
-    """One broker app in-process, with handles on its parts."""
-
-    def __init__(self, client: TestClient, config: BrokerConfig, rm, view, controller, log_manager, fetcher=None):
-        self.fetcher = fetcher
-        self.client = client
-        self.config = config
-        self.rm = rm
-        self.view = view
-        self.controller = controller
-        self.log_manager = log_manager
-
-
-async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: int = 1, **overrides):
-    cfg = BrokerConfig(broker_id=broker_id, log_dirs=[str(tmp_path / f"b{broker_id}" / "logs")],
-                       state_dir=str(tmp_path / f"b{broker_id}"), **overrides)
-    lm, factory = make_log_manager(cfg.log_dirs[0])
-    rm = ReplicaManager(broker_id, lm, min_insync_replicas=cfg.min_insync_replicas,
-                        request_timeout_ms=cfg.request_timeout_ms,
-                        max_concurrent_long_polls=cfg.max_concurrent_long_polls,
-                        default_log_config_factory=factory)
-    view = MetadataView(rm)
-    fetcher = ReplicaFetcherManager(rm, HttpReplicaTransport(), broker_id, fetch_wait_max_ms=200,
-                                    backoff_ms=20)
-    view.add_listener(fetcher.sync)
-    controller.views.append(view)
-    deps = BrokerDeps(replica_manager=rm, metadata=view, controller=controller,
-                      groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")))
-    app = create_app(cfg, deps)
-    server = TestServer(app)
-    client = TestClient(server)
-    await client.start_server()
-    cfg.advertised_url = str(server.make_url("")).rstrip("/")
-    await controller.add_broker(broker_id, cfg.url)
-    return BrokerHarness(client, cfg, rm, view, controller, lm, fetcher)
 
 
 @pytest.fixture
@@ -87,12 +28,3 @@ async def two_brokers(tmp_path):
     yield b1, b2
     for h in (b1, b2):
         await stop_broker(h)
-
-
-async def stop_broker(h) -> None:
-    if h.fetcher is not None:
-        await h.fetcher.close()
-        await h.fetcher.transport.close()
-    await h.client.close()
-    if hasattr(h.log_manager, "close"):
-        h.log_manager.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fake_controller import FakeControllerClient
-from conftest import start_broker, stop_broker  # tests/functional/conftest.py (on sys.path)
+from broker_harness import start_broker, stop_broker
 from http_api.broker_app import BROKER_KEY
 from http_api.log_cleaner_routes import scheduler_for
 from partitions.log import record_batch as rb

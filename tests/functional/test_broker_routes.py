@@ -275,7 +275,7 @@ async def test_auto_create_on_first_produce(broker):
 
 
 async def test_auto_create_disabled(tmp_path):
-    from conftest import start_broker
+    from broker_harness import start_broker
     from fake_controller import FakeControllerClient
     h = await start_broker(tmp_path, FakeControllerClient(), auto_create_topics_enable=False)
     try:
@@ -286,7 +286,7 @@ async def test_auto_create_disabled(tmp_path):
 
 
 async def test_limits(tmp_path):
-    from conftest import start_broker
+    from broker_harness import start_broker
     from fake_controller import FakeControllerClient
     h = await start_broker(tmp_path, FakeControllerClient(), max_request_bytes=2000,
                            max_records_per_request=5, max_message_bytes=600)
@@ -361,7 +361,7 @@ async def test_create_partitions_and_alter_configs(broker):
 
 
 async def test_too_many_long_polls_is_429(tmp_path):
-    from conftest import start_broker
+    from broker_harness import start_broker
     from fake_controller import FakeControllerClient
     h = await start_broker(tmp_path, FakeControllerClient(), max_concurrent_long_polls=1)
     c = h.client
