@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 import traceback
@@ -26,10 +27,8 @@ def main() -> int:
             if fn is None:
                 print(f"bench.{name} has no main(); skipped")
                 continue
-            try:
-                fn([])
-            except TypeError:
-                fn()
+            # main(argv) when it takes arguments (so it ignores `python -m bench`'s own), else main()
+            fn([]) if inspect.signature(fn).parameters else fn()
         except SystemExit as e:
             if e.code not in (0, None):
                 failed.append(name)
