@@ -13,7 +13,10 @@ On the coordinator, a pure `GroupCoordinatorState` (partitions/groups) per led p
 holds groups and committed offsets. It is rebuilt by reading the partition back when this
 broker becomes its leader (requests wait for the load) and dropped when it stops leading.
 Every change is appended to the partition with acks=all before it is answered; offset
-commits enter the cache only once written. A timer removes members whose session expired.
+commits enter the cache only once written. Reads of group state (offsets fetch, describe)
+first pass a read barrier (`_read_barrier`: a marker committed at the loaded leader epoch),
+so a deposed coordinator never answers from its stale cache. A timer removes members whose
+session expired.
 
 Routes (JSON; see API.md for the two offsets routes, kept exactly):
   POST /v1/groups/{g}/join        {"subscribed_topics", "member_id"?, "session_timeout_ms"?,
@@ -51,7 +54,7 @@ from http_api.group_offsets import validate_group_id
 from partitions.groups import records as grec
 from partitions.groups.coordinator import GroupConfig, GroupCoordinatorState, GroupError
 from partitions.log import record_batch as rb
-from partitions.replication.replica_manager import ACKS_ALL
+from partitions.replication.replica_manager import ACKS_ALL, ACKS_LEADER
 
 log = logging.getLogger("kraftlog.groups")
 
@@ -277,6 +280,45 @@ class GroupCoordinator:
         task.add_done_callback(written)
         return _as_coordinator_error(asyncio.shield(task), ld.partition)
 
+    async def _read_barrier(self, ld: _Loaded) -> None:
+        """Make a read of group state linearizable (offsets fetch, describe): prove that this
+        broker still leads the partition at the epoch `ld` was loaded at, after the request
+        arrived, before answering from the cache (a deposed, partitioned coordinator may still
+        believe it leads). A marker record (one fixed key: compaction keeps one) is appended and
+        must become committed (HW past it) at that same leader epoch: then every ISR follower
+        fetched it from us at this epoch, so none led a newer epoch when the request arrived,
+        and a new leader can only come from the ISR. The marker is appended with acks=1 and
+        its commit awaited through a committed-read long poll, not acks=all: a read makes no
+        durability promise, so it must not need min.insync.replicas. RF=1: committed at once.
+        Failure is a retriable NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE, never the cache."""
+        p = ld.partition
+
+        def still_leader() -> None:
+            part = self.rm.partitions.get((OFFSETS_TOPIC, p))
+            if (self.loaded.get(p) is not ld or part is None or not part.is_leader
+                    or part.leader_epoch != ld.leader_epoch):
+                raise KraftlogError(ErrorCode.NOT_COORDINATOR,
+                                    f"broker {self.config.broker_id} no longer leads {OFFSETS_TOPIC}-{p} at "
+                                    f"leader epoch {ld.leader_epoch}; refresh the coordinator "
+                                    "(GET /v1/groups/<group>/coordinator) and retry")
+        still_leader()
+        batch = rb.build_batch([rb.Record(grec.barrier_key(), grec.barrier_value(self.config.broker_id,
+                                                                                  ld.leader_epoch))])
+        timeout_ms = self.config.offsets_commit_timeout_ms
+        try:
+            res = await self.rm.append(OFFSETS_TOPIC, p, batch, acks=ACKS_LEADER)
+            got = await self.rm.fetch(OFFSETS_TOPIC, p, res.last_offset, max_bytes=1, max_wait_ms=timeout_ms)
+        except KraftlogError as e:
+            raise KraftlogError(_APPEND_ERRORS.get(e.code, ErrorCode.COORDINATOR_NOT_AVAILABLE),
+                                f"confirming the leadership of {OFFSETS_TOPIC}-{p} failed ({e.code.name}: "
+                                f"{e.message}); the group coordinator may have moved: refresh it and retry") from None
+        if not got.records:
+            raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                f"the in-sync replicas of {OFFSETS_TOPIC}-{p} did not confirm broker "
+                                f"{self.config.broker_id} as its leader within {timeout_ms} ms "
+                                "(offsets_commit_timeout_ms); the coordinator may be moving: refresh it and retry")
+        still_leader()
+
     async def _ensure_offsets_topic(self) -> None:
         img = self.app.image
         if OFFSETS_TOPIC in img.topics:
@@ -499,6 +541,7 @@ class GroupCoordinator:
         group = request.match_info["group"]
 
         async def go(ld: _Loaded) -> web.Response:
+            await self._read_barrier(ld)    # never answer from the cache of a deposed coordinator
             await self._import_legacy(ld, group)
             return _json({"offsets": [{"topic": t, "partition": p, "offset": om.offset}
                                       for t, p, om in ld.state.fetch_offsets(group)]})
@@ -538,6 +581,7 @@ class GroupCoordinator:
         group = request.match_info["group"]
 
         async def go(ld: _Loaded) -> web.Response:
+            await self._read_barrier(ld)
             now = _now_ms()
             d = ld.state.describe(group, now)
             if d is None:

@@ -1,10 +1,13 @@
 """`__consumer_offsets` records: keys and values with a deterministic encoding.
 
-Two record kinds, both keyed so that log compaction keeps only the latest per key:
+Record kinds, all keyed so that log compaction keeps only the latest per key:
 - offset commit: key {"type": "offset", "group", "topic", "partition"} ->
   value {"offset", "metadata", "commit_timestamp_ms"}; a tombstone (value None) deletes it;
 - group metadata: key {"type": "group", "group"} -> the whole group state
-  (epochs, assignor, members with their assignments, target assignment); tombstone deletes.
+  (epochs, assignor, members with their assignments, target assignment); tombstone deletes;
+- read barrier: one fixed key {"type": "barrier"} -> {"broker_id", "leader_epoch"}, written
+  by a coordinator before it answers a read of group state (see README.md); it carries no
+  state, `decode_key` rejects it, so a replay skips it.
 
 Encoding: canonical JSON (sorted keys, no spaces, UTF-8) with a version field "v", so equal
 states give equal bytes and a replay is byte-for-byte reproducible. Group -> partition is
@@ -45,6 +48,14 @@ def group_key(group: str) -> bytes:
 
 def group_value(state: dict) -> bytes:
     return canonical(dict(state, v=RECORD_VERSION))
+
+
+def barrier_key() -> bytes:
+    return canonical({"v": RECORD_VERSION, "type": "barrier"})
+
+
+def barrier_value(broker_id: int, leader_epoch: int) -> bytes:
+    return canonical({"v": RECORD_VERSION, "broker_id": broker_id, "leader_epoch": leader_epoch})
 
 
 def decode_key(key: bytes) -> dict:

@@ -3,6 +3,9 @@ session expiry, fencing of stale commits, describe with lag, forwarding from any
 and the coordinator moving to another broker with the group's state intact."""
 import asyncio
 
+from broker_harness import start_broker, stop_broker
+from fake_controller import FakeControllerClient
+
 from partitions.groups.records import OFFSETS_TOPIC, partition_for_group
 
 
@@ -181,6 +184,32 @@ async def test_under_replicated_offsets_partition_is_coordinator_not_available(t
     assert "NOT_ENOUGH_REPLICAS" in doc["message"]
     doc = await (await b1.client.get("/v1/groups/gu/offsets")).json()
     assert doc["offsets"][0]["offset"] == 1   # the refused commit is not visible
+
+
+async def test_offsets_are_not_read_from_the_cache_without_the_followers_confirming_the_leader(tmp_path):
+    """Read barrier: a coordinator cut off from its ISR followers (it may have been deposed
+    without knowing) answers a retriable error, not its possibly stale cache."""
+    controller = FakeControllerClient()
+    brokers = [await start_broker(tmp_path, controller, i, offsets_commit_timeout_ms=300) for i in (1, 2)]
+    try:
+        b1 = brokers[0]
+        await create(b1.client, "tb", 1)
+        await post(b1.client, "/v1/groups/gb/offsets", {"offsets": [{"topic": "tb", "partition": 0, "offset": 4}]})
+        reg = controller.image.topics[OFFSETS_TOPIC].partitions[partition_for_group("gb", 10)]
+        assert len(reg.isr) == 2
+        coord, follower = sorted(brokers, key=lambda h: h.config.broker_id != reg.leader)
+        doc = await (await coord.client.get("/v1/groups/gb/offsets")).json()
+        assert doc["offsets"][0]["offset"] == 4                 # followers confirm: served
+        await follower.fetcher.close()                           # the follower stops fetching from it
+        r = await coord.client.get("/v1/groups/gb/offsets")
+        doc = await r.json()
+        assert r.status == 503 and doc["error_code"] == "COORDINATOR_NOT_AVAILABLE", doc
+        assert "retry" in doc["message"]
+        r = await coord.client.get("/v1/groups/gb")
+        assert r.status == 503, await r.text()                  # describe reads group state too
+    finally:
+        for h in brokers:
+            await stop_broker(h)
 
 
 async def test_new_partitions_are_assigned_and_deleted_topics_lose_their_offsets(broker):

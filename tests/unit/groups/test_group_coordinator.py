@@ -189,6 +189,18 @@ def test_encoding_is_deterministic():
     assert rec.partition_for_group("g", 10) == rec.partition_for_group("g", 10) < 10
 
 
+def test_read_barrier_records_have_one_key_and_replay_skips_them():
+    assert rec.barrier_key() == rec.barrier_key() == b'{"type":"barrier","v":1}'   # compaction keeps one
+    st = new_state()
+    recs = st.prepare_commit("g", [("t", 0, 5)], 1)
+    st.apply(recs, 0, 1)
+    fresh = new_state()
+    log = recs + [(rec.barrier_key(), rec.barrier_value(1, 3))]
+    for i, (k, v) in enumerate(log):
+        fresh.replay(k, v, i, 1)
+    assert fresh.groups == st.groups and fresh.offsets == st.offsets
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_replay_rebuilds_the_same_state(seed):
     """Random joins / heartbeats / leaves / expiries / commits; replaying every written record
