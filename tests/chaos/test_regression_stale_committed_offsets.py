@@ -21,6 +21,7 @@ partition; a fix here (owner: consumer groups, http_api/group_routes.py): answer
 fetches only while the local replica is provably leader (e.g. its followers fetched within
 replica.lag.time.max.ms / a fresh metadata heartbeat), else NOT_COORDINATOR /
 COORDINATOR_NOT_AVAILABLE so the client retries on the new coordinator.
+Fixed in d227b69 (groups: read barrier before answering group state).
 """
 from __future__ import annotations
 
