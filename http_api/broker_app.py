@@ -529,15 +529,22 @@ class BrokerApp:
         media = codecs.negotiate_response_type(request.headers.get("Accept"), mt)
         if media == RAW_BATCH:
             media = JSON
+        duplicate = bool(getattr(res, "duplicate", False))
+        unknown = duplicate and res.first_offset < 0  # appended before the cached 5 batches
         if headers is not None:
             entries = []
             off = res.first_offset
             for h in headers:
                 last = off + h.last_offset_delta
-                entries.append({"partition": partition, "offset": off, "last_offset": last})
+                entries.append({"partition": partition, "offset": -1 if unknown else off,
+                                "last_offset": -1 if unknown else last})
                 off = last + 1
         else:
-            entries = [{"partition": partition, "offset": res.first_offset + j} for j in range(n_records)]
+            entries = [{"partition": partition, "offset": -1 if unknown else res.first_offset + j}
+                       for j in range(n_records)]
+        if unknown:
+            for e in entries:
+                e["duplicate"] = True
         return _json_response({"offsets": entries}, 200, media)
 
     # ---- fetch -------------------------------------------------------------------------

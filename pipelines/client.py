@@ -300,6 +300,12 @@ class Cluster:
                                          headers={"Content-Type": CBOR_TYPE, "Accept": "application/json"})
         return json.loads(data) if data else {}
 
+    def init_producer_id(self) -> dict:
+        """A fresh idempotent producer id: {"producer_id", "producer_epoch"}."""
+        _, _, data = self._any_broker("POST", "/v1/producer-ids", body=b"{}",
+                                      headers={"Content-Type": "application/json"})
+        return json.loads(data)
+
     # -- admin helpers used by tests, examples and the bench -----------------------------
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,

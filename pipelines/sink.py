@@ -8,9 +8,13 @@ partition that rotates after each sent batch), `headers` (array<struct<key, valu
 Each Spark task (`write`) gets Arrow batches, groups rows by (topic, partition), encodes
 record batches straight from the Arrow buffers (pipelines/arrow_codec.py) and POSTs them to
 the partition leader as `application/vnd.kraftlog.batch` (CBOR when a broker does not take
-raw batches). Delivery is at-least-once: a retried task or micro-batch may append again.
-`ProducerIdentity` is the seam for idempotence: it stamps producer id / epoch / sequence
-numbers into every batch; today it is the "no idempotence" identity (-1s).
+raw batches). Writes go through the idempotent producer (`IdempotentIdentity`): the driver
+takes one producer id per write (batch) or per query run (stream) from `POST
+/v1/producer-ids`, every task derives its own id from it and its Spark partition id, and
+batching is deterministic, so a retried task re-sends the same batches with the same
+sequences and the broker answers them as duplicates. Duplicates are recognised by sequence,
+not content: a retried task must see the same rows in the same order (docs/SPARK.md
+"Delivery guarantee"); `kraftlog.enable.idempotence=false` gives at-least-once.
 """
 from __future__ import annotations
 
@@ -51,11 +55,8 @@ class KraftlogCommitMessage(WriterCommitMessage):
 class ProducerIdentity:
     """Producer id, epoch and per-partition sequence numbers stamped into batches.
 
-    Without idempotence (today) everything is -1 and the broker skips duplicate checks.
-    An idempotent identity (producer ids come with a later issue) returns the id and epoch
-    handed out by the cluster and advances one sequence per (topic, partition) by the
-    record count of each batch, so a retried request is recognised as a duplicate.
-    """
+    This base identity is "no idempotence": everything is -1 and the broker skips
+    duplicate checks (at-least-once)."""
 
     producer_id = -1
     producer_epoch = -1
@@ -64,13 +65,78 @@ class ProducerIdentity:
         return -1
 
 
+# Derived producer ids: DERIVED_FLAG | base << 30 | generation << 18 | spark partition id.
+# `base` is an id handed out by POST /v1/producer-ids (the controller allocates them
+# sequentially from 0, so ids with bit 62 set are never handed out to anyone else).
+DERIVED_FLAG = 1 << 62
+spark_partition_bits = 18
+generation_bits = 12
+base_bits = 62 - spark_partition_bits - generation_bits
+epoch_bits = 15  # producer_epoch is an int16
+
+
+def derived_producer_id(base: int, spark_partition: int, batch_id: int | None) -> tuple[int, int] | None:
+    """(producer id, epoch) of one Spark task: batch writes use epoch 0, streaming writes
+    epoch = batchId mod 2**15 with the higher bits of batchId in `generation`, so each
+    micro-batch starts a new epoch at sequence 0. None when a field does not fit."""
+    batch_id = batch_id or 0
+    generation, epoch = batch_id >> epoch_bits, batch_id & ((1 << epoch_bits) - 1)
+    if not (0 <= base < 1 << base_bits and 0 <= spark_partition < 1 << spark_partition_bits
+            and 0 <= generation < 1 << generation_bits):
+        return None
+    pid = DERIVED_FLAG | base << (spark_partition_bits + generation_bits) \
+        | generation << spark_partition_bits | spark_partition
+    return pid, epoch
+
+
+class IdempotentIdentity(ProducerIdentity):
+    """One task's idempotent identity: fixed producer id and epoch, one sequence counter per
+    (topic, partition) starting at 0 and advanced by each batch's record count. A retried
+    task gets the same id and epoch and, with the same rows, the same batches and sequences."""
+
+    def __init__(self, producer_id: int, producer_epoch: int):
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self._sequences: dict = {}
+
+    def next_sequence(self, topic: str, partition: int, record_count: int) -> int:
+        seq = self._sequences.get((topic, partition), 0)
+        self._sequences[(topic, partition)] = seq + record_count
+        return seq
+
+
+def task_identity(base_producer_id: int, spark_partition: int | None,
+                  batch_id: int | None) -> ProducerIdentity:
+    """The identity of one task; the non-idempotent one (with a warning) when there is no
+    base id, no partition id, or the ids do not fit the derived layout."""
+    if base_producer_id is None or base_producer_id < 0 or spark_partition is None:
+        return ProducerIdentity()
+    derived = derived_producer_id(base_producer_id, spark_partition, batch_id)
+    if derived is None:
+        import warnings
+        warnings.warn(f"kraftlog sink: cannot derive an idempotent producer id (base {base_producer_id}, "
+                      f"partition {spark_partition}, batch {batch_id}); this task writes at-least-once")
+        return ProducerIdentity()
+    return IdempotentIdentity(*derived)
+
+
+def allocate_base_producer_id(sink: opt.SinkOptions) -> int:
+    """One producer id from the cluster (driver side, when a write is planned); -1 (no
+    idempotence) with kraftlog.enable.idempotence=false."""
+    if not sink.idempotence:
+        return -1
+    cluster = Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer")
+    return int(cluster.init_producer_id()["producer_id"])
+
+
 class PartitionedProducer:
     """Buffers Arrow rows per (topic, partition) and sends record batches to leaders."""
 
     def __init__(self, sink: opt.SinkOptions, identity: ProducerIdentity | None = None,
-                 cluster: Cluster | None = None):
+                 cluster: Cluster | None = None, seed: int = 0):
         self.sink = sink
         self.identity = identity or ProducerIdentity()
+        self._random = random.Random(seed)  # sticky partitions: the same on a retried task
         self.cluster = cluster or Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer")
         self._pending: dict = {}   # (topic, partition) -> list of (keys, values, headers)
         self._pending_bytes: dict = {}
@@ -95,7 +161,7 @@ class PartitionedProducer:
     def _sticky_partition(self, topic: str, n: int) -> int:
         part = self._sticky.get(topic)
         if part is None or part >= n:
-            part = self._sticky[topic] = random.randrange(n)
+            part = self._sticky[topic] = self._random.randrange(n)
         return part
 
     def append_batch(self, batch) -> None:
@@ -289,7 +355,8 @@ def _offset_span(answer: dict, rows: int):
     """(first, last) offsets from a produce answer, whatever shape the broker used."""
     if not isinstance(answer, dict):
         return None, None
-    offsets = [o for o in answer.get("offsets") or [] if isinstance(o, dict) and o.get("offset") is not None]
+    offsets = [o for o in answer.get("offsets") or []
+               if isinstance(o, dict) and o.get("offset") is not None and int(o["offset"]) >= 0]
     if offsets:
         first = min(int(o["offset"]) for o in offsets)
         if any("last_offset" in o for o in offsets):  # raw batches: one entry per batch
@@ -298,28 +365,45 @@ def _offset_span(answer: dict, rows: int):
             return first, first + rows - 1
         return first, max(int(o["offset"]) for o in offsets)
     base = answer.get("base_offset")
-    if base is not None:
+    if base is not None and int(base) >= 0:
         return int(base), int(base) + rows - 1
     return None, None
 
 
-def _write(sink: opt.SinkOptions, iterator: Iterator) -> KraftlogCommitMessage:
-    producer = PartitionedProducer(sink)
+def write_partition(sink: opt.SinkOptions, iterator: Iterator, base_producer_id: int | None,
+                    spark_partition: int | None, batch_id: int | None = None) -> KraftlogCommitMessage:
+    """What one Spark task does: route, batch and send its rows with its own identity."""
+    identity = task_identity(base_producer_id, spark_partition, batch_id)
+    producer = PartitionedProducer(sink, identity, seed=spark_partition or 0)
     for batch in iterator:
         producer.append_batch(batch)
     producer.flush()
     return producer.commit_message()
 
 
-class KraftlogWriter(DataSourceArrowWriter):
-    """Batch write; each task returns a KraftlogCommitMessage (appends are not transactional)."""
+def _task() -> tuple[int | None, int | None]:
+    """(Spark partition id, streaming batchId) of the running task; (None, None) outside Spark."""
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None, None
+    batch_id = ctx.getLocalProperty("streaming.sql.batchId")
+    return ctx.partitionId(), None if batch_id is None else int(batch_id)
 
-    def __init__(self, sink: opt.SinkOptions, schema: StructType):
+
+class KraftlogWriter(DataSourceArrowWriter):
+    """Batch write; each task returns a KraftlogCommitMessage (appends are not transactional,
+    but idempotent: `base_producer_id` is taken on the driver, see IdempotentIdentity)."""
+
+    def __init__(self, sink: opt.SinkOptions, schema: StructType, base_producer_id: int | None = None):
         self.sink = sink
         _check_schema(schema, sink)
+        self.base_producer_id = (allocate_base_producer_id(sink) if base_producer_id is None
+                                 else base_producer_id)
 
     def write(self, iterator) -> KraftlogCommitMessage:
-        return _write(self.sink, iterator)
+        spark_partition, _ = _task()
+        return write_partition(self.sink, iterator, self.base_producer_id, spark_partition)
 
     def commit(self, messages) -> None:
         pass
@@ -329,14 +413,22 @@ class KraftlogWriter(DataSourceArrowWriter):
 
 
 class KraftlogStreamWriter(DataSourceStreamArrowWriter):
-    """Streaming write, one call of `write` per task per micro-batch."""
+    """Streaming write, one call of `write` per task per micro-batch. The base producer id is
+    taken once per query run; each micro-batch is a new producer epoch (batchId), so a retried
+    task within a run is deduplicated. A replay after a driver restart gets a new base id:
+    at-least-once across restarts."""
 
-    def __init__(self, sink: opt.SinkOptions, schema: StructType):
+    def __init__(self, sink: opt.SinkOptions, schema: StructType, base_producer_id: int | None = None):
         self.sink = sink
         _check_schema(schema, sink)
+        self.base_producer_id = (allocate_base_producer_id(sink) if base_producer_id is None
+                                 else base_producer_id)
 
     def write(self, iterator) -> KraftlogCommitMessage:
-        return _write(self.sink, iterator)
+        spark_partition, batch_id = _task()
+        if batch_id is None:  # not in a micro-batch: no epoch to tell batches apart
+            return write_partition(self.sink, iterator, None, None)
+        return write_partition(self.sink, iterator, self.base_producer_id, spark_partition, batch_id)
 
     def commit(self, messages, batchId: int) -> None:
         pass

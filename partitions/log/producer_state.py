@@ -9,6 +9,11 @@ batch with producer_id >= 0 and base_sequence >= 0 (`check`):
 - same epoch, (first_seq, last_seq) equal to one of the last 5 batches
                                           -> duplicate: the original offsets are returned
                                              (AppendInfo.duplicate=True), nothing is written
+- same epoch, first_seq <= last_seq <= the last appended sequence (a batch older than the
+  5 cached ones; sequences only grow per producer per partition)
+                                          -> duplicate with unknown offsets (-1), nothing written
+  A request is answered as a duplicate only when all its batches are; duplicates followed
+  by new batches in one request are OutOfOrderSequenceError (nothing is written).
 - same epoch, first_seq != last_seq + 1   -> OutOfOrderSequenceError
 - unknown producer id                     -> accepted with any sequence (state may have been
                                              lost with deleted segments)
@@ -79,6 +84,19 @@ class ProducerStateEntry:
             if batch[0] == first_seq and batch[1] == last_seq:
                 return batch
         return None
+
+
+def _duplicate_info(duplicates: list, num_records: int) -> "AppendInfo":
+    """AppendInfo answering a request whose batches were all appended before: the cached
+    offsets when every batch is in the window and they are contiguous, else -1 (unknown)."""
+    from .log import AppendInfo
+
+    first, last, max_ts = duplicates[0][2], duplicates[-1][3], max(d[4] for d in duplicates)
+    known = all(d[2] >= 0 for d in duplicates) and all(
+        a[3] + 1 == b[2] for a, b in zip(duplicates, duplicates[1:]))
+    if not known:
+        first = last = -1
+    return AppendInfo(first, last, max_ts, -1, num_records, 0, duplicate=True)
 
 
 class ProducerStateManager:
@@ -156,13 +174,18 @@ class ProducerStateManager:
         """Validate the sequence numbers of a leader append (raw header tuples and
         (pos, base, next, size, max_ts) entries). Returns the original AppendInfo for a
         duplicate, None to go ahead; raises for out-of-order or fenced producers."""
-        from .log import AppendInfo
-
         pending: dict[int, tuple[int, int]] = {}
+        duplicates: list = []
+        plain = False  # a batch without producer id / sequence in this request
         for (_, h), entry in zip(batches, entries):
             pid = h[H_PRODUCER_ID]
             seq = h[H_BASE_SEQUENCE]
             if pid < 0 or seq < 0 or h[H_ATTRIBUTES] & CONTROL_MASK:
+                if duplicates:
+                    raise OutOfOrderSequenceError(
+                        "a request mixes already-appended idempotent batches with other batches: "
+                        "resend each request exactly as it was first sent")
+                plain = True
                 continue
             epoch = h[H_PRODUCER_EPOCH]
             last_seq = last_sequence(seq, h[H_LAST_OFFSET_DELTA])
@@ -190,14 +213,28 @@ class ProducerStateManager:
                 continue
             if pid not in pending and known is not None:
                 dup = known.find_duplicate(seq, last_seq)
+                if dup is None and known.batches and seq <= last_seq <= known.last_seq:
+                    dup = (seq, last_seq, -1, -1, -1)  # appended before the cached window
                 if dup is not None:
-                    return AppendInfo(dup[2], dup[3], dup[4], -1, dup[3] - dup[2] + 1, 0, duplicate=True)
+                    duplicates.append(dup)
+                    continue
+            if duplicates:
+                raise OutOfOrderSequenceError(
+                    f"producer {pid} sent new batches after already-appended ones in one request "
+                    f"(sequence {seq} follows duplicates): send each batch exactly as it was first sent"
+                )
             if current_last >= 0 and not in_sequence(current_last, seq):
                 raise OutOfOrderSequenceError(
                     f"producer {pid} epoch {epoch} sent sequence {seq}, expected {(current_last + 1) & _SEQ_MASK}"
                 )
             pending[pid] = (epoch, last_seq)
-        return None
+        if not duplicates:
+            return None
+        if pending or plain:
+            raise OutOfOrderSequenceError(
+                "a request mixes already-appended idempotent batches with new ones: "
+                "resend each request exactly as it was first sent")
+        return _duplicate_info(duplicates, sum(d[1] - d[0] + 1 for d in duplicates))
 
     def update(self, batches: list, entries: list, now_ms: int) -> None:
         """Record the appended batches (leader or follower append)."""

@@ -59,6 +59,7 @@ class AppendResult:
     last_offset: int
     log_append_time_ms: int
     log_start_offset: int
+    duplicate: bool = False  # an idempotent retry: nothing appended, offsets -1 when unknown
 
 
 @dataclass
@@ -336,10 +337,14 @@ class ReplicaManager:
         needs_flush = getattr(lg, "needs_flush", None)
         if needs_flush is not None and needs_flush():
             await self._flush(key, lg, info.last_offset + 1)
+        duplicate = bool(getattr(info, "duplicate", False))
         result = AppendResult(info.first_offset, info.last_offset,
-                              getattr(info, "log_append_time_ms", -1) or -1, lg.log_start_offset)
-        if acks == ACKS_ALL and part.high_watermark <= info.last_offset:
-            await self._await_high_watermark(key, info.last_offset, timeout_ms)
+                              getattr(info, "log_append_time_ms", -1) or -1, lg.log_start_offset,
+                              duplicate)
+        # a duplicate with unknown offsets was appended somewhere below the log end
+        wait_for = info.last_offset if info.last_offset >= 0 else lg.log_end_offset - 1
+        if acks == ACKS_ALL and part.high_watermark <= wait_for:
+            await self._await_high_watermark(key, wait_for, timeout_ms)
         return result
 
     async def _flush(self, key, lg, up_to: int) -> None:

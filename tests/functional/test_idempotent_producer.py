@@ -61,3 +61,23 @@ async def test_python_producer_is_idempotent_by_default(broker, monkeypatch):
         for _ in range(5):
             got.extend(await consumer.poll(200))
     assert [r.value for r in got] == [b"v0", b"v1", b"v2"]  # written once despite the resend
+
+
+async def test_a_resent_batch_older_than_the_cached_five_is_a_duplicate_with_unknown_offsets(broker):
+    await broker.client.post("/v1/topics", json={"name": "old", "partitions": 1, "replication_factor": 1})
+    pid = (await (await broker.client.post("/v1/producer-ids", json={})).json())["producer_id"]
+    url = "/v1/topics/old/partitions/0/records?acks=all"
+    hdrs = {"Content-Type": codecs.RAW_BATCH}
+
+    def batch(i):
+        return rb.build_batch([rb.Record(None, b"%d" % i)], producer_id=pid, producer_epoch=0, base_sequence=i)
+
+    for i in range(7):
+        assert (await broker.client.post(url, data=batch(i), headers=hdrs)).status == 200
+    r = await broker.client.post(url, data=batch(0) + batch(1), headers=hdrs)  # a retried task re-sends
+    assert r.status == 200
+    assert (await r.json())["offsets"] == [{"partition": 0, "offset": -1, "last_offset": -1, "duplicate": True}] * 2
+    r = await broker.client.post(url, data=batch(6), headers=hdrs)  # in the cached window: real offsets
+    assert (await r.json())["offsets"] == [{"partition": 0, "offset": 6, "last_offset": 6}]
+    r = await broker.client.get("/v1/topics/old/partitions/0/records", params={"offset": "0"})
+    assert [x["value"] for x in (await r.json())["records"]] == [str(i) for i in range(7)]

@@ -37,9 +37,64 @@ def test_only_last_five_batches_are_remembered(tmp_path):
     lg = _open(tmp_path)
     for i in range(6):
         lg.append_as_leader(_pb(2 * i), 0)
-    assert lg.append_as_leader(_pb(2), 0).duplicate  # batch 2 of 6: still cached
+    cached = lg.append_as_leader(_pb(2), 0)  # batch 2 of 6: still cached
+    assert cached.duplicate and cached.first_offset == 2
+    evicted = lg.append_as_leader(_pb(0), 0)  # evicted: a duplicate whose offsets are unknown
+    assert evicted.duplicate and (evicted.first_offset, evicted.last_offset) == (-1, -1)
+    assert lg.log_end_offset == 12
+
+
+def test_any_batch_at_or_below_the_last_sequence_is_a_duplicate(tmp_path):
+    """A retried Spark task re-sends more than 5 old batches, in the same order."""
+    lg = _open(tmp_path)
+    for i in range(10):
+        lg.append_as_leader(_pb(2 * i), 0)
+    size = lg.size_bytes
+    for i in range(10):
+        info = lg.append_as_leader(_pb(2 * i), 0)
+        assert info.duplicate and info.num_records == 2
+        assert (info.first_offset >= 0) == (i >= 5)
+    assert lg.size_bytes == size and lg.log_end_offset == 20
+    assert lg.append_as_leader(_pb(3, n=1), 0).duplicate  # inside old ranges: still below the last one
+    assert not lg.append_as_leader(_pb(20), 0).duplicate
+    assert lg.log_end_offset == 22
+
+
+def test_partial_overlap_or_gap_stays_out_of_order(tmp_path):
+    lg = _open(tmp_path)
+    for i in range(7):
+        lg.append_as_leader(_pb(2 * i), 0)  # sequences 0..13
+    with pytest.raises(OutOfOrderSequenceError, match="expected 14"):
+        lg.append_as_leader(_pb(12, n=4), 0)  # 12..15 straddles the last sequence
+    with pytest.raises(OutOfOrderSequenceError, match="expected 14"):
+        lg.append_as_leader(_pb(16), 0)
     with pytest.raises(OutOfOrderSequenceError):
-        lg.append_as_leader(_pb(0), 0)  # evicted: now just out of order
+        lg.append_as_leader(_pb(0, n=20), 0)  # 0..19 overlaps and skips ahead
+    assert lg.log_end_offset == 14
+
+
+def test_a_request_of_only_duplicates_answers_their_span(tmp_path):
+    lg = _open(tmp_path)
+    lg.append_as_leader(_pb(0) + _pb(2), 0)
+    lg.append_as_leader(_pb(4), 0)
+    info = lg.append_as_leader(_pb(0) + _pb(2), 0)
+    assert info.duplicate and (info.first_offset, info.last_offset, info.num_records) == (0, 3, 4)
+
+
+def test_duplicates_followed_by_new_batches_in_one_request_are_refused(tmp_path):
+    """Answering such a request as a duplicate would drop the new batches."""
+    lg = _open(tmp_path)
+    lg.append_as_leader(_pb(0), 0)
+    with pytest.raises(OutOfOrderSequenceError, match="already-appended"):
+        lg.append_as_leader(_pb(0) + _pb(2), 0)
+    with pytest.raises(OutOfOrderSequenceError, match="already-appended"):
+        lg.append_as_leader(_pb(0) + make_batch(1), 0)
+    with pytest.raises(OutOfOrderSequenceError, match="already-appended"):
+        lg.append_as_leader(_pb(0) + _pb(0, pid=8), 0)
+    with pytest.raises(OutOfOrderSequenceError, match="already-appended"):
+        lg.append_as_leader(make_batch(1) + _pb(0), 0)
+    assert lg.log_end_offset == 2
+    assert not lg.append_as_leader(_pb(2), 0).duplicate
 
 
 def test_out_of_order_sequence_is_refused(tmp_path):
