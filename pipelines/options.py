@@ -234,7 +234,7 @@ class SinkOptions:
     compression: str = "none"
     batch_bytes: int = producer_batch_bytes_default
     linger_records: int = producer_linger_records_default
-    idempotence: bool = True
+    idempotence: bool = False
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -254,7 +254,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                          "kraftlog.batch.size", 1024),
         linger_records=_int(opts.get("kraftlog.linger.records", producer_linger_records_default),
                             "kraftlog.linger.records", 1),
-        idempotence=_bool(opts.get("kraftlog.enable.idempotence", "true"), "kraftlog.enable.idempotence"),
+        idempotence=_bool(opts.get("kraftlog.enable.idempotence", "false"), "kraftlog.enable.idempotence"),
     )
 
 

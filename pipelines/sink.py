@@ -8,13 +8,14 @@ partition that rotates after each sent batch), `headers` (array<struct<key, valu
 Each Spark task (`write`) gets Arrow batches, groups rows by (topic, partition), encodes
 record batches straight from the Arrow buffers (pipelines/arrow_codec.py) and POSTs them to
 the partition leader as `application/vnd.kraftlog.batch` (CBOR when a broker does not take
-raw batches). Writes go through the idempotent producer (`IdempotentIdentity`): the driver
+raw batches). Default: at-least-once. With kraftlog.enable.idempotence=true writes go
+through the idempotent producer (`IdempotentIdentity`): the driver
 takes one producer id per write (batch) or per query run (stream) from `POST
 /v1/producer-ids`, every task derives its own id from it and its Spark partition id, and
 batching is deterministic, so a retried task re-sends the same batches with the same
 sequences and the broker answers them as duplicates. Duplicates are recognised by sequence,
 not content: a retried task must see the same rows in the same order (docs/SPARK.md
-"Delivery guarantee"); `kraftlog.enable.idempotence=false` gives at-least-once.
+"Delivery guarantee"), which is why it is off by default (a reordered retry would drop rows).
 """
 from __future__ import annotations
 

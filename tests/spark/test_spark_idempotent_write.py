@@ -23,7 +23,9 @@ SCHEMA = "key string, value string"
 
 
 def _sink(url, topic, **extra):
-    return opt.parse_sink_options({"kraftlog.bootstrap.servers": url, "topic": topic, **extra})
+    """Sink options with idempotence on (it is opt-in) unless the test says otherwise."""
+    return opt.parse_sink_options({"kraftlog.bootstrap.servers": url, "topic": topic,
+                                   "kraftlog.enable.idempotence": "true", **extra})
 
 
 def _arrow(rows, per_batch):
@@ -139,7 +141,7 @@ def test_streaming_write_stamps_one_epoch_per_micro_batch(spark, broker_url, clu
     cluster.produce_raw(source, 0, rb.build_batch([rb.Record(key=None, value=b"%d" % i) for i in range(30)]))
     q = (reader(spark, broker_url, subscribe=source, startingOffsets="earliest", maxOffsetsPerTrigger="10")
          .select("value").writeStream.format("kraftlog").option("kraftlog.bootstrap.servers", broker_url)
-         .option("topic", target).option("checkpointLocation", str(tmp_path / "chk"))
+         .option("topic", target).option("kraftlog.enable.idempotence", "true").option("checkpointLocation", str(tmp_path / "chk"))
          .trigger(availableNow=True).start())
     q.awaitTermination(120)
     assert q.exception() is None

@@ -177,3 +177,11 @@ def test_min_partitions_splits_in_proportion_to_the_backlog():
     planner = _Planner(opt.parse_source_options({**URL, "subscribe": "t", "minPartitions": "4"}, streaming=False))
     ranges = planner.ranges({("t", 0): 0, ("t", 1): 0}, {("t", 0): 30, ("t", 1): 10})
     assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 0, 10), (0, 10, 20), (0, 20, 30), (1, 0, 10)]
+
+
+def test_sink_is_at_least_once_unless_idempotence_is_asked_for():
+    """Idempotent writes drop a retried task's reordered rows as duplicates, so they are opt-in."""
+    from pipelines import options as opt
+    base = {"kraftlog.bootstrap.servers": "http://127.0.0.1:1", "topic": "t"}
+    assert opt.parse_sink_options(base).idempotence is False
+    assert opt.parse_sink_options({**base, "kraftlog.enable.idempotence": "true"}).idempotence is True
