@@ -333,19 +333,23 @@ class BrokerApp:
 
     # ---- produce -----------------------------------------------------------------------
 
-    async def produce_topic(self, request: web.Request) -> web.Response:
+    async def _measured(self, inner, request: web.Request, requests, latency) -> web.Response:
+        """Run a handler, counting it by answer status and timing it."""
         started = time.perf_counter()
         status = "500"
         try:
-            resp = await self._produce_topic(request)
+            resp = await inner(request)
             status = str(resp.status)
             return resp
         except KraftlogError as e:
             status = str(e.http_status)
             raise
         finally:
-            self.metrics.produce_requests.labels(status).inc()
-            self.metrics.produce_latency.observe(time.perf_counter() - started)
+            requests.labels(status).inc()
+            latency.observe(time.perf_counter() - started)
+
+    async def produce_topic(self, request: web.Request) -> web.Response:
+        return await self._measured(self._produce_topic, request, self.metrics.produce_requests, self.metrics.produce_latency)
 
     async def _produce_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
@@ -475,18 +479,7 @@ class BrokerApp:
                                 "retry after a metadata refresh") from None
 
     async def produce_partition(self, request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        status = "500"
-        try:
-            resp = await self._produce_partition(request)
-            status = str(resp.status)
-            return resp
-        except KraftlogError as e:
-            status = str(e.http_status)
-            raise
-        finally:
-            self.metrics.produce_requests.labels(status).inc()
-            self.metrics.produce_latency.observe(time.perf_counter() - started)
+        return await self._measured(self._produce_partition, request, self.metrics.produce_requests, self.metrics.produce_latency)
 
     async def _produce_partition(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
@@ -550,18 +543,7 @@ class BrokerApp:
     # ---- fetch -------------------------------------------------------------------------
 
     async def fetch(self, request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        status = "500"
-        try:
-            resp = await self._fetch(request)
-            status = str(resp.status)
-            return resp
-        except KraftlogError as e:
-            status = str(e.http_status)
-            raise
-        finally:
-            self.metrics.fetch_requests.labels(status).inc()
-            self.metrics.fetch_latency.observe(time.perf_counter() - started)
+        return await self._measured(self._fetch, request, self.metrics.fetch_requests, self.metrics.fetch_latency)
 
     async def _fetch(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
