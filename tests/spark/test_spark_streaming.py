@@ -34,13 +34,20 @@ def test_stream_reads_new_data_across_micro_batches(spark, broker_url, cluster, 
         while not query.recentProgress and time.monotonic() < deadline:  # initial offsets taken
             time.sleep(0.1)
         expected = []
+        batches_with_data = set()
         for round_ in range(3):
             values = [b"r%d-%d" % (round_, i) for i in range(20)]
             produce(cluster, topic, round_ % 2, values)
             expected += values
             rows = _wait_rows(spark, table, len(expected), query)
             assert sorted(bytes(r.value) for r in rows) == sorted(expected)
-        batches_with_data = [p for p in query.recentProgress if p["numInputRows"] > 0]
+            # collected each round: recentProgress keeps only the last 100 micro-batches, and
+            # 100 ms triggers on a slow machine push the early ones out
+            batches_with_data |= {p["batchId"] for p in query.recentProgress if p["numInputRows"] > 0}
+        deadline = time.monotonic() + 10  # the last batch's progress is posted after its rows
+        while len(batches_with_data) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            batches_with_data |= {p["batchId"] for p in query.recentProgress if p["numInputRows"] > 0}
         assert len(batches_with_data) >= 3
     finally:
         query.stop()
