@@ -86,6 +86,10 @@ class BrokerMetrics:
         self.fetch_latency = prom.Histogram("kraftlog_fetch_latency_seconds",
                                             "Fetch request latency (long polls included)",
                                             buckets=buckets, registry=registry)
+        self.replica_fetch_requests = prom.Counter("kraftlog_replica_fetch_requests",
+                                                   "Follower fetch requests served (as a leader)", registry=registry)
+        self.replica_fetch_bytes = prom.Counter("kraftlog_replica_fetch_bytes",
+                                                "Record batch bytes sent to followers", registry=registry)
         rm = deps.replica_manager
         g = prom.Gauge("kraftlog_partitions", "Partition replicas hosted by this broker", registry=registry)
         g.set_function(lambda: rm.local_partition_counts()[0])
@@ -625,7 +629,10 @@ class BrokerApp:
                 chunks.append(res.records)
         head = replica_client.encode_fetch_header(entries)
         resp = web.StreamResponse(headers={"Content-Type": replica_client.REPLICA_FETCH_MEDIA})
-        resp.content_length = len(head) + sum(len(c) for c in chunks)
+        body_bytes = sum(len(c) for c in chunks)
+        self.metrics.replica_fetch_requests.inc()
+        self.metrics.replica_fetch_bytes.inc(body_bytes)
+        resp.content_length = len(head) + body_bytes
         await resp.prepare(request)
         await resp.write(head)
         for c in chunks:

@@ -321,6 +321,8 @@ async def run_broker_async(config: BrokerConfig, stop: Optional[asyncio.Event] =
 
 def run_broker(config: BrokerConfig) -> None:
     """Blocking entry point (uvloop when available) until SIGINT/SIGTERM."""
+    from http_api import malloc_tuning
+    malloc_tuning.apply(config.malloc_mmap_threshold_bytes, config.malloc_trim_threshold_bytes)
     try:
         import uvloop
         uvloop.run(run_broker_async(config))

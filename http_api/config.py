@@ -37,6 +37,9 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = 30_000
     replica_fetch_wait_max_ms: int = 500       # follower long poll on its leader
     replica_fetch_backoff_ms: int = 200        # after a failed replica fetch
+    # process memory (http_api/malloc_tuning.py; 0 keeps glibc's default)
+    malloc_mmap_threshold_bytes: int = 64 * MiB    # buffers below this come from the heap, not fresh mmaps
+    malloc_trim_threshold_bytes: int = 256 * MiB   # freed heap kept for reuse up to this much
     # background jobs
     log_retention_check_interval_ms: int = 300_000
     offset_checkpoint_interval_ms: int = 60_000
