@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -169,15 +170,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--partitions-mass", type=int, default=150)
     args = ap.parse_args(argv)
     base = tempfile.mkdtemp(prefix="kraftlog-repl-bench-")
-    print(f"data under {base}")
+    print(f"data under {base} (removed at the end)")
+    try:
+        run_all(args, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _fresh_topic(c: ReplicatedCluster, name: str, rf: int) -> None:
+    """(Re)create a throughput topic: a round writes GBs, so each starts from an empty topic
+    and the disk holds at most one round's data."""
+    status, doc = http("DELETE", f"{c.urls[0]}/v1/topics/{name}")
+    if status not in (200, 202, 204, 404):
+        raise RuntimeError(f"delete topic {name}: {status} {doc}")
+    c.wait_for(lambda: http("GET", f"{c.urls[0]}/v1/topics/{name}")[0] == 404, 30, f"{name} deleted")
+    c.create_topic(name, PARTITIONS, rf)
+
+
+def run_all(args, base: str) -> None:
     with ReplicatedCluster(base, brokers=3) as c:
-        c.create_topic("rf1", PARTITIONS, 1)
-        c.create_topic("rf3", PARTITIONS, 3)
         for conc in [int(x) for x in str(args.concurrency).split(",")]:
             rf1, rf3 = [], []
             for r in range(args.rounds):
                 order = [("rf1", "1", rf1), ("rf3", "all", rf3)]
                 for topic, acks, out in (order if r % 2 == 0 else order[::-1]):
+                    _fresh_topic(c, topic, 1 if topic == "rf1" else 3)
                     out.append(asyncio.run(produce_throughput(c, topic, acks, args.seconds, conc)))
             a, b = statistics.median(rf1), statistics.median(rf3)
             print(f"[{conc} in flight] produce RF=1 acks=1:   {a:>10,.0f} records/s  {a * RECORD_BYTES / 1e6:6.1f} MB/s"
@@ -205,7 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         n, elected, writable = asyncio.run(mass_failover(c, "mass"))
         print(f"mass failover: {n} partitions led by the killed broker; all re-elected in {elected:.2f} s, "
               f"all took an acked write within {writable:.2f} s")
-    node = [node_failover(tempfile.mkdtemp(prefix="kraftlog-repl-bench-node-")) for _ in range(args.failover_rounds)]
+        for name in ("rf1", "rf3"):
+            http("DELETE", f"{c.urls[0]}/v1/topics/{name}")
+    node = [node_failover(os.path.join(base, f"node-{i}")) for i in range(args.failover_rounds)]
     print(f"kill -9 of the active controller + a leader together -> first acked write: median "
           f"{statistics.median(node):.2f} s rounds {[round(t, 2) for t in node]}")
 
