@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="per throughput round")
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds of the throughput comparison")
-    ap.add_argument("--concurrency", default="6,24", help="requests in flight; a comma list runs each")
+    ap.add_argument("--concurrency", default="6,24,256", help="requests in flight; a comma list runs each")
     ap.add_argument("--latency-records", type=int, default=300)
     ap.add_argument("--failover-rounds", type=int, default=3)
     ap.add_argument("--partitions-mass", type=int, default=150)

@@ -264,7 +264,12 @@ class BrokerApp:
         return topic
 
     async def describe_topic(self, request: web.Request) -> web.Response:
+        """A topic's description. With `?allow_auto_create=true` (Kafka's Metadata
+        allow_auto_topic_creation, what producers send) a missing topic is created when the
+        broker's auto.create.topics.enable is on."""
         name = request.match_info["topic"]
+        if request.query.get("allow_auto_create", "").lower() == "true":
+            await self._ensure_topic(name)
         topic = self.image.topic_json(name, include_configs=True)
         if topic is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,

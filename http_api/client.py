@@ -314,17 +314,9 @@ class Producer:
         return p
 
     async def _auto_create(self, topic: str) -> None:
-        try:
-            await self.t.bootstrap_json("GET", f"/v1/topics/{topic}")
-        except KraftlogError as e:
-            if e.code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                raise
-            # like Kafka's auto.create.topics.enable: the broker's defaults decide the shape
-            try:
-                await self.t.bootstrap_json("POST", "/v1/topics", json_body={"name": topic})
-            except KraftlogError as e2:
-                if e2.code is not ErrorCode.TOPIC_ALREADY_EXISTS:
-                    raise
+        """Like a Kafka producer's metadata request: the broker creates a missing topic with
+        its defaults only if its auto.create.topics.enable is on (else UNKNOWN_TOPIC_OR_PARTITION)."""
+        await self.t.bootstrap_json("GET", f"/v1/topics/{topic}?allow_auto_create=true")
         await self.meta.refresh()
 
     async def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,

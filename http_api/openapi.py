@@ -60,6 +60,10 @@ def openapi_document(server_url: str) -> dict:
             "/v1/topics/{topic}": {
                 "parameters": [_T],
                 "get": {"summary": "Describe a topic (with configs)",
+                        "parameters": [{"name": "allow_auto_create", "in": "query", "required": False,
+                                        "schema": {"type": "boolean"},
+                                        "description": "create a missing topic with the broker's defaults "
+                                                       "if auto.create.topics.enable is on (what producers send)"}],
                         "responses": {"200": _json("Topic"), "404": _err("UNKNOWN_TOPIC_OR_PARTITION")}},
                 "delete": {"summary": "Delete a topic", "responses": {"204": {"description": "Deleted"},
                                                                        "404": _err("UNKNOWN_TOPIC_OR_PARTITION")}},

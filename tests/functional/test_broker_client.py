@@ -89,3 +89,30 @@ async def test_producer_retries_after_leader_moves(two_brokers):
     new_h = b2 if leader == 1 else b1
     r = await new_h.client.get("/v1/topics/mv/partitions/0/records", params={"offset": "0"})
     assert [x["value"] for x in (await r.json())["records"]] == ["before", "after"]
+
+
+async def test_producer_auto_creates_only_when_the_broker_allows(broker, tmp_path):
+    # broker default auto.create.topics.enable=true: the producer's first send creates it
+    async with Producer(broker.config.url, linger_ms=0) as producer:
+        fut = await producer.send("born-on-send", "v")
+        assert (await fut).offset == 0
+    async with AdminClient(broker.config.url) as admin:
+        assert "born-on-send" in await admin.list_topics()
+
+    # auto.create.topics.enable=false: the producer must not create it behind the broker's back
+    from broker_harness import start_broker
+    from fake_controller import FakeControllerClient
+    from http_api.errors import ErrorCode, KraftlogError
+    h = await start_broker(tmp_path / "off", FakeControllerClient(), auto_create_topics_enable=False)
+    try:
+        async with Producer(h.config.url, linger_ms=0, delivery_timeout_ms=3000) as producer:
+            try:
+                await (await producer.send("not-there", "v"))
+                raise AssertionError("send to a missing topic succeeded with auto-create off")
+            except KraftlogError as e:
+                assert e.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                assert "auto.create.topics.enable is off" in str(e)
+        r = await h.client.get("/v1/topics")
+        assert (await r.json()) == {"topics": []}
+    finally:
+        await h.client.close()
