@@ -29,6 +29,7 @@ from http_api.config import BrokerConfig
 from http_api.errors import ErrorCode, KraftlogError
 from http_api.group_offsets import GroupOffsetStore
 from http_api.partitioner import RoundRobin, partition_for_key
+from partitions.groups import records as grec
 from partitions.log import record_batch as rb
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
 
@@ -281,6 +282,10 @@ class BrokerApp:
         if name not in self.image.topics:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"topic {name!r} does not exist; list topics with GET /v1/topics")
+        if name == grec.OFFSETS_TOPIC:
+            raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                f"{name} is an internal topic (every group's committed offsets) and cannot be "
+                                "deleted; delete groups with DELETE /v1/groups/{group} instead")
         await self.deps.controller.delete_topic(name)
         self.deps.groups.delete_topic(name)
         await self.deps.metadata.wait_until(lambda img: name not in img.topics,

@@ -288,3 +288,18 @@ async def test_offsets_topic_waits_for_enough_live_brokers(broker):
     await ctl.publish()
     await broker.client.get("/v1/groups/gw/offsets")   # answered by broker 1 or forwarded to 7 (not running)
     assert all(len(p.replicas) == 2 for p in ctl.image.topics[OFFSETS_TOPIC].partitions.values())
+
+
+async def test_offsets_topic_cannot_be_deleted(broker):
+    c = broker.client
+    await create(c, "tk", 1)
+    m = await post(c, "/v1/groups/gk/join", {"subscribed_topics": ["tk"]})
+    await post(c, "/v1/groups/gk/offsets", {"member_id": m["member_id"], "member_epoch": m["member_epoch"],
+                                            "offsets": [{"topic": "tk", "partition": 0, "offset": 3}]})
+    assert "__consumer_offsets" in (await (await c.get("/v1/topics")).json())["topics"]
+    r = await c.delete("/v1/topics/__consumer_offsets")
+    assert r.status == 400
+    doc = await r.json()
+    assert doc["error_code"] == "INVALID_TOPIC_EXCEPTION" and "DELETE /v1/groups" in doc["message"]
+    offsets = (await (await c.get("/v1/groups/gk/offsets")).json())["offsets"]
+    assert [(o["topic"], o["offset"]) for o in offsets] == [("tk", 3)]
