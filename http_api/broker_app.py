@@ -549,7 +549,7 @@ class BrokerApp:
         else:
             entries = [{"partition": partition, "offset": -1 if unknown else res.first_offset + j}
                        for j in range(n_records)]
-        if unknown:
+        if duplicate:  # an idempotent resend: nothing appended; offsets are the original ones (or -1)
             for e in entries:
                 e["duplicate"] = True
         return _json_response({"offsets": entries}, 200, media)
