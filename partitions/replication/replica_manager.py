@@ -415,8 +415,9 @@ class ReplicaManager:
         for _, fut in self._produce_waiters.pop(key, []):
             if not fut.done():
                 fut.set_exception(KraftlogError(
-                    code, f"{key[0]}-{key[1]}: leadership changed before the write was committed; "
-                          "refresh metadata and retry"))
+                    code, f"{key[0]}-{key[1]}: leadership changed before the write was committed, so its "
+                          "outcome is unknown (the new leader may still hold it); refresh metadata and retry "
+                          "with the idempotent producer (a plain retry may write it twice)"))
 
     def follower_fetched(self, topic: str, partition: int, replica_id: int, fetch_offset: int) -> None:
         """A follower fetched at `fetch_offset`: update its LEO; the HW may move."""
