@@ -76,7 +76,7 @@ def fetch_baseline(cluster, topic: str, partitions: int, decode: str) -> tuple:
     return rows, size, time.perf_counter() - t0
 
 
-def spark_write(spark, url: str, topic: str, rows: int, value_bytes: int) -> float:
+def spark_write(spark, url: str, topic: str, rows: int, value_bytes: int, idempotence: bool = True) -> float:
     from pyspark.sql import functions as F
 
     df = spark.range(rows, numPartitions=2).select(
@@ -84,7 +84,7 @@ def spark_write(spark, url: str, topic: str, rows: int, value_bytes: int) -> flo
                  F.repeat(F.lit("x"), value_bytes - 10)).cast("binary").alias("value"))
     t0 = time.perf_counter()
     df.write.format("kraftlog").option("kraftlog.bootstrap.servers", url).option("topic", topic) \
-        .mode("append").save()
+        .option("kraftlog.enable.idempotence", str(idempotence).lower()).mode("append").save()
     return time.perf_counter() - t0
 
 
@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> None:
         results.append(("write: raw batches, 1 process, no Spark (baseline)", n, n * vb, best))
         spark_write(spark, url, topic(), min(n, 10_000), vb)  # warm up the Python workers
         best = min(spark_write(spark, url, topic(), n, vb) for _ in range(args.repeat))
-        results.append(("write: Spark df.write.format('kraftlog')", n, n * vb, best))
+        results.append(("write: Spark df.write, idempotent (default)", n, n * vb, best))
+        best = min(spark_write(spark, url, topic(), n, vb, idempotence=False) for _ in range(args.repeat))
+        results.append(("write: Spark df.write, idempotence=false", n, n * vb, best))
 
         # reads of one topic holding n rows
         data = topic()
@@ -171,8 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     arrow_rps = results[-3][1] / results[-3][3]
     spark_write_rps = results[1][1] / results[1][3]
     base_write_rps = results[0][1] / results[0][3]
+    plain_write_rps = results[2][1] / results[2][3]
     print(f"\nSpark read / Arrow-decode baseline: {spark_read_rps / arrow_rps:.2f}; "
-          f"Spark write / raw-produce baseline: {spark_write_rps / base_write_rps:.2f}")
+          f"Spark write / raw-produce baseline: {spark_write_rps / base_write_rps:.2f}; "
+          f"idempotent write / at-least-once write: {spark_write_rps / plain_write_rps:.2f}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ fetch_max_bytes_default = 4 * 1024 * 1024
 fetch_timeout_ms_default = 120_000
 producer_batch_bytes_default = 1024 * 1024
 producer_linger_records_default = 50_000
+idempotence_buffer_max_bytes_default = 512 * 1024 * 1024  # rows one idempotent task may hold (sorted before sending)
 
 TopicPartition = tuple  # (topic: str, partition: int)
 
@@ -234,7 +235,10 @@ class SinkOptions:
     compression: str = "none"
     batch_bytes: int = producer_batch_bytes_default
     linger_records: int = producer_linger_records_default
-    idempotence: bool = False
+    idempotence: bool = True
+    idempotence_buffer_max_bytes: int = idempotence_buffer_max_bytes_default
+    checkpoint_location: str | None = None    # streaming: where the writer keeps its producer id
+    failpoint_fail_after_requests: int = 0    # testing: attempt 0 of each task dies after N requests
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -254,7 +258,13 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                          "kraftlog.batch.size", 1024),
         linger_records=_int(opts.get("kraftlog.linger.records", producer_linger_records_default),
                             "kraftlog.linger.records", 1),
-        idempotence=_bool(opts.get("kraftlog.enable.idempotence", "false"), "kraftlog.enable.idempotence"),
+        idempotence=_bool(opts.get("kraftlog.enable.idempotence", "true"), "kraftlog.enable.idempotence"),
+        idempotence_buffer_max_bytes=_int(opts.get("kraftlog.idempotence.buffer.max.bytes",
+                                                   idempotence_buffer_max_bytes_default),
+                                          "kraftlog.idempotence.buffer.max.bytes", 1024),
+        checkpoint_location=opts.get("checkpointlocation") or None,
+        failpoint_fail_after_requests=_int(opts.get("kraftlog.failpoint.first.attempt.fail.after.requests", 0),
+                                           "kraftlog.failpoint.first.attempt.fail.after.requests", 0),
     )
 
 

@@ -8,14 +8,20 @@ partition that rotates after each sent batch), `headers` (array<struct<key, valu
 Each Spark task (`write`) gets Arrow batches, groups rows by (topic, partition), encodes
 record batches straight from the Arrow buffers (pipelines/arrow_codec.py) and POSTs them to
 the partition leader as `application/vnd.kraftlog.batch` (CBOR when a broker does not take
-raw batches). Default: at-least-once. With kraftlog.enable.idempotence=true writes go
-through the idempotent producer (`IdempotentIdentity`): the driver
-takes one producer id per write (batch) or per query run (stream) from `POST
-/v1/producer-ids`, every task derives its own id from it and its Spark partition id, and
-batching is deterministic, so a retried task re-sends the same batches with the same
-sequences and the broker answers them as duplicates. Duplicates are recognised by sequence,
-not content: a retried task must see the same rows in the same order (docs/SPARK.md
-"Delivery guarantee"), which is why it is off by default (a reordered retry would drop rows).
+raw batches).
+
+Default: idempotent (`kraftlog.enable.idempotence=true`), so a retried task does not
+duplicate records. The driver takes one base producer id per write (batch) or per query
+(stream, kept in the checkpoint so a restarted query reuses it); every task derives its own
+producer id from it, its Spark partition id and the micro-batch id (`IdempotentIdentity`).
+An idempotent task holds all its rows, puts them in a canonical order (rows of one key
+keep their input order; keyless rows are sorted by content and dealt out to partitions in
+contiguous blocks instead of a sticky partition), then cuts batches deterministically: a retry that
+sees the same rows, in any order, re-sends byte-identical record sections under the same
+sequences and the broker answers them as duplicates. Each duplicate whose offsets the
+broker still knows is read back and compared: a retry whose rows differ fails the task
+(`NonDeterministicRetryError`) instead of dropping rows. With idempotence off: at-least-once,
+rows sent as they come.
 """
 from __future__ import annotations
 
@@ -40,13 +46,22 @@ request_records_max_default = 100_000
 batch_overhead_bytes = 256
 
 
+class NonDeterministicRetryError(RuntimeError):
+    """A retried idempotent task re-sent a batch under used sequences with other rows."""
+
+
 @dataclasses.dataclass
 class KraftlogCommitMessage(WriterCommitMessage):
-    """What one task appended: per "topic-partition", record count and offset span."""
+    """What one task appended: per "topic-partition", record count and offset span; how many
+    of its batches were duplicates of an earlier attempt, read back and found identical
+    (`verified_duplicates`) or too old for the broker to say where they are
+    (`unverified_duplicates`)."""
 
     records: dict
     first_offsets: dict
     last_offsets: dict
+    verified_duplicates: int = 0
+    unverified_duplicates: int = 0
 
     @property
     def total(self) -> int:
@@ -130,6 +145,57 @@ def allocate_base_producer_id(sink: opt.SinkOptions) -> int:
     return int(cluster.init_producer_id()["producer_id"])
 
 
+checkpoint_file_name = "kraftlog-sink-producer.json"
+
+
+def _local_dir(location: str | None) -> str | None:
+    """A checkpoint location as a local directory, None for remote file systems."""
+    if not location:
+        return None
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    if location.startswith("file:"):
+        return location[len("file:"):]
+    return None if "://" in location else location
+
+
+def stream_base_producer_id(sink: opt.SinkOptions) -> int:
+    """The streaming query's base producer id: kept in its checkpoint directory, so a query
+    restarted from the checkpoint re-runs a micro-batch under the producer ids and epochs it
+    used before and the broker drops what that batch had already written. Without a local
+    checkpoint (remote file system): a new id per run, at-least-once across restarts."""
+    import json
+    import os
+    import warnings
+
+    if not sink.idempotence:
+        return -1
+    directory = _local_dir(sink.checkpoint_location)
+    if directory is None:
+        if sink.checkpoint_location:
+            warnings.warn(f"kraftlog sink: checkpoint {sink.checkpoint_location!r} is not a local path; "
+                          "a micro-batch replayed after a driver restart is written again (at-least-once)")
+        return allocate_base_producer_id(sink)
+    path = os.path.join(directory, checkpoint_file_name)
+    try:
+        with open(path) as f:
+            return int(json.load(f)["base_producer_id"])
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is damaged ({e}); delete it to take a new producer id (replays "
+                         "of micro-batches already written are then appended again)") from None
+    base = allocate_base_producer_id(sink)
+    os.makedirs(directory, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"base_producer_id": base}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return base
+
+
 class PartitionedProducer:
     """Buffers Arrow rows per (topic, partition) and sends record batches to leaders."""
 
@@ -144,9 +210,15 @@ class PartitionedProducer:
         self._pending_rows: dict = {}
         self._sticky: dict = {}    # topic -> partition for keyless rows
         self._raw = True
+        # idempotent: hold every row, send in canonical order at flush (see module docstring)
+        self.canonical = isinstance(self.identity, IdempotentIdentity)
+        self._held_bytes = 0
+        self._posts = 0
         self.records: dict = {}
         self.first_offsets: dict = {}
         self.last_offsets: dict = {}
+        self.verified_duplicates = 0
+        self.unverified_duplicates = 0
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -223,7 +295,7 @@ class PartitionedProducer:
                 if key is not None:
                     parts[i] = partition_for_key(key, n)
             unset = parts < 0
-        if unset.any():
+        if unset.any() and not self.canonical:  # canonical: held as partition -1, see _route_keyless
             parts[unset] = self._sticky_partition(topic, n)
         uniques = np.unique(parts)
         for p in uniques:
@@ -243,6 +315,15 @@ class PartitionedProducer:
         self._pending.setdefault(tp, []).append((keys, values, headers))
         self._pending_bytes[tp] = self._pending_bytes.get(tp, 0) + size
         self._pending_rows[tp] = self._pending_rows.get(tp, 0) + len(values)
+        if self.canonical:
+            self._held_bytes += size
+            if self._held_bytes > self.sink.idempotence_buffer_max_bytes:
+                raise ValueError(
+                    f"this task has over {self.sink.idempotence_buffer_max_bytes} bytes to write; an idempotent "
+                    "task holds all its rows to send them in a canonical order. Split the input into more "
+                    "partitions (df.repartition(N)), raise kraftlog.idempotence.buffer.max.bytes, or set "
+                    "kraftlog.enable.idempotence=false (at-least-once)")
+            return
         if (self._pending_bytes[tp] >= request_bytes_max_default
                 or self._pending_rows[tp] >= self.sink.linger_records):
             self._send(tp)
@@ -250,8 +331,34 @@ class PartitionedProducer:
     # -- sending ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        for tp in list(self._pending):
+        if self.canonical:
+            self._route_keyless()
+        for tp in (sorted(self._pending) if self.canonical else list(self._pending)):
             self._send(tp)
+
+    def _route_keyless(self) -> None:
+        """Idempotent tasks: a topic's keyless rows (held as partition -1) in canonical order,
+        cut into one contiguous block per partition, starting at a partition seeded by the
+        Spark partition id: the same rows land on the same partitions in any input order."""
+        import pyarrow as pa
+
+        for tp in [tp for tp in self._pending if tp[1] < 0]:
+            chunks = self._pending.pop(tp)
+            self._pending_bytes.pop(tp, None)
+            self._pending_rows.pop(tp, None)
+            values = pa.concat_arrays([_plain(c[1]) for c in chunks])
+            headers = None
+            if any(c[2] is not None for c in chunks):
+                headers = [h for c in chunks for h in (c[2] if c[2] is not None else [[]] * len(c[1]))]
+            _, values, headers = _canonical_order(None, values, headers)
+            topic, m = tp[0], len(values)
+            n = self.num_partitions(topic)
+            first = self._random.randrange(n)
+            for i in range(n):
+                lo, hi = i * m // n, (i + 1) * m // n
+                if hi > lo:
+                    self._pending.setdefault((topic, (first + i) % n), []).append(
+                        (None, values.slice(lo, hi - lo), None if headers is None else headers[lo:hi]))
 
     def _send(self, tp) -> None:
         import pyarrow as pa
@@ -271,6 +378,8 @@ class PartitionedProducer:
             headers = [h for c in chunks for h in (c[2] if c[2] is not None else [[]] * len(c[1]))]
         else:
             headers = None
+        if self.canonical:
+            keys, values, headers = _canonical_order(keys, values, headers)
         request, request_rows = [], 0
         for lo, hi in self._cuts(keys, values):
             batch = self._encode(tp, keys, values, headers, lo, hi)
@@ -320,6 +429,7 @@ class PartitionedProducer:
     def _post(self, tp, batches: list, rows: int) -> None:
         topic, partition = tp
         body = b"".join(batches)
+        self._failpoint()
         if self._raw:
             try:
                 answer = self.cluster.produce_raw(topic, partition, body, acks=self.sink.acks)
@@ -332,6 +442,8 @@ class PartitionedProducer:
             records = [{"key": r.key, "value": r.value, "headers": {k: v for k, v in r.headers}}
                        for r in rb.decode_batches(body)]
             answer = self.cluster.produce_records(topic, partition, records, acks=self.sink.acks)
+        if self.canonical and self._raw:
+            self._verify_duplicates(tp, batches, answer)
         name = f"{topic}-{partition}"
         self.records[name] = self.records.get(name, 0) + rows
         first, last = _offset_span(answer, rows)
@@ -339,8 +451,97 @@ class PartitionedProducer:
             self.first_offsets.setdefault(name, first)
             self.last_offsets[name] = last
 
+    def _failpoint(self) -> None:
+        """Testing only (`kraftlog.failpoint.first.attempt.fail.after.requests`): the first
+        attempt of a task dies after that many produce requests, as if its executor was lost
+        part-way through a write; the retry (attempt 1) runs normally."""
+        limit = self.sink.failpoint_fail_after_requests
+        if limit <= 0:
+            return
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.attemptNumber() == 0 and self._posts >= limit:
+            raise RuntimeError(f"failpoint: attempt 0 of task {ctx.partitionId()} dies after {limit} requests")
+        self._posts += 1
+
+    def _verify_duplicates(self, tp, batches: list, answer: dict) -> None:
+        """Batches answered as duplicates must hold what this attempt sent: read each back
+        at its original offset and compare records (key, value, headers)."""
+        from partitions.log import record_batch as rb
+
+        entries = answer.get("offsets") if isinstance(answer, dict) else None
+        if not entries or len(entries) != len(batches):
+            return
+        for sent, entry in zip(batches, entries):
+            if not entry.get("duplicate"):
+                continue
+            offset = int(entry.get("offset", -1))
+            if offset < 0:  # older than the broker's cached batches: where it is is unknown
+                self.unverified_duplicates += 1
+                continue
+            mine = [(r.key, r.value, tuple(r.headers)) for r in rb.decode_batches(sent)]
+            stored = self._stored_batch(tp, offset, len(sent))
+            if stored != mine:
+                raise NonDeterministicRetryError(
+                    f"{tp[0]}-{tp[1]}: this retried task re-sent sequences already written at offset {offset} "
+                    f"with other rows ({len(mine)} rows vs {len(stored)} stored): its input is not the same as "
+                    "the failed attempt's, so idempotence would drop rows. Make the input deterministic (e.g. no "
+                    "random or time-dependent columns before the write) or set kraftlog.enable.idempotence=false")
+            self.verified_duplicates += 1
+
+    def _stored_batch(self, tp, offset: int, size_hint: int, timeout_s: float = 30.0) -> list:
+        """Records of the stored batch that starts at `offset` (waits for it to be committed)."""
+        import time
+        from partitions.log import record_batch as rb
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.cluster.fetch(tp[0], tp[1], offset, max(size_hint * 2, 1 << 16), max_wait_ms=500)
+            for header, view in rb.iter_batches(got.get("batches") or b""):
+                if header.base_offset == offset:
+                    return [(r.key, r.value, tuple(r.headers)) for r in rb.decode_records(bytes(view))]
+                if header.base_offset > offset:
+                    break
+            if time.monotonic() > deadline:
+                raise NonDeterministicRetryError(
+                    f"{tp[0]}-{tp[1]}: the broker answered a batch as a duplicate of offset {offset}, but no batch "
+                    "starts there; retry the write, and report this if it persists")
+
     def commit_message(self) -> KraftlogCommitMessage:
-        return KraftlogCommitMessage(dict(self.records), dict(self.first_offsets), dict(self.last_offsets))
+        return KraftlogCommitMessage(dict(self.records), dict(self.first_offsets), dict(self.last_offsets),
+                                     self.verified_duplicates, self.unverified_duplicates)
+
+
+def _canonical_order(keys, values, headers):
+    """Rows in an order that depends only on their multiset, keeping Kafka's per-key order:
+    keyed rows first, by key, in input order within a key (stable sort); then keyless rows by
+    (value, null value, headers)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(values)
+    if n <= 1:
+        return keys, values, headers
+    if headers is None and (keys is None or keys.null_count == n):
+        order = pc.sort_indices(values)     # all keyless: by value (null values last, all equal)
+        return (None if keys is None else keys.take(order)), values.take(order), None
+    if keys.null_count == 0:
+        order = pc.sort_indices(keys)       # all keyed: by key, stable (input order within a key)
+        return keys.take(order), values.take(order), None if headers is None else [headers[i] for i in order.to_pylist()]
+    keyless = pa.array(np.ones(n, dtype=bool)) if keys is None else pc.is_null(keys)
+    empty = pa.scalar(b"", pa.binary())
+    cols = {"keyless": keyless,
+            "key": pa.nulls(n, pa.binary()).fill_null(empty) if keys is None else keys.fill_null(empty),
+            "value": pc.if_else(keyless, values.fill_null(empty), empty),
+            "value_null": pc.and_(keyless, pc.is_null(values))}
+    sort_keys = [("keyless", "ascending"), ("key", "ascending"), ("value", "ascending"),
+                 ("value_null", "ascending")]
+    if headers is not None:
+        cols["headers"] = pc.if_else(keyless, pa.array([repr(h).encode() for h in headers], pa.binary()), empty)
+        sort_keys.append(("headers", "ascending"))
+    order = pc.sort_indices(pa.table(cols), sort_keys=sort_keys)
+    return (None if keys is None else keys.take(order), values.take(order),
+            None if headers is None else [headers[i] for i in order.to_pylist()])
 
 
 def _plain(arr):
@@ -372,10 +573,11 @@ def _offset_span(answer: dict, rows: int):
 
 
 def write_partition(sink: opt.SinkOptions, iterator: Iterator, base_producer_id: int | None,
-                    spark_partition: int | None, batch_id: int | None = None) -> KraftlogCommitMessage:
+                    spark_partition: int | None, batch_id: int | None = None,
+                    cluster: Cluster | None = None) -> KraftlogCommitMessage:
     """What one Spark task does: route, batch and send its rows with its own identity."""
     identity = task_identity(base_producer_id, spark_partition, batch_id)
-    producer = PartitionedProducer(sink, identity, seed=spark_partition or 0)
+    producer = PartitionedProducer(sink, identity, cluster=cluster, seed=spark_partition or 0)
     for batch in iterator:
         producer.append_batch(batch)
     producer.flush()
@@ -415,14 +617,14 @@ class KraftlogWriter(DataSourceArrowWriter):
 
 class KraftlogStreamWriter(DataSourceStreamArrowWriter):
     """Streaming write, one call of `write` per task per micro-batch. The base producer id is
-    taken once per query run; each micro-batch is a new producer epoch (batchId), so a retried
-    task within a run is deduplicated. A replay after a driver restart gets a new base id:
-    at-least-once across restarts."""
+    kept in the query's checkpoint (`stream_base_producer_id`); each micro-batch is a new
+    producer epoch (batchId), so a retried task, and a micro-batch replayed after a driver
+    restart, is deduplicated."""
 
     def __init__(self, sink: opt.SinkOptions, schema: StructType, base_producer_id: int | None = None):
         self.sink = sink
         _check_schema(schema, sink)
-        self.base_producer_id = (allocate_base_producer_id(sink) if base_producer_id is None
+        self.base_producer_id = (stream_base_producer_id(sink) if base_producer_id is None
                                  else base_producer_id)
 
     def write(self, iterator) -> KraftlogCommitMessage:

@@ -34,7 +34,7 @@ def spark():
 
     import pipelines
 
-    session = (SparkSession.builder.master("local[2]").appName("kraftlog-tests")
+    session = (SparkSession.builder.master("local[2,4]").appName("kraftlog-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.driver.memory", "768m")

@@ -179,9 +179,13 @@ def test_min_partitions_splits_in_proportion_to_the_backlog():
     assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 0, 10), (0, 10, 20), (0, 20, 30), (1, 0, 10)]
 
 
-def test_sink_is_at_least_once_unless_idempotence_is_asked_for():
-    """Idempotent writes drop a retried task's reordered rows as duplicates, so they are opt-in."""
+def test_sink_is_idempotent_unless_turned_off():
+    """Idempotent writes are safe for reordered retries (canonical order + content check), so on by default."""
     from pipelines import options as opt
     base = {"kraftlog.bootstrap.servers": "http://127.0.0.1:1", "topic": "t"}
-    assert opt.parse_sink_options(base).idempotence is False
-    assert opt.parse_sink_options({**base, "kraftlog.enable.idempotence": "true"}).idempotence is True
+    parsed = opt.parse_sink_options(base)
+    assert parsed.idempotence is True and parsed.idempotence_buffer_max_bytes == 512 * 1024 * 1024
+    assert opt.parse_sink_options({**base, "kraftlog.enable.idempotence": "false"}).idempotence is False
+    assert opt.parse_sink_options({**base, "checkpointLocation": "/x"}).checkpoint_location == "/x"
+    with pytest.raises(opt.OptionError):
+        opt.parse_sink_options({**base, "kraftlog.idempotence.buffer.max.bytes": "10"})
