@@ -96,6 +96,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=None, help="run faults for this long")
     p.add_argument("--faults", type=int, default=None, help="or inject this many faults")
+    p.add_argument("--per-kind", type=int, default=None,
+                   help="or inject this many faults of every kind (whole rounds of all kinds)")
     p.add_argument("--report", default="out/chaos", help="report directory")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--kinds", default=None, help=f"comma-separated subset of {','.join(ALL_NEMESES)}")
@@ -105,6 +107,8 @@ def main(argv=None) -> int:
     p.add_argument("--log-level", default="WARNING", help="of the cluster processes (INFO shows replication)")
     p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
     args = p.parse_args(argv)
+    if args.per_kind is not None:
+        args.faults = args.per_kind * len(args.kinds.split(",") if args.kinds else ALL_NEMESES)
     if args.minutes is None and args.faults is None:
         args.minutes = 30.0
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)

@@ -257,11 +257,15 @@ class Schedule:
     faults: list = field(default_factory=list)
 
     def plan(self, count: int) -> list[str]:
-        """`count` fault kinds, every kind equally often, in a seeded random order."""
+        """`count` fault kinds in rounds: every kind once per round, each round in a seeded
+        random order, so after k whole rounds every kind has exactly k faults."""
         rng = random.Random(self.seed)
-        kinds = [self.kinds[i % len(self.kinds)] for i in range(count)]
-        rng.shuffle(kinds)
-        return kinds
+        out: list[str] = []
+        while len(out) < count:
+            rnd = list(self.kinds)
+            rng.shuffle(rnd)
+            out += rnd
+        return out[:count]
 
     def run_one(self, c, kind: str, rng: random.Random, clock, sleep) -> FaultRecord:
         nem = ALL_NEMESES[kind]()
