@@ -28,6 +28,7 @@ class NodeConfig:
     http_port: int = 8082                 # broker public API
     controller_port: int = 9093           # controller HTTP API
     raft_port: int = 9193                 # pysyncobj
+    raft_bind_host: str | None = None     # interface raft listens on (default: all)
     advertised_host: str | None = None    # host in URLs handed to others (default http_host)
     cluster_id: str = "kraftlog-local"
     # "id@host:raft_port:controller_port,..."; default: this node alone

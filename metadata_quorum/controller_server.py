@@ -114,6 +114,7 @@ class ControllerConfig:
     log_compaction_min_entries: int = 5000
     log_compaction_min_time_s: float = 300.0
     raft_fsync_journal: bool = True
+    raft_bind_host: Optional[str] = None    # listen for raft here (default: every interface)
 
     def __post_init__(self):
         if isinstance(self.voters, str):
@@ -151,6 +152,7 @@ class ControllerConfig:
             log_compaction_min_time_s=self.log_compaction_min_time_s,
             propose_timeout_s=self.propose_timeout_ms / 1000,
             fsync_journal=self.raft_fsync_journal,
+            bind_host=self.raft_bind_host,
         )
 
 
@@ -675,6 +677,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=None)
     p.add_argument("--raft-port", type=int, default=None, help="must match this node's entry in --voters")
     p.add_argument("--voters", default=None, help='"ID@HOST:RAFT_PORT:HTTP_PORT,..." (default: this node alone)')
+    p.add_argument("--raft-bind-host", default=None,
+                   help="interface the raft port listens on (default: all); the --voters entry stays the "
+                        "address others dial, e.g. behind NAT or a proxy")
     p.add_argument("--password", default=os.environ.get("KRAFTLOG_RAFT_PASSWORD"))
     p.add_argument("--cluster-id", default="kraftlog-cluster")
     p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
@@ -717,6 +722,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         raft_fsync_journal=not args.no_raft_fsync,
         log_compaction_min_entries=args.raft_log_compaction_min_entries,
+        raft_bind_host=args.raft_bind_host,
     )
 
 

@@ -50,6 +50,9 @@ class RaftConfig:
     voters: dict  # node_id -> "host:port" raft address (includes this node)
     data_dir: str
     password: Optional[str] = None
+    # interface the raft port listens on; None = every interface (pysyncobj's default).
+    # The advertised address (voters entry) may differ: a NAT, or a proxy in front.
+    bind_host: Optional[str] = None
     raft_min_timeout_s: float = 0.3
     raft_max_timeout_s: float = 0.6
     append_entries_period_s: float = 0.05
@@ -162,6 +165,8 @@ class SyncObjReplicatedLog:
             dynamicMembershipChange=False,
         )
         self_addr = c.voters[c.node_id]
+        if c.bind_host:
+            conf.bindAddress = f"{c.bind_host}:{self_addr.rsplit(':', 1)[1]}"
         others = [addr for nid, addr in sorted(c.voters.items()) if nid != c.node_id]
         if c.fsync_journal:
             from raft.fsync_journal import fsyncing_journal, install_group_commit

@@ -13,9 +13,9 @@ Wiring (free ports on loopback):
   NOT_CONTROLLER redirects (leader_url comes from the voters list) both go through it;
 - the proxies know which process connects (see proxy.py), so a fault is set per link:
   `link(src, dst)` = (proxy of dst, label of src);
-- controllers talk raft to each other directly on 127.0.0.2 (pysyncobj binds the address
-  it advertises: a proxy per raft link needs a separate bind address option; see the
-  report). Controller faults are kill / SIGSTOP;
+- controller j's raft port listens on 127.0.0.1:`raft_port[j]` (`--raft-bind-host`) and is
+  named 127.0.0.2:`raft_port[j]` in the voters list, where `raft_proxy[j]` listens: every
+  raft connection between controllers crosses a proxy, so raft links can be cut per link;
 - the workload clients talk to brokers directly (`direct_url`), so client traffic is never
   cut by accident.
 
@@ -41,6 +41,20 @@ from tests.chaos.harness.proxy import Proxy, free_port
 CONTROLLER_HOST = "127.0.0.2"   # controllers are advertised (and proxied) here
 CLOCK_SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clockshim")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _free_on_both() -> int:
+    """A port free on 127.0.0.1 (the controller's raft bind) and CONTROLLER_HOST (its proxy)."""
+    import socket
+    for _ in range(50):
+        port = free_port(CONTROLLER_HOST)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no port free on both 127.0.0.1 and " + CONTROLLER_HOST)
 
 
 def _http_json(url: str, timeout: float = 1.0) -> Optional[dict]:
@@ -97,12 +111,14 @@ class ChaosCluster:
         self.password = "chaos-" + os.urandom(8).hex()
         self.http_port = {i: free_port() for i in self.ids}
         self.ctl_port = {i: free_port() for i in self.ids}
-        self.raft_port = {i: free_port(CONTROLLER_HOST) for i in self.ids}
+        self.raft_port = {i: _free_on_both() for i in self.ids}
         self.procs: dict[tuple[str, int], ProcessSpec] = {}
         self.broker_proxy = {i: Proxy(self.http_port[i], f"broker-{i}", resolver=self.source_label)
                              for i in self.ids}
         self.ctl_proxy = {j: Proxy(self.ctl_port[j], f"controller-{j}", host=CONTROLLER_HOST,
                                    port=self.ctl_port[j], resolver=self.source_label) for j in self.ids}
+        self.raft_proxy = {j: Proxy(self.raft_port[j], f"raft-{j}", host=CONTROLLER_HOST,
+                                    port=self.raft_port[j], resolver=self.source_label) for j in self.ids}
         os.makedirs(self.root, exist_ok=True)
         for i in self.ids:
             self.procs[("controller", i)] = self._controller_spec(i)
@@ -121,6 +137,7 @@ class ChaosCluster:
         cmd = [sys.executable, "-m", "metadata_quorum.controller_server", "--node-id", str(i),
                "--data-dir", os.path.join(self.node_dir(i), f"controller-{i}"), "--http-host", "127.0.0.1",
                "--http-port", str(self.ctl_port[i]), "--raft-port", str(self.raft_port[i]), "--voters", voters,
+               "--raft-bind-host", "127.0.0.1",
                "--cluster-id", self.cluster_id, "--log-level", self.s.log_level,
                "--broker-session-timeout-ms", str(self.s.broker_session_timeout_ms),
                "--broker-heartbeat-interval-ms", str(self.s.broker_heartbeat_interval_ms)]
@@ -205,7 +222,7 @@ class ChaosCluster:
                     spec.proc.wait(10)
                 except subprocess.TimeoutExpired:
                     pass
-        for p in list(self.broker_proxy.values()) + list(self.ctl_proxy.values()):
+        for p in self.all_proxies():
             p.close()
 
     # ---- faults on processes -----------------------------------------------------------
@@ -278,9 +295,17 @@ class ChaosCluster:
         pid = pid_of_peer(peer_port, local_port, list(pids))
         return pids.get(pid, "client")
 
+    def all_proxies(self) -> list:
+        return list(self.broker_proxy.values()) + list(self.ctl_proxy.values()) + list(self.raft_proxy.values())
+
     def heal_network(self) -> None:
-        for p in list(self.broker_proxy.values()) + list(self.ctl_proxy.values()):
+        for p in self.all_proxies():
             p.heal()
+
+    def raft_links(self, a: int, b: int) -> list:
+        """(proxy, source label) of the raft connections between controllers a and b, both
+        ways (pysyncobj keeps one connection per pair, opened by one side)."""
+        return [(self.raft_proxy[b], f"controller-{a}"), (self.raft_proxy[a], f"controller-{b}")]
 
     def links_from(self, i: int) -> list:
         """(proxy, source label) of every link broker i opens: to other brokers and to controllers."""

@@ -20,6 +20,11 @@ Kinds:
   appended, restart (recovery must truncate the torn batch)
 - clock-jump: one process's wall clock (time.time) jumps +-10 min..2 days, back at stop
   (clockshim/sitecustomize.py on the processes' PYTHONPATH: no product code involved)
+- controller-partition: one controller (the active one 70% of the time) cut off from the
+  other controllers, both ways: a minority | majority split of the raft quorum; brokers
+  still reach every controller
+- controller-one-way: one controller's raft messages to the others dropped while it still
+  hears them (it keeps believing in a leader the majority replaced, or leads unheard)
 """
 from __future__ import annotations
 
@@ -226,6 +231,37 @@ class ClockJump(Nemesis):
         c.set_clock_offset(self.role, self.i, 0.0)
 
 
+class ControllerLinks(Nemesis):
+    """Raft-link faults between one controller and the others (proxies per raft link)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def start(self, c, rng):
+        active = c.active_controller()
+        self.i = i = active if active is not None and rng.random() < 0.7 else rng.choice(c.ids)
+        others = [j for j in c.ids if j != i]
+        self.affected = []
+        for j in others:
+            (to_j, src_i), (to_i, src_j) = c.raft_links(i, j)
+            if self.name == "controller-partition":
+                to_j.cut(src_i)
+                to_i.cut(src_j)
+            else:  # i's bytes to j dropped, j's bytes to i delivered, on either connection
+                to_j.one_way(src_i, requests=False)
+                to_i.one_way(src_j, answers=False)
+            self.affected += [(to_j, src_i), (to_i, src_j)]
+        role = "the active controller" if i == active else "controller"
+        if self.name == "controller-partition":
+            return f"{role} {i} cut off from controllers {others} (raft minority | majority; brokers reach all)"
+        return f"{role} {i}'s raft messages to {others} dropped (it still hears them)"
+
+    def stop(self, c):
+        for proxy, src in self.affected:  # drop half-delivered streams: reconnect cleanly
+            proxy.cut(src)
+        c.heal_network()
+
+
 ALL_NEMESES = {
     "kill-broker": KillBroker, "kill-active-controller": KillActiveController, "kill-several": KillSeveral,
     "pause-broker": lambda: Pause("broker"), "pause-controller": lambda: Pause("controller"),
@@ -234,6 +270,8 @@ ALL_NEMESES = {
     "slow-links": lambda: Links("slow-links"), "broker-partition": lambda: Links("broker-partition"),
     "disk-full": DiskFull, "lost-tail": LostTail,
     "torn-tail": TornTail, "clock-jump": ClockJump,
+    "controller-partition": lambda: ControllerLinks("controller-partition"),
+    "controller-one-way": lambda: ControllerLinks("controller-one-way"),
 }
 
 
