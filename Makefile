@@ -35,9 +35,13 @@ pipeline: $(STAMP)
 	$(PY) -m pipelines.clickstream
 
 ## chaos: a long fault schedule against a real 3-node cluster; report in chaos-report/
+##        (CHAOS_MINUTES=30 by default; CHAOS_PER_KIND=100 instead runs 100 faults of every kind)
 CHAOS_MINUTES ?= 30
+CHAOS_PER_KIND ?=
+CHAOS_LENGTH = $(if $(CHAOS_PER_KIND),--per-kind $(CHAOS_PER_KIND) $(CHAOS_FAST),--minutes $(CHAOS_MINUTES))
+CHAOS_FAST = --hold 1.5,2.5 --quiet 0.8,1.5
 chaos: $(STAMP)
-	$(PY) -m tests.chaos.run --minutes $(CHAOS_MINUTES) --report chaos-report
+	$(PY) -m tests.chaos.run $(CHAOS_LENGTH) --report chaos-report
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
