@@ -204,6 +204,7 @@ class PartitionedProducer:
         self.sink = sink
         self.identity = identity or ProducerIdentity()
         self._random = random.Random(seed)  # sticky partitions: the same on a retried task
+        self._seed = seed
         self.cluster = cluster or Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer")
         self._pending: dict = {}   # (topic, partition) -> list of (keys, values, headers)
         self._pending_bytes: dict = {}
@@ -342,7 +343,9 @@ class PartitionedProducer:
         Spark partition id: the same rows land on the same partitions in any input order."""
         import pyarrow as pa
 
-        for tp in [tp for tp in self._pending if tp[1] < 0]:
+        import crc32c
+
+        for tp in sorted(tp for tp in self._pending if tp[1] < 0):
             chunks = self._pending.pop(tp)
             self._pending_bytes.pop(tp, None)
             self._pending_rows.pop(tp, None)
@@ -353,7 +356,7 @@ class PartitionedProducer:
             _, values, headers = _canonical_order(None, values, headers)
             topic, m = tp[0], len(values)
             n = self.num_partitions(topic)
-            first = self._random.randrange(n)
+            first = (crc32c.crc32c(topic.encode()) + self._seed) % n  # not input-order dependent
             for i in range(n):
                 lo, hi = i * m // n, (i + 1) * m // n
                 if hi > lo:

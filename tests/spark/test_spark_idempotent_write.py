@@ -284,3 +284,21 @@ def test_idempotence_can_be_turned_off(broker_url, cluster, new_topic):
     sink.write_partition(options, _arrow(rows, 10), writer.base_producer_id, 0)
     stored = _stored(cluster, topic, 1)
     assert len(stored) == 40 and {h.producer_id for _, h in stored} == {-1}
+
+
+def test_keyless_rows_of_several_topics_route_the_same_in_any_order(broker_url, new_topic):
+    """Idempotent routing of keyless rows must not depend on which topic a task saw first."""
+    topics = [new_topic(partitions=3), new_topic(partitions=3)]
+    options = _sink(broker_url, None)
+
+    def routed(rows):
+        producer = sink.PartitionedProducer(options, sink.IdempotentIdentity(1 << 62, 0), seed=5)
+        for topic, value in rows:
+            producer.append_batch(pa.RecordBatch.from_arrays(
+                [pa.array([topic], pa.string()), pa.array([value], pa.string())], ["topic", "value"]))
+        producer._route_keyless()
+        return {tp: sorted(v for c in chunks for v in c[1].to_pylist()) for tp, chunks in producer._pending.items()}
+
+    rows = [(topics[i % 2], f"v{i}") for i in range(40)]
+    assert routed(rows) == routed(rows[::-1])
+    assert len(routed(rows)) == 6  # every partition of both topics got a block
