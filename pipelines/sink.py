@@ -2,8 +2,9 @@
 
 Input columns as in Spark's Kafka sink: `value` (binary or string, required), optional
 `key`, `topic` (else the `topic` option), `partition` (else keyed rows go to
-`crc32c(key) % partitions` like the broker's partitioner, keyless rows to a sticky
-partition that rotates after each sent batch), `headers` (array<struct<key, value>>).
+`crc32c(key) % partitions` like the broker's partitioner; keyless rows are dealt out in
+blocks by an idempotent task (below), or go to a sticky partition that rotates after each
+sent batch with idempotence off), `headers` (array<struct<key, value>>).
 
 Each Spark task (`write`) gets Arrow batches, groups rows by (topic, partition), encodes
 record batches straight from the Arrow buffers (pipelines/arrow_codec.py) and POSTs them to
@@ -615,7 +616,7 @@ class KraftlogWriter(DataSourceArrowWriter):
         pass
 
     def abort(self, messages) -> None:
-        pass  # appended records stay: at-least-once, as with Spark's Kafka sink
+        pass  # appended records stay (no transactions); re-running the job as a new one appends again
 
 
 class KraftlogStreamWriter(DataSourceStreamArrowWriter):
