@@ -5,7 +5,7 @@ int32 length arrays followed by the concatenated key and value bytes. That is al
 Arrow binary layout already, so decoding is: numpy view of the lengths, a cumulative sum for
 the Arrow offsets, and a zero-copy slice of the fetched buffer for the data. Encoding from
 Arrow is the reverse. Both paths are checked against the reference codec
-(`decode_batches` / `build_batch`) in tests/spark/test_arrow_codec.py.
+(`decode_batches` / `build_batch`) in tests/spark/test_spark_options.py.
 
 Headers (rare) are decoded record by record with the reference decoder.
 """
