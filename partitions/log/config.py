@@ -46,7 +46,7 @@ class LogConfig:
     max_compaction_lag_ms: int | None = None  # None = no upper bound
     delete_retention_ms: int = DAY_MS
     file_delete_delay_ms: int = 60000
-    preallocate: bool = False
+    preallocate: bool = True  # reserve blocks ahead of the active segment's end (segment.py)
     # Partition-level settings carried here so one object describes a topic's configs;
     # the log itself does not use them (replication and the producer path do).
     min_insync_replicas: int = 1
@@ -199,7 +199,8 @@ TOPIC_CONFIG_KEYS: dict[str, ConfigKey] = {
         ConfigKey("max.compaction.lag.ms", "max_compaction_lag_ms", "optional_int", 1, _INT64_MAX),
         ConfigKey("delete.retention.ms", "delete_retention_ms", "int", 0, _INT64_MAX),
         ConfigKey("file.delete.delay.ms", "file_delete_delay_ms", "int", 0, _INT64_MAX),
-        ConfigKey("preallocate", "preallocate", "bool"),
+        ConfigKey("preallocate", "preallocate", "bool",
+                  doc="reserve disk blocks ahead of the active segment's end (file length unchanged)"),
         ConfigKey("min.insync.replicas", "min_insync_replicas", "int", 1, _INT32_MAX),
         ConfigKey("unclean.leader.election.enable", "unclean_leader_election_enable", "bool"),
         ConfigKey("compression.type", "compression_type", "choice", choices=COMPRESSION_TYPES),

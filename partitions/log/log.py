@@ -612,6 +612,7 @@ class Log:
             return active
         active.offset_index.flush(fsync=False)
         active.time_index.flush(fsync=False)
+        active.release_reserve()
         seg = LogSegment.create(self._dir, active.next_offset, self._config, now)
         self._segments.append(seg)
         self._bases.append(seg.base_offset)
