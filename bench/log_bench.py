@@ -3,7 +3,9 @@
 Measured in one run, in a temp dir on the same disk, figures printed (not asserted):
 - append: Log.append_as_leader of ~64 KiB producer batches (validate CRC, stamp offsets
   and epoch in place, write, index) vs a baseline plain sequential os.write of the same
-  bytes to one file, interleaved in 8 MiB slices (goal: >= 70% of the baseline);
+  bytes to one file, interleaved in 8 MiB slices (goal: >= 70% of the baseline); the log
+  preallocates blocks ahead of its end (`preallocate`, the default), so a third arm
+  appends with preallocate=false to show what that is worth;
 - read: Log.read of 1 MiB fetches from offset 0 to the end vs a baseline of os.pread of
   1 MiB chunks of the same file(s);
 - recovery: unclean Log.open (CRC scan of every batch, index rebuild) vs a baseline of
@@ -13,6 +15,7 @@ Measured in one run, in a temp dir on the same disk, figures printed (not assert
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -141,15 +144,17 @@ def main(argv: list[str] | None = None) -> None:
         # Interleaved A/B: the baseline and the log take turns writing 8 MiB slices, so
         # page-cache allocation and writeback (very noisy on a shared machine) hit both
         # alike; best of --rounds.
-        base = t_append = float("inf")
+        base = t_append = t_append_noprealloc = float("inf")
         lg = None
         slice_n = max(1, 8 * MiB // batch_bytes)
+        cfg_noprealloc = dataclasses.replace(cfg, preallocate=False)
         for _ in range(args.rounds):
             if lg is not None:
                 lg.delete()
             lg = Log.open(root / "bench-0", cfg)
+            lg_np = Log.open(root / "noprealloc-0", cfg_noprealloc)
             fd = os.open(root / "plain.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-            t_plain = t_log = 0.0
+            t_plain = t_log = t_np = 0.0
             for i in range(0, count, slice_n):
                 part = batches[i : i + slice_n]
                 t0 = time.perf_counter()
@@ -159,14 +164,22 @@ def main(argv: list[str] | None = None) -> None:
                 for b in part:
                     lg.append_as_leader(b, 1)
                 t2 = time.perf_counter()
+                for b in part:
+                    lg_np.append_as_leader(b, 1)
+                t3 = time.perf_counter()
                 t_plain += t1 - t0
                 t_log += t2 - t1
+                t_np += t3 - t2
             os.close(fd)
             (root / "plain.bin").unlink()
+            lg_np.delete()
             base = min(base, t_plain)
             t_append = min(t_append, t_log)
+            t_append_noprealloc = min(t_append_noprealloc, t_np)
         row(f"baseline: plain os.write, MB/s (best of {args.rounds})", f"{total / base / 1e6:.0f}")
         row("Log.append_as_leader, MB/s", f"{total / t_append / 1e6:.0f}", f"{base / t_append:.0%}")
+        row("Log.append_as_leader, preallocate=false, MB/s", f"{total / t_append_noprealloc / 1e6:.0f}",
+            f"{base / t_append_noprealloc:.0%}")
         row("Log.append_as_leader, batches/s", f"{count / t_append:.0f}")
         row("Log.append_as_leader, records/s", f"{count * records_per_batch(args.batch_kb) / t_append:.0f}")
 
