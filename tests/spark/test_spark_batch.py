@@ -46,6 +46,16 @@ def test_batch_read_offset_bounds_and_split(spark, broker_url, cluster, new_topi
     assert got == [(0, i) for i in range(10, 20)] + [(1, i) for i in range(50)]
 
 
+def test_assign_reads_only_the_assigned_partitions(spark, broker_url, cluster, new_topic):
+    topic = new_topic(partitions=3)
+    for p in range(3):
+        produce(cluster, topic, p, [b"p%d-%d" % (p, i) for i in range(5)])
+    rows = batch_reader(spark, broker_url, assign=json.dumps({topic: [2, 0]})).collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(p, i) for p in (0, 2) for i in range(5)]
+    with pytest.raises(Exception, match="assigned partitions do not exist"):
+        batch_reader(spark, broker_url, assign=json.dumps({topic: [3]})).collect()
+
+
 def test_batch_read_with_headers(spark, broker_url, cluster, new_topic):
     topic = new_topic()
     produce(cluster, topic, 0, [b"v0", b"v1"], headers=[[("h", b"x"), ("g", b"\xff")], []])

@@ -85,11 +85,15 @@ def _random_records(rnd, n):
 @pytest.mark.parametrize("seed", range(5))
 def test_arrow_decode_matches_reference_codec(seed):
     rnd = random.Random(seed)
-    buf, base = b"", 0
-    for _ in range(4):
+    buf, base, types = b"", 0, []
+    for i in range(4):
         recs = _random_records(rnd, rnd.randint(1, 30))
         batch = bytearray(rb.build_batch(recs, compression=rnd.choice(["none", "zstd", "lz4", "gzip"])))
         rb.stamp_batch(batch, base, 0)
+        log_append = i % 2 == 1  # LogAppendTime topics: the broker's time for every record
+        if log_append:
+            rb.set_log_append_time(batch, 9_000_000 + base)
+        types += [int(log_append)] * len(recs)
         base += len(recs)
         buf += bytes(batch)
     start, end = rnd.randint(0, base // 2), rnd.randint(base // 2, base)
@@ -99,6 +103,7 @@ def test_arrow_decode_matches_reference_codec(seed):
     assert cols.keys.to_pylist() == [r.key for r in ref]
     assert cols.values.to_pylist() == [r.value for r in ref]
     assert cols.timestamps_ms.tolist() == [r.timestamp for r in ref]
+    assert cols.timestamp_types.tolist() == types[start:end]
     assert cols.headers == [r.headers for r in ref]
     assert next_offset == end
 
@@ -169,6 +174,17 @@ def test_offsets_going_backwards_fail_or_skip(monkeypatch):
         strict.partitions({"t": {"0": 50}}, {"t": {"0": 10}})
     lenient = _stream_reader(monkeypatch, {}, failOnDataLoss="false")
     assert lenient.partitions({"t": {"0": 50, "1": 0}}, {"t": {"0": 10, "1": 3}})[0].partition == 1
+
+
+def test_batch_ranges_never_go_beyond_the_high_watermark(monkeypatch):
+    from pipelines.source import KraftlogBatchReader, _Planner, schema_for
+
+    monkeypatch.setattr(_Planner, "topic_partitions", lambda self: [("t", 0), ("t", 1)])
+    monkeypatch.setattr(_Planner, "bounds", lambda self, tps: {("t", 0): (0, 40), ("t", 1): (5, 12)})
+    o = opt.parse_source_options({**URL, "subscribe": "t", "endingOffsets": '{"t": {"0": 1000, "1": -1}}'},
+                                 streaming=False)
+    ranges = KraftlogBatchReader(o, schema_for(False)).partitions()
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 0, 40), (1, 5, 12)]
 
 
 def test_min_partitions_splits_in_proportion_to_the_backlog():
