@@ -2,7 +2,8 @@
 
 Offsets: log_start_offset <= high_watermark <= log_end_offset, recovery_point <=
 log_end_offset. Batches are contiguous in offset order across segments; only the last
-(active) segment is appended to; the active segment is never deleted by retention.
+(active) segment is appended to. Retention deletes whole segments below the high watermark;
+an expired active segment wholly below it is rolled first, then deleted (Kafka).
 
 Threading: one owner thread appends, reads and truncates; `flush` may run in another
 thread (group commit). `_lock` guards the segment list and counters; `_flush_lock` is
@@ -799,10 +800,11 @@ class Log:
             self._log_start_offset = self._segments[0].base_offset
 
     def apply_retention(self, now_ms: int | None = None) -> int:
-        """Delete closed segments past retention.ms (by largest timestamp) or while the log
-        is larger than retention.bytes, and segments below the log start offset. Never the
-        active segment; only segments wholly below the high watermark. Returns the number
-        of segments deleted."""
+        """Delete segments past retention.ms (by largest timestamp) or while the log is
+        larger than retention.bytes, and segments below the log start offset; only
+        segments wholly below the high watermark. An expired active segment is rolled
+        first (as Kafka does), so a quiet topic's data does expire: the log is then
+        empty, starting at its end offset. Returns the number of segments deleted."""
         with self._flush_lock, self._lock:
             self._check_open()
             deleted = self._delete_segments_below_log_start()
@@ -812,19 +814,27 @@ class Log:
             hw = self._high_watermark
 
             def deletable() -> bool:
-                return len(self._segments) > 1 and self._segments[1].base_offset <= hw
+                if len(self._segments) > 1:
+                    return self._segments[1].base_offset <= hw
+                active = self._segments[0]
+                return not active.is_empty and active.next_offset <= hw
+
+            def delete_first() -> None:
+                if len(self._segments) == 1:
+                    self._roll(now)
+                self._delete_first_segment()
 
             retention_ms = self._config.retention_ms
             if retention_ms >= 0:
                 while deletable() and now - self._segments[0].largest_timestamp > retention_ms:
-                    self._delete_first_segment()
+                    delete_first()
                     deleted += 1
             retention_bytes = self._config.retention_bytes
             if retention_bytes >= 0:
                 total = self.size_bytes
                 while deletable() and total - self._segments[0].size >= retention_bytes:
                     total -= self._segments[0].size
-                    self._delete_first_segment()
+                    delete_first()
                     deleted += 1
             if deleted:
                 self.leader_epoch_cache.truncate_from_start(self._log_start_offset)

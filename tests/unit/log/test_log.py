@@ -185,15 +185,37 @@ def test_delete_records_up_to_log_end_rolls_the_active_segment(tmp_path):
     assert lg.append_as_leader(make_batch(1), 0).first_offset == 6
 
 
-def test_retention_by_time_never_deletes_active_segment(tmp_path):
+def test_retention_by_time_rolls_and_deletes_an_expired_active_segment(tmp_path):
     clock = FakeClock(10_000)
     lg = _open(tmp_path, clock, segment_bytes=300, retention_ms=1000)
     _fill(lg, batches=10, per=2, ts=1000)  # ts 1000..1091
     lg.update_high_watermark(lg.log_end_offset)
     n = lg.segment_count
     assert lg.apply_retention(now_ms=1500) == 0
+    assert lg.apply_retention(now_ms=10**9) == n          # the active one too (rolled first, Kafka)
+    assert lg.segment_count == 1 and lg.segments[0].is_empty
+    assert lg.log_start_offset == lg.log_end_offset == 20
+    with pytest.raises(OffsetOutOfRangeError):
+        lg.read(0, 1 << 20)
+    lg.append_as_leader(make_batch(1, ts=10**9), 0)          # the log goes on at its end offset
+    assert lg.read(20, 1 << 20).records
+
+
+def test_retention_keeps_an_expired_active_segment_above_the_high_watermark(tmp_path):
+    lg = _open(tmp_path, segment_bytes=300, retention_ms=1000)
+    _fill(lg, batches=10, per=2, ts=1000)
+    lg.update_high_watermark(lg.log_end_offset - 1)       # the last record is not committed yet
+    n = lg.segment_count
     assert lg.apply_retention(now_ms=10**9) == n - 1
-    assert lg.segment_count == 1 and lg.log_start_offset == lg.segments[0].base_offset
+    assert lg.segment_count == 1 and not lg.segments[0].is_empty
+
+
+def test_retention_of_a_recent_single_segment_deletes_nothing(tmp_path):
+    lg = _open(tmp_path, retention_ms=1000)
+    _fill(lg, batches=3, per=2, ts=5000)
+    lg.update_high_watermark(lg.log_end_offset)
+    assert lg.apply_retention(now_ms=5500) == 0
+    assert lg.log_start_offset == 0 and lg.log_end_offset == 6
 
 
 def test_retention_only_below_high_watermark(tmp_path):

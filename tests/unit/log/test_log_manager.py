@@ -124,8 +124,9 @@ def test_update_config_and_retention_and_flush_all(tmp_path):
         lg.append_as_leader(make_batch(2), 0)
         lg.update_high_watermark(lg.log_end_offset)
         assert lg.config.segment_bytes == 100
-    assert m.run_retention() == 4
-    assert all(lg.segment_count == 1 for lg in logs)
+    assert m.run_retention() == 6   # retention.bytes=0: every segment, the active ones rolled first
+    assert all(lg.segment_count == 1 and lg.size_bytes == 0 for lg in logs)
+    assert all(lg.log_start_offset == lg.log_end_offset == 16 for lg in logs)
     m.flush_all()
     m.close()
 
