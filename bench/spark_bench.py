@@ -9,6 +9,12 @@ same broker without Spark:
 - read baselines: raw fetch only (bytes over HTTP), raw fetch + Arrow decode (what each
   Spark read task does), raw fetch + the reference per-record decoder (`decode_batches`).
 
+Then the example pipeline (`pipelines/clickstream.py`: clicks -> per-page per-minute
+counts with a watermark -> `page-stats`) runs as a streaming job (1 s trigger) while a
+generator sends a round of clicks every second; printed: micro-batch duration p50/p99 of
+the batches that had input, and the ingest latency of each round (sent -> the micro-batch
+that read it committed its output), p50/p99.
+
 Spark reads are forced through every column with the `noop` sink. Starts a local node
 (`kraftlog serve`) in a temp dir unless --bootstrap is given. Figures are printed, not
 asserted; the machine has 2 cores shared by the broker, Spark's JVM and its Python workers.
@@ -95,6 +101,83 @@ def spark_read(spark, url: str, topic: str) -> float:
     return time.perf_counter() - t0
 
 
+def _pct(xs: list, q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def pipeline_latency(spark, url: str, cluster, rounds: int, clicks_per_round: int) -> dict:
+    """Run the clickstream job; a round of clicks each second. -> latency figures (ms)."""
+    import datetime
+    import json
+    import shutil
+
+    from pipelines import clickstream
+
+    clicks, stats = "clicks-" + uuid.uuid4().hex[:8], "stats-" + uuid.uuid4().hex[:8]
+    starting = clickstream.ensure_topic(cluster, clicks, partitions=2)
+    clickstream.ensure_topic(cluster, stats, partitions=1)
+    checkpoint = tempfile.mkdtemp(prefix="spark-bench-chk-")
+    query = clickstream.start_job(spark, url, clicks, stats, starting, checkpoint)
+    events = clickstream.make_events(rounds * clicks_per_round, 5, 50, 7)
+    sent = []   # (wall time sent, {partition: last offset})
+    try:
+        for r in range(rounds):
+            chunk = events[r * clicks_per_round:(r + 1) * clicks_per_round]
+            t = time.time()
+            resp = _produce_round(url, clicks, chunk)
+            last = {}
+            for o in resp["offsets"]:
+                last[o["partition"]] = max(last.get(o["partition"], -1), o["offset"])
+            sent.append((t, last))
+            print(f"  pipeline: round {r + 1}/{rounds} sent ({clicks_per_round} clicks)", flush=True)
+            time.sleep(max(0.0, t + 1.0 - time.time()))
+        want = {p: o for _, last in sent for p, o in last.items()}
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            prog = query.lastProgress or {}
+            ends = (prog.get("sources") or [{}])[0].get("endOffset")
+            ends = json.loads(ends) if isinstance(ends, str) else ends
+            if ends and all(int(ends.get(clicks, {}).get(str(p), -1)) > o for p, o in want.items()):
+                break
+            time.sleep(0.5)
+        progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+    finally:
+        query.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+    def done_at(p) -> float:
+        start = datetime.datetime.strptime(p["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+        return start + p["durationMs"]["triggerExecution"] / 1000
+
+    batches = []
+    for p in progress:
+        ends = p["sources"][0]["endOffset"]
+        ends = json.loads(ends) if isinstance(ends, str) else ends
+        batches.append((done_at(p), {int(k): int(v) for k, v in ends[clicks].items()}))
+    ingest = []
+    for t, last in sent:
+        first = next((done for done, ends in batches if all(ends.get(p, -1) > o for p, o in last.items())), None)
+        if first is not None:
+            ingest.append((first - t) * 1000)
+    durations = [p["durationMs"]["triggerExecution"] for p in progress]
+    return {"batches": len(durations), "batch_p50": _pct(durations, 0.5), "batch_p99": _pct(durations, 0.99),
+            "rounds": len(sent), "rounds_seen": len(ingest), "ingest_p50": _pct(ingest, 0.5),
+            "ingest_p99": _pct(ingest, 0.99)}
+
+
+def _produce_round(url: str, topic: str, chunk: list) -> dict:
+    import json
+    import urllib.request
+
+    body = json.dumps({"records": [{"key": e["user"], "value": json.dumps(e)} for e in chunk]}).encode()
+    req = urllib.request.Request(f"{url}/v1/topics/{topic}/records", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="kraftlog Spark connector benchmark")
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -102,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2, help="best of N for each measurement")
     parser.add_argument("--bootstrap", help="broker URL (default: start a local node)")
+    parser.add_argument("--pipeline-rounds", type=int, default=30, help="clickstream rounds, one a second")
+    parser.add_argument("--pipeline-clicks", type=int, default=500, help="clicks per round")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -155,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
         spark_read(spark, url, data)  # warm up
         best = min(spark_read(spark, url, data) for _ in range(args.repeat))
         results.append(("read: Spark spark.read.format('kraftlog') -> noop", n, n * vb, best))
+        latency = pipeline_latency(spark, url, cluster, args.pipeline_rounds, args.pipeline_clicks) \
+            if args.pipeline_rounds > 0 else None
     finally:
         spark.stop()
         if node is not None:
@@ -177,6 +264,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nSpark read / Arrow-decode baseline: {spark_read_rps / arrow_rps:.2f}; "
           f"Spark write / raw-produce baseline: {spark_write_rps / base_write_rps:.2f}; "
           f"idempotent write / at-least-once write: {spark_write_rps / plain_write_rps:.2f}")
+    if latency:
+        print(f"\nexample pipeline (clickstream, 1 s trigger, {args.pipeline_clicks} clicks a second): "
+              f"{latency['batches']} micro-batches with input, duration p50 {latency['batch_p50']:.0f} ms "
+              f"p99 {latency['batch_p99']:.0f} ms; round sent -> output committed p50 {latency['ingest_p50']:.0f} ms "
+              f"p99 {latency['ingest_p99']:.0f} ms ({latency['rounds_seen']}/{latency['rounds']} rounds)")
 
 
 if __name__ == "__main__":
