@@ -19,9 +19,8 @@ import json
 import struct
 from dataclasses import dataclass
 
-import aiohttp
-
 from http_api.errors import ErrorCode, KraftlogError
+from http_api.replica_connection import ConnectionRefused, ProtocolError, ReplicaConnectionPool
 
 INTERNAL_PREFIX = "/internal/v1"
 REPLICA_FETCH_MEDIA = "application/vnd.kraftlog.replica-fetch"
@@ -34,7 +33,7 @@ class PartitionData:
 
     topic: str
     partition: int
-    records: bytes = b""
+    records: bytes | memoryview = b""
     high_watermark: int = -1
     log_start_offset: int = -1
     log_end_offset: int = -1
@@ -61,10 +60,6 @@ def encode_fetch_header(entries: list[dict]) -> bytes:
     return _LEN.pack(len(head)) + head
 
 
-def encode_fetch_response(entries: list[dict], chunks: list[bytes]) -> bytes:
-    return b"".join([encode_fetch_header(entries), *chunks])
-
-
 def _entries_to_data(entries: list[dict], read) -> list[PartitionData]:
     out = []
     for e in entries:
@@ -77,18 +72,30 @@ def _entries_to_data(entries: list[dict], read) -> list[PartitionData]:
     return out
 
 
-def decode_fetch_response(body: bytes) -> list[PartitionData]:
-    if len(body) < 4:
+def decode_fetch_response(body) -> list[PartitionData]:
+    """Parse a replica-fetch answer; each partition's records are a memoryview slice of
+    `body` (no copy). A malformed answer is CORRUPT_MESSAGE."""
+    view = memoryview(body)
+    if len(view) < 4:
         raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer is truncated")
-    (n,) = _LEN.unpack_from(body, 0)
-    head = json.loads(body[4:4 + n])
+    (n,) = _LEN.unpack_from(view, 0)
+    try:
+        head = json.loads(bytes(view[4:4 + n]))
+        entries = head["partitions"]
+    except (ValueError, KeyError, TypeError):
+        raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer header is not the expected JSON") from None
     pos = 4 + n
 
-    def read(size: int) -> bytes:
+    def read(size: int) -> memoryview:
         nonlocal pos
         pos += size
-        return body[pos - size:pos]
-    return _entries_to_data(head["partitions"], read)
+        if pos > len(view):
+            raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer is shorter than its header says")
+        return view[pos - size:pos]
+    try:
+        return _entries_to_data(entries, read)
+    except (KeyError, TypeError, ValueError):
+        raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer has a malformed partition entry") from None
 
 
 def _error(status: int, body: bytes) -> KraftlogError:
@@ -101,75 +108,53 @@ def _error(status: int, body: bytes) -> KraftlogError:
         return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"leader answered HTTP {status}")
 
 
-class HttpReplicaTransport:
-    """The follower side of the internal routes (one keep-alive session for all leaders)."""
+class ReplicaTransport:
+    """The follower side of the internal routes over `ReplicaConnectionPool` (lean HTTP/1.1,
+    the answer body received straight into one buffer; each partition's records are a
+    memoryview slice of it, appended without a copy). An unreachable leader, a timeout or
+    a garbled answer is BROKER_NOT_AVAILABLE, with `refused=True` when nothing listens at
+    its address (the fetcher then reports the leader to the controller)."""
 
-    def __init__(self, session: aiohttp.ClientSession | None = None, request_timeout_ms: int = 30_000) -> None:
-        self._session = session
+    def __init__(self, request_timeout_ms: int = 30_000, connect_timeout_ms: int = 3_000) -> None:
         self.request_timeout_ms = request_timeout_ms
-
-    def _s(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=3))
-        return self._session
+        self.pool = ReplicaConnectionPool(connect_timeout_ms / 1000)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self.pool.close()
 
-    async def _post(self, url: str, doc: dict, timeout_s: float) -> bytes:
+    async def _post(self, leader_url: str, route: str, doc: dict, timeout_s: float):
+        url = f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/{route}"
+        body = json.dumps(doc, separators=(",", ":")).encode()
         try:
-            async with self._s().post(url, json=doc, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-                body = await r.read()
-                if r.status >= 400:
-                    raise _error(r.status, body)
-                return body
-        except aiohttp.ClientConnectorError as e:  # refused / unresolvable: the process is gone
+            answer = await asyncio.wait_for(self.pool.post(leader_url, f"{INTERNAL_PREFIX}/{route}", body), timeout_s)
+        except ConnectionRefused as e:
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",
                                 refused=True) from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (ProtocolError, ValueError, asyncio.TimeoutError, OSError) as e:
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"leader at {url} unreachable: {e or type(e).__name__}") from None
+        if answer.status >= 400:
+            raise _error(answer.status, bytes(answer.body))
+        return answer.body
 
     async def fetch(self, leader_url: str, replica_id: int, broker_epoch: int, partitions: list[dict], *,
                     max_bytes: int, partition_max_bytes: int, max_wait_ms: int) -> list[PartitionData]:
-        """One long poll; each partition's batches are read from the stream as their own
-        bytes object (one copy: no whole-body join, no slicing)."""
-        url = f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/replica-fetch"
+        """One long poll; each partition's records are a memoryview of the answer buffer."""
         doc = {"replica_id": replica_id, "broker_epoch": broker_epoch, "max_wait_ms": max_wait_ms,
                "max_bytes": max_bytes, "partition_max_bytes": partition_max_bytes, "partitions": partitions}
+        body = await self._post(leader_url, "replica-fetch", doc, max_wait_ms / 1000 + self.request_timeout_ms / 1000)
         try:
-            async with self._s().post(url, json=doc, timeout=aiohttp.ClientTimeout(
-                    total=max_wait_ms / 1000 + self.request_timeout_ms / 1000)) as r:
-                if r.status >= 400:
-                    raise _error(r.status, await r.read())
-                (n,) = _LEN.unpack(await r.content.readexactly(4))
-                head = json.loads(await r.content.readexactly(n))
-                out = []
-                for e in head["partitions"]:
-                    err = _entry_error(e)
-                    if err is not None:
-                        out.append(PartitionData(e["topic"], e["partition"], error=err))
-                        continue
-                    size = int(e["size"])
-                    data = await r.content.readexactly(size) if size else b""
-                    out.append(PartitionData(e["topic"], int(e["partition"]), data, int(e["high_watermark"]),
-                                             int(e["log_start_offset"]), int(e["log_end_offset"])))
-                return out
-        except aiohttp.ClientConnectorError as e:
-            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",
-                                refused=True) from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, asyncio.IncompleteReadError, OSError) as e:
-            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
-                                f"leader at {url} unreachable: {e or type(e).__name__}") from None
+            return decode_fetch_response(body)
+        except KraftlogError as e:   # garbled on the way: like a dropped connection, fetch again
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {leader_url}: {e.message}") from None
 
     async def epoch_end_offsets(self, leader_url: str, replica_id: int,
                                 partitions: list[dict]) -> list[tuple[str, int, int, int, KraftlogError | None]]:
         """-> [(topic, partition, epoch, end_offset, error)]"""
-        body = await self._post(f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/epoch-end-offsets",
-                                {"replica_id": replica_id, "partitions": partitions}, self.request_timeout_ms / 1000)
+        body = await self._post(leader_url, "epoch-end-offsets", {"replica_id": replica_id, "partitions": partitions},
+                                self.request_timeout_ms / 1000)
         out = []
-        for e in json.loads(body)["partitions"]:
+        for e in json.loads(bytes(body))["partitions"]:
             err = _entry_error(e)
             out.append((e["topic"], int(e["partition"]), int(e.get("epoch", -1)), int(e.get("end_offset", -1)), err))
         return out

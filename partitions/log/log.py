@@ -490,7 +490,9 @@ class Log:
         batch must start at the log end offset (on compacted topics: at or after it)."""
         with self._lock:
             self._check_open()
-            data = records if isinstance(records, bytes) else bytes(records)
+            # bytes and memoryviews (a replica fetch answer's slices) are written as they are;
+            # a bytearray is copied, its owner could change it after we validated it
+            data = records if isinstance(records, (bytes, memoryview)) else bytes(records)
             batches = self._validate_all(data, None)
             leo = self.log_end_offset
             first = batches[0][1][H_BASE_OFFSET]
