@@ -248,17 +248,33 @@ def _run_client(coro_fn, args) -> int:
 
 # ---- argument parsing ----------------------------------------------------------------
 
+DEFAULT_BOOTSTRAP = "http://127.0.0.1:8082"
+_BOOTSTRAP_HELP = "broker URL(s), comma separated (default $KRAFTLOG_URL or http://127.0.0.1:8082)"
+
+
 def _client_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--bootstrap", default=os.environ.get("KRAFTLOG_URL") or "http://127.0.0.1:8082",
-                   help="broker URL(s), comma separated (default $KRAFTLOG_URL or http://127.0.0.1:8082)")
+    p.add_argument("--bootstrap", default=None, help=_BOOTSTRAP_HELP)
     p.add_argument("--output", choices=("text", "json"), default="text")
     return p
 
 
+class _Parser(argparse.ArgumentParser):
+    """`--bootstrap` is accepted before the command (`kraftlog --bootstrap URL topic list`)
+    as well as after it; after it wins, then $KRAFTLOG_URL, then the default."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        if hasattr(ns, "bootstrap"):
+            ns.bootstrap = (ns.bootstrap or getattr(ns, "global_bootstrap", None) or os.environ.get("KRAFTLOG_URL")
+                            or DEFAULT_BOOTSTRAP)
+        return ns, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kraftlog", description="kraftlog: a Kafka-style commit log over HTTP")
-    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
+    parser = _Parser(prog="kraftlog", description="kraftlog: a Kafka-style commit log over HTTP")
+    parser.add_argument("--bootstrap", dest="global_bootstrap", default=None, metavar="URL", help=_BOOTSTRAP_HELP)
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=argparse.ArgumentParser)
     client = _client_parent()
 
     s = sub.add_parser("serve", help="run one node (controller + broker processes) in the foreground")

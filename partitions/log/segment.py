@@ -13,7 +13,7 @@ Preallocation (`LogConfig.preallocate`): disk blocks are reserved ahead of the e
 segment being written with fallocate(FALLOC_FL_KEEP_SIZE), growing with the segment (as
 much as it holds, between `SEGMENT_PREALLOCATE_BYTES_MIN` and `SEGMENT_PREALLOCATE_BYTES_MAX`).
 Appends into reserved blocks skip the filesystem's block allocation (ext4: ~30% less kernel
-CPU per appended byte, measured in bench/log_bench.py). The file length stays the data
+CPU per appended byte; bench/log_bench.py shows the log's append with and without it). The file length stays the data
 length, so recovery and readers are unchanged; the reserve is released (ftruncate to the
 length) when the segment is rolled, truncated or closed. Best effort: a filesystem without
 fallocate, or a failing one (ENOSPC), just appends as before.
