@@ -657,10 +657,23 @@ class GroupCoordinator:
                     groups += doc["groups"]
             except Exception as e:  # noqa: BLE001 - reported, the rest is still listed
                 errors.append(f"broker {b}: {e}")
-        body = {"groups": sorted(groups, key=lambda g: g["group_id"])}
+        body = {"groups": self._current_coordinators_only(groups, t)}
         if errors:
             body["errors"] = errors
         return _json(body)
+
+    @staticmethod
+    def _current_coordinators_only(groups: list[dict], offsets_topic) -> list[dict]:
+        """One entry per group, from the broker this broker's metadata says leads its
+        offsets partition: a deposed coordinator that has not yet seen the change (a
+        partitioned one) may still hold the group; its listing is dropped."""
+        n = len(offsets_topic.partitions) if offsets_topic else 0
+        out: dict[str, dict] = {}
+        for g in groups:
+            reg = offsets_topic.partitions.get(grec.partition_for_group(g["group_id"], n)) if n else None
+            if reg is not None and reg.leader == g.get("coordinator_id"):
+                out[g["group_id"]] = g
+        return [out[k] for k in sorted(out)]
 
     async def internal_list_groups(self, request: web.Request) -> web.Response:
         return _json({"groups": self._local_groups()})
