@@ -59,6 +59,8 @@ class BrokerConfig:
     group_session_timeout_ms: int = 45_000     # session.timeout.ms when the member gives none
     group_heartbeat_interval_ms: int = 3_000   # capped at a third of the member's session timeout
     group_rebalance_timeout_ms: int = 60_000   # a member must revoke within this, else it is removed
+    offsets_retention_minutes: int = 10_080    # committed offsets of groups without members kept this long (7 days)
+    offsets_retention_check_interval_ms: int = 600_000  # how often expired offsets are looked for
 
     @property
     def url(self) -> str:

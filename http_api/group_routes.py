@@ -114,6 +114,7 @@ class _Loaded:
         self.state = state
         self.ready = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task | None = None
+        self.writes_in_flight = 0   # appends decided but not yet acknowledged (offset expiry waits for 0)
 
 
 class GroupCoordinator:
@@ -134,6 +135,7 @@ class GroupCoordinator:
         self.loaded: dict[int, _Loaded] = {}
         self._create_lock = asyncio.Lock()
         self._expiry_task: asyncio.Task | None = None
+        self._retention_task: asyncio.Task | None = None
         self._topics: dict[str, int] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -145,10 +147,12 @@ class GroupCoordinator:
         if self.deps.metadata.image is not None:
             self.on_metadata(self.deps.metadata.image)
         self._expiry_task = asyncio.ensure_future(self._expiry_loop())
+        self._retention_task = asyncio.ensure_future(self._offsets_retention_loop())
 
     async def stop(self) -> None:
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
+        for task in (self._expiry_task, self._retention_task):
+            if task is not None:
+                task.cancel()
         for p in list(self.loaded):
             self._unload(p)
 
@@ -260,6 +264,34 @@ class GroupCoordinator:
                 except Exception as e:
                     log.info("__consumer_offsets-%s: writing expiries failed: %s", ld.partition, e)
 
+    async def _offsets_retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+            await self.expire_offsets_once()
+
+    async def expire_offsets_once(self, now_ms: int | None = None) -> int:
+        """Write tombstones for committed offsets past `offsets_retention_minutes` in every
+        loaded partition (Kafka's offsets retention; the rule is in coordinator.py). A
+        partition with writes in flight is skipped until the next check: a commit decided
+        but not yet applied must not be deleted by a tombstone. Returns records written."""
+        now = _now_ms() if now_ms is None else now_ms
+        retention_ms = self.config.offsets_retention_minutes * 60_000
+        written = 0
+        for ld in list(self.loaded.values()):
+            if not ld.ready.done() or ld.ready.exception() is not None or ld.writes_in_flight:
+                continue
+            records = ld.state.expire_offsets(now, retention_ms)
+            if not records:
+                continue
+            try:
+                await self._append(ld, records, apply=True)
+                written += len(records)
+                log.info("%s-%d: %d expired offset / group records written (offsets_retention_minutes=%d)",
+                         OFFSETS_TOPIC, ld.partition, len(records), self.config.offsets_retention_minutes)
+            except Exception as e:  # leadership moving: the next coordinator expires them
+                log.info("%s-%d: writing expired offsets failed: %s", OFFSETS_TOPIC, ld.partition, e)
+        return written
+
     # ---- storage -----------------------------------------------------------------------
 
     def _append(self, ld: _Loaded, records: list, *, apply: bool = False):
@@ -273,8 +305,10 @@ class GroupCoordinator:
         batch = rb.build_batch([rb.Record(k, v) for k, v in records])
         task = asyncio.ensure_future(self.rm.append(OFFSETS_TOPIC, ld.partition, batch, acks=ACKS_ALL,
                                                     timeout_ms=self.config.offsets_commit_timeout_ms))
+        ld.writes_in_flight += 1
 
         def written(t: asyncio.Task) -> None:
+            ld.writes_in_flight -= 1
             if not t.cancelled() and t.exception() is None and apply and self.loaded.get(ld.partition) is ld:
                 ld.state.apply(records, t.result().first_offset, _now_ms())
         task.add_done_callback(written)

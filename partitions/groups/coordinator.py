@@ -22,6 +22,12 @@ still owns them); otherwise ILLEGAL_GENERATION, so a fenced or slow member canno
 partition's committed offset backwards behind its new owner. A commit without member id
 is accepted only while the group has no members (admin / manually assigned consumers).
 
+Offset retention (Kafka's offsets.retention.minutes, KIP-211): `expire_offsets` drops the
+committed offsets of groups without members once they are `retention_ms` old, counted from
+the later of the commit and the moment the group became empty (`empty_since_ms`, kept in
+the group record); a group whose offsets are all gone, or an empty group without offsets
+past retention, is deleted with them. Groups with members keep everything.
+
 Persistence: every change returns records (`(key, value)` bytes, see records.py) that the
 shell appends to this partition with acks=all; `replay(key, value, offset, now_ms)` applies a
 record read back from the log, so a new leader rebuilds the same state. Offset commits are
@@ -97,6 +103,7 @@ class Group:
     target_epoch: int = 0
     members: dict = field(default_factory=dict)      # member_id -> Member
     target: dict = field(default_factory=dict)       # member_id -> frozenset of TopicPartition
+    empty_since_ms: int = -1                         # when the last member left (-1: has members / never)
 
     @property
     def state(self) -> str:
@@ -112,7 +119,8 @@ class Group:
         return {"group": self.group_id, "assignor": self.assignor, "group_epoch": self.group_epoch,
                 "target_epoch": self.target_epoch,
                 "members": [self.members[m].to_dict() for m in sorted(self.members)],
-                "target": {m: _tp_list(tps) for m, tps in sorted(self.target.items())}}
+                "target": {m: _tp_list(tps) for m, tps in sorted(self.target.items())},
+                "empty_since_ms": self.empty_since_ms}
 
 
 @dataclass
@@ -226,6 +234,7 @@ class GroupCoordinatorState:
                              f"group {group_id!r} already has {cfg.group_max_size} members")
         g.members[member_id] = Member(member_id, client_id, topics, sto, rto, member_epoch=0,
                                       last_heartbeat_ms=now_ms)
+        g.empty_since_ms = -1
         self._bump(g)
         result = self._reconcile(g, g.members[member_id], frozenset(), now_ms)
         return result, [self._group_record(g)]
@@ -253,7 +262,7 @@ class GroupCoordinatorState:
 
     def leave(self, group_id: str, member_id: str, now_ms: int) -> list[Record]:
         g, _ = self._member(group_id, member_id)
-        return self._remove(g, member_id)
+        return self._remove(g, member_id, now_ms)
 
     def expire(self, now_ms: int) -> list[tuple[str, str, list]]:
         """Remove members whose session expired or who did not revoke in time.
@@ -264,7 +273,7 @@ class GroupCoordinatorState:
                 late = now_ms - m.last_heartbeat_ms > m.session_timeout_ms
                 stuck = bool(m.pending_revocation) and now_ms - m.revocation_started_ms > m.rebalance_timeout_ms
                 if late or stuck:
-                    out.append((g.group_id, m.member_id, self._remove(g, m.member_id)))
+                    out.append((g.group_id, m.member_id, self._remove(g, m.member_id, now_ms)))
         return out
 
     def next_expiry_ms(self) -> int | None:
@@ -286,8 +295,10 @@ class GroupCoordinatorState:
                              "expired); rejoin with member_epoch 0")
         return g, m
 
-    def _remove(self, g: Group, member_id: str) -> list[Record]:
+    def _remove(self, g: Group, member_id: str, now_ms: int) -> list[Record]:
         g.members.pop(member_id, None)
+        if not g.members:
+            g.empty_since_ms = now_ms
         self._bump(g)
         return [self._group_record(g)]
 
@@ -377,6 +388,31 @@ class GroupCoordinatorState:
         out += [(rec.offset_key(group_id, t, p), None) for (t, p) in sorted(self.offsets.get(group_id, {}))]
         return out
 
+    def expire_offsets(self, now_ms: int, retention_ms: int) -> list[Record]:
+        """Tombstones for offsets past retention (see module doc); groups left with nothing
+        are forgotten at once, their offsets once the tombstones are written and applied.
+        The caller must not have commits of this partition in flight (a commit decided
+        before this call but not yet applied would be deleted by these tombstones)."""
+        out: list[Record] = []
+        for gid in sorted(self.offsets):
+            g = self.groups.get(gid)
+            if g is not None and g.members:
+                continue
+            since = g.empty_since_ms if g is not None else -1
+            offs = self.offsets[gid]
+            expired = [tp for tp, om in sorted(offs.items())
+                       if now_ms - max(om.commit_timestamp_ms, since) >= retention_ms]
+            out += [(rec.offset_key(gid, t, p), None) for t, p in expired]
+            if expired and len(expired) == len(offs) and g is not None:
+                self.groups.pop(gid)
+                out.append((rec.group_key(gid), None))
+        for gid, g in sorted(self.groups.items()):
+            if (not g.members and gid not in self.offsets and g.empty_since_ms >= 0
+                    and now_ms - g.empty_since_ms >= retention_ms):
+                self.groups.pop(gid)
+                out.append((rec.group_key(gid), None))
+        return out
+
     def fetch_offsets(self, group_id: str) -> list[tuple[str, int, OffsetAndMetadata]]:
         return [(t, p, om) for (t, p), om in sorted(self.offsets.get(group_id, {}).items())]
 
@@ -427,7 +463,8 @@ class GroupCoordinatorState:
             self.groups.pop(gid, None)
             return
         old = self.groups.get(gid)
-        g = Group(gid, v.get("assignor", DEFAULT_ASSIGNOR), int(v["group_epoch"]), int(v["target_epoch"]))
+        g = Group(gid, v.get("assignor", DEFAULT_ASSIGNOR), int(v["group_epoch"]), int(v["target_epoch"]),
+                  empty_since_ms=int(v.get("empty_since_ms", -1)))
         for d in v.get("members", []):
             prev = old.members.get(d["member_id"]) if old is not None else None
             g.members[d["member_id"]] = Member(

@@ -2,6 +2,7 @@
 session expiry, fencing of stale commits, describe with lag, forwarding from any broker,
 and the coordinator moving to another broker with the group's state intact."""
 import asyncio
+import time
 
 from broker_harness import start_broker, stop_broker
 from fake_controller import FakeControllerClient
@@ -303,3 +304,25 @@ async def test_offsets_topic_cannot_be_deleted(broker):
     assert doc["error_code"] == "INVALID_TOPIC_EXCEPTION" and "DELETE /v1/groups" in doc["message"]
     offsets = (await (await c.get("/v1/groups/gk/offsets")).json())["offsets"]
     assert [(o["topic"], o["offset"]) for o in offsets] == [("tk", 3)]
+
+
+async def test_offsets_of_groups_without_members_expire_after_offsets_retention_minutes(broker):
+    from http_api.group_routes import SERVICE_KEY
+    c = broker.client
+    gc = c.server.app[SERVICE_KEY]
+    await create(c, "tr", 1)
+    m = await post(c, "/v1/groups/gr/join", {"subscribed_topics": ["tr"]})
+    await post(c, "/v1/groups/gr/offsets", {"member_id": m["member_id"], "member_epoch": m["member_epoch"],
+                                            "offsets": [{"topic": "tr", "partition": 0, "offset": 3}]})
+    await post(c, "/v1/groups/gs/offsets", {"offsets": [{"topic": "tr", "partition": 0, "offset": 8}]})
+    week = broker.config.offsets_retention_minutes * 60_000
+    now = int(time.time() * 1000)
+    assert await gc.expire_offsets_once(now + week + 60_000) == 1            # gs only: gr has a member
+    assert (await (await c.get("/v1/groups/gs/offsets")).json()) == {"offsets": []}
+    assert (await (await c.get("/v1/groups/gr/offsets")).json())["offsets"][0]["offset"] == 3
+    await post(c, "/v1/groups/gr/leave", {"member_id": m["member_id"]})
+    assert await gc.expire_offsets_once(now + week // 2) == 0                 # empty, but not for long
+    assert await gc.expire_offsets_once(now + 2 * week) == 2                  # its offset + the group
+    assert (await (await c.get("/v1/groups/gr/offsets")).json()) == {"offsets": []}
+    assert (await c.get("/v1/groups/gr")).status == 404
+    assert (await (await c.get("/v1/groups")).json())["groups"] == []

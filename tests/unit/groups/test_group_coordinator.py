@@ -291,3 +291,80 @@ def test_delete_group_only_when_empty_and_replay_forgets_it():
     for i, (k, v) in enumerate(log.records):
         fresh.replay(k, v, i, 5)
     assert fresh.groups == {} and fresh.offsets == {}
+
+
+# ---- offsets retention (offsets.retention.minutes) ------------------------------------
+
+DAY = 86_400_000
+
+
+def _write(st: GroupCoordinatorState, records: list, log: list) -> None:
+    """Append records to a fake log and apply them, as the shell does after acks=all."""
+    st.apply(records, len(log), 0)
+    log.extend(records)
+
+
+def test_offsets_of_a_group_with_members_never_expire():
+    st = GroupCoordinatorState(topics={"t": 2})
+    log: list = []
+    res, recs = st.join("g", "m1", ["t"], 0)
+    log += recs
+    assert res.assignment == {("t", 0), ("t", 1)}
+    _write(st, st.prepare_commit("g", [("t", p, 5) for _, p in sorted(res.assignment)], 0, member_id="m1"), log)
+    st.heartbeat("g", "m1", res.member_epoch, 100 * DAY)    # alive
+    assert len(st.fetch_offsets("g")) == 2
+    assert st.expire_offsets(100 * DAY, 7 * DAY) == []
+
+
+def test_retention_counts_from_when_the_group_became_empty():
+    st = GroupCoordinatorState(topics={"t": 1})
+    log: list = []
+    res, recs = st.join("g", "m1", ["t"], 0)
+    log += recs
+    _write(st, st.prepare_commit("g", [("t", 0, 9)], 0, member_id="m1"), log)
+    log += st.leave("g", "m1", 3 * DAY)                        # empty since day 3, commit from day 0
+    assert st.expire_offsets(3 * DAY + 7 * DAY - 1, 7 * DAY) == []
+    out = st.expire_offsets(10 * DAY, 7 * DAY)
+    assert sorted(k for k, _ in out) == sorted([rec.offset_key("g", "t", 0), rec.group_key("g")])
+    assert all(v is None for _, v in out)
+    _write(st, out, log)
+    assert st.fetch_offsets("g") == [] and st.list_groups() == []
+    # a new coordinator replaying the log agrees
+    st2 = GroupCoordinatorState(topics={"t": 1})
+    for i, (k, v) in enumerate(log):
+        st2.replay(k, v, i, 11 * DAY)
+    assert st2.fetch_offsets("g") == [] and st2.list_groups() == []
+
+
+def test_standalone_commits_expire_one_by_one_by_commit_time():
+    st = GroupCoordinatorState(topics={"t": 2})
+    log: list = []
+    _write(st, st.prepare_commit("s", [("t", 0, 1)], 0), log)
+    _write(st, st.prepare_commit("s", [("t", 1, 4)], 5 * DAY), log)
+    out = st.expire_offsets(8 * DAY, 7 * DAY)
+    assert out == [(rec.offset_key("s", "t", 0), None)]
+    _write(st, out, log)
+    assert [(t, p, om.offset) for t, p, om in st.fetch_offsets("s")] == [("t", 1, 4)]
+    # a fresh commit restarts the clock of its partition
+    _write(st, st.prepare_commit("s", [("t", 1, 6)], 11 * DAY), log)
+    assert st.expire_offsets(13 * DAY, 7 * DAY) == []
+
+
+def test_an_empty_group_without_offsets_is_forgotten_after_retention_and_the_record_replays():
+    st = GroupCoordinatorState(topics={"t": 1})
+    log: list = []
+    _, recs = st.join("e", "m1", ["t"], 0)
+    log += recs
+    recs = st.leave("e", "m1", DAY)
+    log += recs
+    assert rec.decode_value(recs[-1][1])["empty_since_ms"] == DAY
+    st2 = GroupCoordinatorState(topics={"t": 1})
+    for i, (k, v) in enumerate(log):
+        st2.replay(k, v, i, 2 * DAY)
+    assert st2.groups["e"].empty_since_ms == DAY
+    assert st2.expire_offsets(7 * DAY, 7 * DAY) == []
+    assert st2.expire_offsets(8 * DAY, 7 * DAY) == [(rec.group_key("e"), None)]
+    assert "e" not in st2.groups
+    # rejoining resets the empty clock
+    _, recs = st.join("e", "m2", ["t"], 2 * DAY)
+    assert st.groups["e"].empty_since_ms == -1 and rec.decode_value(recs[-1][1])["empty_since_ms"] == -1
