@@ -207,7 +207,7 @@ class ReplicaConnectionPool:
         if self.closed:
             raise ProtocolError("the connection pool is closed")
         addr = self.address(url)
-        host = f"{addr[0]}:{addr[1]}"
+        host = f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"   # IPv6 literal
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n").encode("latin-1")
         idle = self._idle.setdefault(addr, deque())

@@ -264,3 +264,27 @@ def test_only_http_urls_are_spoken_to():
     with pytest.raises(ValueError):
         ReplicaConnectionPool.address("https://leader:9092")
     assert ReplicaConnectionPool.address("http://10.0.0.5:8082/") == ("10.0.0.5", 8082)
+
+
+
+async def test_ipv6_leader_address_gets_a_bracketed_host_header():
+    entries, _ = _answer([b"v6"])
+    hosts = []
+
+    async def fetch(request):
+        hosts.append(request.headers["Host"])
+        return web.Response(body=encode_fetch_header(entries) + b"v6", content_type=replica_client.REPLICA_FETCH_MEDIA)
+    app = web.Application()
+    app.router.add_post("/internal/v1/replica-fetch", fetch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "::1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    t = ReplicaTransport(request_timeout_ms=2000)
+    try:
+        parts = await _fetch(t, f"http://[::1]:{port}")
+        assert bytes(parts[0].records) == b"v6" and hosts == [f"[::1]:{port}"]
+    finally:
+        await t.close()
+        await runner.cleanup()
