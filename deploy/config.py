@@ -53,11 +53,13 @@ class NodeConfig:
     log_cleaner_enable: bool = True         # compaction of cleanup.policy=compact topics
     log_cleaner_threads: int = 1
     log_cleaner_dedupe_buffer_size_bytes: int = 128 * MiB
+    log_cleaner_io_max_bytes_per_second: float = -1   # read + write IO of the cleaner; -1: no limit
     # consumer groups (offsets.topic.num.partitions, group.min.session.timeout.ms, ...)
     offsets_topic_num_partitions: int = 10
     offsets_topic_replication_factor: int = 3
     group_min_session_timeout_ms: int = 1_000
     group_max_session_timeout_ms: int = 300_000
+    offsets_retention_minutes: int = 10_080   # committed offsets of groups without members kept this long
     log_level: str = "INFO"
 
     # ---- derived ----------------------------------------------------------------------
@@ -115,6 +117,8 @@ class NodeConfig:
             log_retention_check_interval_ms=self.log_retention_check_interval_ms,
             log_cleaner_enable=self.log_cleaner_enable, log_cleaner_threads=self.log_cleaner_threads,
             log_cleaner_dedupe_buffer_size_bytes=self.log_cleaner_dedupe_buffer_size_bytes,
+            log_cleaner_io_max_bytes_per_second=self.log_cleaner_io_max_bytes_per_second,
+            offsets_retention_minutes=self.offsets_retention_minutes,
             offsets_topic_num_partitions=self.offsets_topic_num_partitions,
             offsets_topic_replication_factor=self.offsets_topic_replication_factor,
             group_min_session_timeout_ms=self.group_min_session_timeout_ms,
@@ -154,6 +158,10 @@ def _coerce(f: dataclasses.Field, raw: Any, source: str, key: str) -> Any:
             if isinstance(raw, bool):
                 raise ValueError
             return int(raw)
+        if t.startswith("float"):
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
         if t.startswith("bool"):
             if isinstance(raw, bool):
                 return raw

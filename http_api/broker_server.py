@@ -116,7 +116,8 @@ class Broker:
             self.log_manager, cleaner_enable=cfg.log_cleaner_enable, cleaner_threads=cfg.log_cleaner_threads,
             cleaner_backoff_ms=cfg.log_cleaner_backoff_ms, cleaner_process=cfg.log_cleaner_process,
             retention_check_interval_ms=cfg.log_retention_check_interval_ms,
-            dedupe_buffer_size_bytes=cfg.log_cleaner_dedupe_buffer_size_bytes // max(1, cfg.log_cleaner_threads))
+            dedupe_buffer_size_bytes=cfg.log_cleaner_dedupe_buffer_size_bytes // max(1, cfg.log_cleaner_threads),
+            io_max_bytes_per_second=cfg.log_cleaner_io_max_bytes_per_second / max(1, cfg.log_cleaner_threads))
         deps = BrokerDeps(replica_manager=self.rm, metadata=self.view, controller=self.client,
                           groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")),
                           health=self._health, producer_ids=self.producer_ids.next,

@@ -49,6 +49,7 @@ class BrokerConfig:
     log_cleaner_backoff_ms: int = 15_000       # a cleaner thread with nothing to clean sleeps this long
     log_cleaner_dedupe_buffer_size_bytes: int = 128 * MiB  # key -> offset map of one pass (all threads share it)
     log_cleaner_process: bool = True           # the CPU-heavy part of a pass in a child process (no GIL contention)
+    log_cleaner_io_max_bytes_per_second: float = -1  # read + write IO of all cleaner threads together; -1: no limit
     metadata_wait_ms: int = 10_000             # how long admin calls wait for the broker to see their result
     # consumer groups (http_api/group_routes.py; Kafka's offsets.topic.* and group.* settings)
     offsets_topic_num_partitions: int = 10     # __consumer_offsets partitions (fixed once created)

@@ -54,6 +54,8 @@ class LogCleanerCollector:
             ("kraftlog_log_cleaner_tombstones_removed", "Tombstones removed after delete.retention.ms",
              "tombstones_removed_total"),
             ("kraftlog_log_cleaner_seconds", "Time spent cleaning", "cleaning_seconds_total"),
+            ("kraftlog_log_cleaner_throttled_seconds", "Time the cleaner slept to stay under "
+             "log_cleaner_io_max_bytes_per_second", "throttled_seconds_total"),
             ("kraftlog_log_retention_runs", "Retention passes", "retention_runs_total"),
             ("kraftlog_log_retention_segments_deleted", "Segments deleted by retention",
              "segments_deleted_by_retention_total"),

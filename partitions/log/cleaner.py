@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .config import LogConfig
 from .errors import CorruptRecordError, LogClosedError
+from .throttler import Throttler
 from .leader_epoch_cache import write_checkpoint_file
 from .record_batch import (
     BatchHeader,
@@ -90,6 +91,7 @@ class CleanerStats:
     map_keys: int = 0
     map_bytes: int = 0
     elapsed_s: float = 0.0
+    throttled_s: float = 0.0   # slept to stay under io_max_bytes_per_second
     aborted: bool = False
 
     def to_dict(self) -> dict:
@@ -182,6 +184,7 @@ class CleaningPlan:
     dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
     max_map_keys: int | None = None
     generation: int = 0
+    io_max_bytes_per_second: float = -1   # read + write bytes of the worker; <= 0: no limit
 
 
 @dataclass
@@ -196,6 +199,7 @@ class GroupResult:
     records_retained: int = 0
     tombstones_removed: int = 0
     dirty_tombstones_kept: int = 0
+    throttled_s: float = 0.0   # the worker's total so far (map building included)
 
 
 @dataclass
@@ -216,6 +220,7 @@ class CleanerWorker:
         self.end = plan.end
         self._h_ends = [e for e, _ in plan.horizons]
         self._h_times = [t for _, t in plan.horizons]
+        self.throttler = Throttler(plan.io_max_bytes_per_second)
 
     def _open(self, ref: SegmentRef) -> LogSegment:
         return LogSegment.open_read_only(self.plan.dir, ref.base_offset, self.plan.config, ref.size, ref.next_offset)
@@ -226,6 +231,7 @@ class CleanerWorker:
             for pos, header in seg.scan_batches(0):
                 if header.next_offset <= skip_below:
                     continue
+                self.throttler.maybe_throttle(header.size)
                 yield header, seg.read_bytes(pos, header.size)
         finally:
             seg.close()
@@ -297,7 +303,7 @@ class CleanerWorker:
                     result.bytes_read += len(raw)
                     last_epoch = max(last_epoch, header.partition_leader_epoch)
                     if header.is_control or header.record_count == 0:
-                        _append(cleaned, raw, header)
+                        self._write(cleaned, raw, header)
                         last_dropped = None
                         continue
                     offsets, keys, value_lens = decode_keys(raw)
@@ -323,7 +329,7 @@ class CleanerWorker:
                     kept = [records[i] for i in keep] if records else keep
                     result.records_retained += len(kept)
                     if len(kept) == n:
-                        _append(cleaned, raw, header)
+                        self._write(cleaned, raw, header)
                         last_dropped = None
                     elif kept:
                         batch = build_batch(
@@ -339,7 +345,7 @@ class CleanerWorker:
                             last_offset_delta=header.last_offset_delta,
                             is_transactional=header.is_transactional,
                         )
-                        _append(cleaned, batch, BatchHeader.parse(batch))
+                        self._write(cleaned, batch, BatchHeader.parse(batch))
                         last_dropped = None
                     elif header.producer_id >= 0 and header.last_offset in keep_producer_batches:
                         # the producer's last batch: keep its header so its state survives
@@ -354,7 +360,7 @@ class CleanerWorker:
                             base_sequence=header.base_sequence,
                             attributes=header.attributes,
                         )
-                        _append(cleaned, empty, BatchHeader.parse(empty))
+                        self._write(cleaned, empty, BatchHeader.parse(empty))
                         last_dropped = None
                     else:
                         last_dropped = header
@@ -370,17 +376,22 @@ class CleanerWorker:
                     max_timestamp=ref_h.max_timestamp if ref_h else -1,
                     partition_leader_epoch=last_epoch,
                 )
-                _append(cleaned, empty, BatchHeader.parse(empty))
+                self._write(cleaned, empty, BatchHeader.parse(empty))
             cleaned.offset_index.flush(fsync=False)
             cleaned.time_index.flush(fsync=False)
             cleaned.flush()
             result.bytes_written = cleaned.size
             result.next_offset = cleaned.next_offset
+            result.throttled_s = self.throttler.throttled_s
         except BaseException:
             cleaned.delete()
             raise
         cleaned.close()
         return result
+
+    def _write(self, cleaned: LogSegment, raw: bytes, header: BatchHeader) -> None:
+        self.throttler.maybe_throttle(len(raw))
+        _append(cleaned, raw, header)
 
     def close(self) -> None:
         self.offset_map = {}
@@ -412,7 +423,9 @@ class LogCleaner:
         max_map_keys: int | None = None,
         time_ms: Callable[[], int] = _wall_clock_ms,
         runner=None,
+        io_max_bytes_per_second: float = -1,
     ):
+        self.io_max_bytes_per_second = io_max_bytes_per_second   # Kafka's log.cleaner.io.max.bytes.per.second
         self.dedupe_buffer_size_bytes = max(1, dedupe_buffer_size_bytes)
         self.max_map_keys = None if max_map_keys is None else max(1, max_map_keys)
         self._time_ms = time_ms
@@ -517,6 +530,7 @@ class LogCleaner:
                 dedupe_buffer_size_bytes=self.dedupe_buffer_size_bytes,
                 max_map_keys=self.max_map_keys,
                 generation=lg.generation,
+                io_max_bytes_per_second=self.io_max_bytes_per_second,
             )
             return plan, segments
 
@@ -550,6 +564,7 @@ class LogCleaner:
                 stats.records_read += res.records_read
                 stats.records_retained += res.records_retained
                 stats.tombstones_removed += res.tombstones_removed
+                stats.throttled_s = res.throttled_s
                 kept_dirty_tombstones += res.dirty_tombstones_kept
                 new = LogSegment(plan.dir, res.base_offset, plan.config, plan.now_ms, suffix=CLEANED_SUFFIX)
                 new.next_offset = res.next_offset

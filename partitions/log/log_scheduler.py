@@ -161,6 +161,7 @@ class CleanerMetrics:
         self.records_removed_total = 0
         self.tombstones_removed_total = 0
         self.cleaning_seconds_total = 0.0
+        self.throttled_seconds_total = 0.0
         self.last_pass_seconds = 0.0
         self.max_pass_seconds = 0.0
         self.retention_runs_total = 0
@@ -176,6 +177,7 @@ class CleanerMetrics:
             self.records_removed_total += stats.records_read - stats.records_retained
             self.tombstones_removed_total += stats.tombstones_removed
             self.cleaning_seconds_total += stats.elapsed_s
+            self.throttled_seconds_total += stats.throttled_s
             self.last_pass_seconds = stats.elapsed_s
             self.max_pass_seconds = max(self.max_pass_seconds, stats.elapsed_s)
 
@@ -221,6 +223,7 @@ class LogScheduler:
         cleaner_process: bool = False,
         retention_check_interval_ms: int = 300_000,
         dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
+        io_max_bytes_per_second: float = -1,
         time_ms: Callable[[], int] = _wall_clock_ms,
     ):
         self.log_manager = log_manager
@@ -230,6 +233,7 @@ class LogScheduler:
         self.cleaner_process = cleaner_process
         self.retention_check_interval_ms = retention_check_interval_ms
         self.dedupe_buffer_size_bytes = dedupe_buffer_size_bytes
+        self.io_max_bytes_per_second = io_max_bytes_per_second   # per cleaner thread
         self._time_ms = time_ms
         self.metrics = CleanerMetrics()
         self._stop = threading.Event()
@@ -241,7 +245,7 @@ class LogScheduler:
         # process of its own if cleaner_process)
         self._local_runner = ProcessCleanerRunner() if cleaner_process else None
         self._local_cleaner = LogCleaner(dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, time_ms=time_ms,
-                                         runner=self._local_runner)
+                                         runner=self._local_runner, io_max_bytes_per_second=io_max_bytes_per_second)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -256,7 +260,8 @@ class LogScheduler:
                 runner = ProcessCleanerRunner() if self.cleaner_process else None
                 self._runners.append(runner)
                 cleaner = LogCleaner(
-                    dedupe_buffer_size_bytes=self.dedupe_buffer_size_bytes, time_ms=self._time_ms, runner=runner
+                    dedupe_buffer_size_bytes=self.dedupe_buffer_size_bytes, time_ms=self._time_ms, runner=runner,
+                    io_max_bytes_per_second=self.io_max_bytes_per_second,
                 )
                 self._threads.append(
                     threading.Thread(target=self._cleaner_loop, args=(cleaner,), name=f"log-cleaner-{i}", daemon=True)

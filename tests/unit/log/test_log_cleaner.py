@@ -295,3 +295,23 @@ def test_cleaner_thread_runs_while_the_owner_appends_and_applies_retention(tmp_p
     assert _replay(_all(lg)) == expected
     lg.close_without_flush()
     assert _replay(_all(_open(tmp_path / "c-0", clock, cfg, clean=False))) == expected
+
+
+def test_cleaner_io_is_throttled_to_io_max_bytes_per_second(tmp_path):
+    import time as _time
+
+    results = {}
+    for limit in (-1, 10_000):
+        clock = FakeClock(10_000)
+        lg = _open(tmp_path / f"t{limit}-0", clock)
+        _fill(lg, clock, rounds=60)
+        t0 = _time.monotonic()
+        stats = LogCleaner(time_ms=clock, io_max_bytes_per_second=limit).clean(lg)
+        results[limit] = (stats, _time.monotonic() - t0)
+        assert stats and not stats.aborted and len(_all(lg)) == 5
+    free, _ = results[-1]
+    assert free.throttled_s == 0
+    slow, elapsed = results[10_000]
+    io_bytes = slow.bytes_read + slow.bytes_written
+    assert io_bytes > 5_000                           # enough IO for the limit to matter
+    assert slow.throttled_s > 0 and elapsed >= 0.8 * io_bytes / 10_000
