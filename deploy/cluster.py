@@ -120,7 +120,7 @@ def up(args: argparse.Namespace) -> int:
     for cfg in cfgs:
         p = running.get((cfg.node_id, "broker"))
         if p is None:
-            pr = spawn(broker_command(cfg), None, os.path.join(cfg.data_dir, "broker.log"), detach=True)
+            pr = spawn(broker_command(cfg), env, os.path.join(cfg.data_dir, "broker.log"), detach=True)
             p = {"node_id": cfg.node_id, "role": "broker", "pid": pr.pid, "url": cfg.broker_url}
         procs.append(p)
     state["processes"] = procs

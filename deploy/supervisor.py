@@ -153,7 +153,7 @@ def serve_combined(cfg: NodeConfig) -> int:
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
     controller = spawn(controller_command(cfg), env)
-    broker = spawn(broker_command(cfg))
+    broker = spawn(broker_command(cfg), env)   # the broker guards its /internal/ routes with it too
     code = 0
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -28,6 +28,7 @@ from http_api.codecs import CBOR, JSON, RAW_BATCH
 from http_api.config import BrokerConfig
 from http_api.errors import ErrorCode, KraftlogError
 from http_api.group_offsets import GroupOffsetStore
+from http_api.internal_auth import INTERNAL_PATH_PREFIX, INTERNAL_TOKEN_HEADER, internal_token, token_ok
 from http_api.partitioner import RoundRobin, partition_for_key
 from partitions.groups import records as grec
 from partitions.log import record_batch as rb
@@ -162,6 +163,7 @@ class BrokerApp:
         self.config = config
         self.deps = deps
         self.rm = deps.replica_manager
+        self.internal_token = internal_token(config.cluster_secret)   # /internal/ routes need it when set
         self.metrics = BrokerMetrics(deps.registry, deps)
         self.round_robin = RoundRobin()
 
@@ -707,6 +709,11 @@ async def _error_middleware(request: web.Request, handler):
     if client_id and log.isEnabledFor(logging.DEBUG):
         log.debug("%s %s client_id=%s correlation_id=%s", request.method, request.path, client_id, cid)
     try:
+        if request.path.startswith(INTERNAL_PATH_PREFIX) and not token_ok(
+                request.app[BROKER_KEY].internal_token, request.headers.get(INTERNAL_TOKEN_HEADER)):
+            raise KraftlogError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                                f"{request.path} is for the brokers of this cluster: the request lacks the token "
+                                "of the cluster secret (set the same `password` on every node)")
         resp = await handler(request)
     except KraftlogError as e:
         resp = _error_response(e)

@@ -32,6 +32,7 @@ from http_api.errors import ErrorCode, KraftlogError
 from http_api.group_offsets import GroupOffsetStore
 from http_api.metadata_view import MetadataView
 from http_api.producer_ids import ProducerIdAllocator
+from http_api.internal_auth import CLUSTER_SECRET_ENV, internal_token
 from http_api.replica_client import ReplicaTransport
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
@@ -93,7 +94,8 @@ class Broker:
                                  topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"),
                                  incarnation_id=self.lifecycle_incarnation)
         self.view = MetadataView(self.rm)
-        self.replica_transport = ReplicaTransport(request_timeout_ms=cfg.request_timeout_ms)
+        self.replica_transport = ReplicaTransport(request_timeout_ms=cfg.request_timeout_ms,
+                                                  internal_token=internal_token(cfg.cluster_secret))
         self.fetcher = ReplicaFetcherManager(
             self.rm, self.replica_transport, cfg.broker_id,
             broker_epoch=lambda: getattr(self.lifecycle, "broker_epoch", None) or -1,
@@ -357,6 +359,8 @@ def main(argv: Optional[list] = None) -> None:
     unknown = set(values) - known
     if unknown:
         raise SystemExit(f"unknown broker settings {sorted(unknown)}; known: {sorted(known)}")
+    if values.get("cluster_secret") is None and os.environ.get(CLUSTER_SECRET_ENV):
+        values["cluster_secret"] = os.environ[CLUSTER_SECRET_ENV]
     run_broker(BrokerConfig(**values))
 
 

@@ -62,6 +62,9 @@ class BrokerConfig:
     group_rebalance_timeout_ms: int = 60_000   # a member must revoke within this, else it is removed
     offsets_retention_minutes: int = 10_080    # committed offsets of groups without members kept this long (7 days)
     offsets_retention_check_interval_ms: int = 600_000  # how often expired offsets are looked for
+    # the cluster secret (the node config's `password`, passed as $KRAFTLOG_RAFT_PASSWORD, never
+    # on the command line): when set, /internal/ routes need its token (http_api/internal_auth.py)
+    cluster_secret: str | None = None
 
     @property
     def url(self) -> str:

@@ -73,6 +73,7 @@ class ErrorCode(enum.Enum):
     GROUP_MAX_SIZE_REACHED = (409, False)
     OFFSET_METADATA_TOO_LARGE = (400, False)
     NON_EMPTY_GROUP = (409, False)
+    CLUSTER_AUTHORIZATION_FAILED = (401, False)   # /internal/ routes without the cluster token
 
     @property
     def http_status(self) -> int:

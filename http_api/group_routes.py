@@ -51,6 +51,7 @@ from http_api import codecs
 from http_api.codecs import JSON
 from http_api.errors import ErrorCode, KraftlogError
 from http_api.group_offsets import validate_group_id
+from http_api.internal_auth import INTERNAL_TOKEN_HEADER
 from partitions.groups import records as grec
 from partitions.groups.coordinator import GroupConfig, GroupCoordinatorState, GroupError
 from partitions.log import record_batch as rb
@@ -125,6 +126,8 @@ class GroupCoordinator:
         self.config = broker_app.config
         self.deps = broker_app.deps
         self.rm = broker_app.deps.replica_manager
+        token = broker_app.internal_token
+        self._internal_headers = {INTERNAL_TOKEN_HEADER: token} if token else {}
         c = self.config
         self.group_config = GroupConfig(
             session_timeout_ms=c.group_session_timeout_ms,
@@ -686,6 +689,7 @@ class GroupCoordinator:
             broker = img.brokers.get(b)
             try:
                 async with self.deps.http_session.get(f"{broker.url.rstrip('/')}/internal/v1/groups",
+                                                      headers=self._internal_headers,
                                                       timeout=aiohttp.ClientTimeout(total=5)) as resp:
                     doc = await resp.json()
                     groups += doc["groups"]

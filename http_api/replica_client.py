@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 
 from http_api.errors import ErrorCode, KraftlogError
+from http_api.internal_auth import INTERNAL_TOKEN_HEADER
 from http_api.replica_connection import ConnectionRefused, ProtocolError, ReplicaConnectionPool
 
 INTERNAL_PREFIX = "/internal/v1"
@@ -115,9 +116,11 @@ class ReplicaTransport:
     a garbled answer is BROKER_NOT_AVAILABLE, with `refused=True` when nothing listens at
     its address (the fetcher then reports the leader to the controller)."""
 
-    def __init__(self, request_timeout_ms: int = 30_000, connect_timeout_ms: int = 3_000) -> None:
+    def __init__(self, request_timeout_ms: int = 30_000, connect_timeout_ms: int = 3_000,
+                 internal_token: str | None = None) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.pool = ReplicaConnectionPool(connect_timeout_ms / 1000)
+        self.headers = {INTERNAL_TOKEN_HEADER: internal_token} if internal_token else {}
 
     async def close(self) -> None:
         self.pool.close()
@@ -126,7 +129,9 @@ class ReplicaTransport:
         url = f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/{route}"
         body = json.dumps(doc, separators=(",", ":")).encode()
         try:
-            answer = await asyncio.wait_for(self.pool.post(leader_url, f"{INTERNAL_PREFIX}/{route}", body), timeout_s)
+            # asyncio.timeout, not wait_for: no inner task whose late error nobody retrieves
+            async with asyncio.timeout(timeout_s):
+                answer = await self.pool.post(leader_url, f"{INTERNAL_PREFIX}/{route}", body, headers=self.headers)
         except ConnectionRefused as e:
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",
                                 refused=True) from None

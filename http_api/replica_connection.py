@@ -196,20 +196,22 @@ class ReplicaConnectionPool:
     async def _connect(self, addr: tuple[str, int]) -> ReplicaConnection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(ReplicaConnection, *addr),
-                                             self.connect_timeout_s)
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(ReplicaConnection, *addr)
         except ConnectionRefusedError as e:
             raise ConnectionRefused(str(e)) from None
         return conn
 
-    async def post(self, url: str, path: str, body: bytes, content_type: str = "application/json") -> _Answer:
+    async def post(self, url: str, path: str, body: bytes, content_type: str = "application/json",
+                   headers: dict | None = None) -> _Answer:
         """POST `body` to `path` at the leader of `url`; -> the answer (status, headers, body)."""
         if self.closed:
             raise ProtocolError("the connection pool is closed")
         addr = self.address(url)
         host = f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"   # IPv6 literal
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n").encode("latin-1")
+                f"Content-Length: {len(body)}\r\n{extra}Connection: keep-alive\r\n\r\n").encode("latin-1")
         idle = self._idle.setdefault(addr, deque())
         while idle:
             conn = idle.pop()

@@ -22,6 +22,7 @@ from http_api.group_offsets import GroupOffsetStore  # noqa: E402
 from http_api.metadata_view import MetadataView  # noqa: E402
 from partitions.replication.replica_manager import ReplicaManager  # noqa: E402
 from partitions.replication.replica_fetcher import ReplicaFetcherManager  # noqa: E402
+from http_api.internal_auth import internal_token  # noqa: E402
 from http_api.replica_client import ReplicaTransport  # noqa: E402
 
 
@@ -57,7 +58,8 @@ async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: in
                         max_concurrent_long_polls=cfg.max_concurrent_long_polls,
                         default_log_config_factory=factory)
     view = MetadataView(rm)
-    fetcher = ReplicaFetcherManager(rm, ReplicaTransport(), broker_id, fetch_wait_max_ms=200,
+    fetcher = ReplicaFetcherManager(rm, ReplicaTransport(internal_token=internal_token(cfg.cluster_secret)),
+                                    broker_id, fetch_wait_max_ms=200,
                                     backoff_ms=20)
     view.add_listener(fetcher.sync)
     controller.views.append(view)

@@ -1,0 +1,33 @@
+"""Authentication of the broker-to-broker routes (`/internal/...`).
+
+The nodes of a cluster share one secret (the node config's `password`, which also guards
+the controllers' raft port; processes get it as $KRAFTLOG_RAFT_PASSWORD). A broker that
+has it refuses `/internal/` requests without the token derived from it, with 401
+CLUSTER_AUTHORIZATION_FAILED, and sends the token on its own internal requests (replica
+fetches, epoch end offsets, group listings). The token is a SHA-256 of the secret, so the
+secret itself (the raft key) never crosses the wire. Plain HTTP: the token keeps out
+strangers and misconfigured nodes, not an eavesdropper on the network; keep broker ports on
+a private network. No secret configured (tests, a bare `python -m http_api.broker_server`):
+no check.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+CLUSTER_SECRET_ENV = "KRAFTLOG_RAFT_PASSWORD"
+INTERNAL_TOKEN_HEADER = "X-Kraftlog-Internal-Token"
+INTERNAL_PATH_PREFIX = "/internal/"
+
+
+def internal_token(secret: str | None) -> str | None:
+    if not secret:
+        return None
+    return hashlib.sha256(b"kraftlog-internal-routes:" + secret.encode()).hexdigest()
+
+
+def token_ok(expected: str | None, given: str | None) -> bool:
+    """True when no token is expected, or `given` is it (constant-time compare)."""
+    if expected is None:
+        return True
+    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
