@@ -1,7 +1,5 @@
 """Broker-to-broker routes with a cluster secret: strangers get 401 CLUSTER_AUTHORIZATION_FAILED,
 brokers of the cluster replicate and list groups with the token."""
-import asyncio
-
 import pytest
 from broker_harness import start_broker, stop_broker
 from fake_controller import FakeControllerClient
@@ -42,7 +40,7 @@ async def test_brokers_sharing_the_secret_replicate_and_list_groups(secured):
     r = await b1.client.post("/v1/topics", json={"name": "sec", "partitions": 2, "replication_factor": 2})
     assert r.status == 201
     for p in range(2):
-        r = await b1.client.post(f"/v1/topics/sec/records?acks=all",
+        r = await b1.client.post("/v1/topics/sec/records?acks=all",
                                  json={"records": [{"value": f"v{p}", "partition": p}]})
         assert r.status == 200, await r.text()     # acks=all: the follower fetched with the token
     r = await b2.client.post("/v1/groups/gsec/offsets", json={"offsets": [{"topic": "sec", "partition": 0, "offset": 1}]})
@@ -56,4 +54,3 @@ async def test_public_routes_need_no_token(secured):
     b1, _ = secured
     assert (await b1.client.get("/v1/metadata")).status == 200
     assert (await b1.client.get("/healthz")).status == 200
-    await asyncio.sleep(0)
