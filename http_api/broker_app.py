@@ -645,6 +645,8 @@ class BrokerApp:
         self.metrics.replica_fetch_requests.inc()
         self.metrics.replica_fetch_bytes.inc(body_bytes)
         resp.content_length = len(head) + body_bytes
+        if self.rm.closing:
+            resp.force_close()   # stopping: the follower must not re-fetch on this connection
         await resp.prepare(request)
         await resp.write(head)
         for c in chunks:

@@ -40,6 +40,10 @@ from partitions.replication.replica_manager import ReplicaManager
 log = logging.getLogger("kraftlog.broker")
 
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 10.0
+# aiohttp waits this long (in two phases) for busy connections at stop; long polls and acks=all
+# waits are answered by ReplicaManager.begin_shutdown first, so 1 s is plenty (5 s made a
+# rolling restart stop take 10 s while followers kept their keep-alive fetch connections busy)
+SHUTDOWN_HANDLERS_WAIT_S = 1.0
 REGISTER_RETRY_BACKOFF_S = 0.5
 METADATA_POLL_MAX_WAIT_MS = 2000
 ISR_CHECK_INTERVAL_MS = 1000
@@ -126,7 +130,8 @@ class Broker:
                           log_scheduler=self.log_scheduler)
         app = create_app(cfg, deps)
         # handler_cancellation: a long poll whose client went away stops waiting (frees its slot)
-        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5)
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=SHUTDOWN_HANDLERS_WAIT_S)
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024)
         await site.start()

@@ -428,6 +428,11 @@ class ReplicaManager:
 
     # ---- fetch -------------------------------------------------------------------------
 
+    @property
+    def closing(self) -> bool:
+        """True once begin_shutdown ran (the broker is stopping)."""
+        return self._closing
+
     def begin_shutdown(self) -> None:
         """Answer every waiting long poll now (with what it has) and stop parking new ones."""
         self._closing = True
