@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 from typing import Any, Optional
