@@ -80,7 +80,8 @@ def controller_command(cfg: NodeConfig) -> list[str]:
     return [sys.executable, "-m", "metadata_quorum.controller_server", "--node-id", str(cfg.node_id),
             "--data-dir", cfg.controller_data_dir(), "--http-host", cfg.http_host,
             "--http-port", str(cfg.controller_port), "--raft-port", str(cfg.raft_port),
-            "--voters", cfg.voters, "--cluster-id", cfg.cluster_id, "--log-level", cfg.log_level] + \
+            "--voters", cfg.voters, "--cluster-id", cfg.cluster_id, "--log-level", cfg.log_level,
+            "--min-insync-replicas", str(cfg.min_insync_replicas)] + \
         (["--raft-bind-host", cfg.raft_bind_host] if cfg.raft_bind_host else [])
 
 

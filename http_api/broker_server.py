@@ -117,6 +117,8 @@ class Broker:
         self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS)
         self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
         self.lifecycle.incarnation_id = self.lifecycle_incarnation
+        self.lifecycle.clean_shutdown = self.log_manager.clean_shutdown
+        self.lifecycle.log_reports_fn = self._log_reports
         from partitions.log.log_scheduler import LogScheduler
         self.log_scheduler = LogScheduler(
             self.log_manager, cleaner_enable=cfg.log_cleaner_enable, cleaner_threads=cfg.log_cleaner_threads,
@@ -181,6 +183,27 @@ class Broker:
             log.exception("removing stray logs failed")
         self.ready = True
         log.info("broker %s is ready (unfenced) at %s", self.config.broker_id, self.config.url)
+
+    def _log_reports(self) -> list:
+        """(last leader epoch, log end offset) of our logs of partitions awaiting unclean
+        recovery that name this broker (the controller elects the longest; KIP-966)."""
+        image = self.follower.image if self.follower is not None else None
+        if image is None:
+            return []
+        me = self.config.broker_id
+        out = []
+        for t in image.topics.values():
+            for p in t.partitions.values():
+                if not p.awaiting_recovery or me not in p.last_known_elr:
+                    continue
+                lg = self.log_manager.get(t.name, p.partition)
+                part = self.rm.partitions.get((t.name, p.partition))
+                if part is None or part.partition_epoch != p.partition_epoch:
+                    continue    # the replica manager has not applied this state yet
+                out.append({"topic": t.name, "partition": p.partition, "partition_epoch": p.partition_epoch,
+                            "last_epoch": lg.latest_epoch if lg is not None else -1,
+                            "log_end_offset": lg.log_end_offset if lg is not None else 0})
+        return out
 
     def _report_unreachable(self, leader_id: int) -> None:
         """A leader refuses our fetch connections: ask the controller to check and fence it

@@ -143,16 +143,21 @@ class ControllerClient:
         return body["broker_epoch"]
 
     async def register_broker_full(self, broker_id: int, incarnation_id: str, url: str,
-                                   rack: Optional[str] = None) -> dict:
+                                   rack: Optional[str] = None, clean_shutdown: bool = True) -> dict:
         return await self.request("POST", PREFIX + "/brokers/register", json={
-            "broker_id": broker_id, "incarnation_id": incarnation_id, "url": url, "rack": rack})
+            "broker_id": broker_id, "incarnation_id": incarnation_id, "url": url, "rack": rack,
+            "clean_shutdown": clean_shutdown})
 
     async def heartbeat(self, broker_id: int, broker_epoch: int, metadata_offset: int,
-                        want_shutdown: bool = False, timeout_ms: Optional[int] = None) -> dict:
-        """-> {"broker_epoch", "fenced", "in_controlled_shutdown", "should_shutdown", "metadata_offset", ...}"""
-        return await self.request("POST", PREFIX + "/brokers/heartbeat", json={
-            "broker_id": broker_id, "broker_epoch": broker_epoch, "metadata_offset": metadata_offset,
-            "want_shutdown": want_shutdown}, timeout_ms=timeout_ms)
+                        want_shutdown: bool = False, timeout_ms: Optional[int] = None,
+                        log_reports: Optional[list] = None) -> dict:
+        """-> {"broker_epoch", "fenced", "in_controlled_shutdown", "should_shutdown", "metadata_offset", ...}
+        `log_reports`: this broker's logs of partitions awaiting unclean recovery."""
+        body = {"broker_id": broker_id, "broker_epoch": broker_epoch, "metadata_offset": metadata_offset,
+                "want_shutdown": want_shutdown}
+        if log_reports:
+            body["log_reports"] = log_reports
+        return await self.request("POST", PREFIX + "/brokers/heartbeat", json=body, timeout_ms=timeout_ms)
 
     async def controlled_shutdown(self, broker_id: int, broker_epoch: int, metadata_offset: int = 0) -> dict:
         return await self.request("POST", PREFIX + "/brokers/controlled-shutdown", json={
@@ -322,12 +327,19 @@ class BrokerLifecycle:
         self._task: Optional[asyncio.Task] = None
         self._state_changed = asyncio.Event()
         self._paused = False
+        # did this process find its logs cleanly shut down? (False: its unflushed tail may be
+        # lost, so it must not lead from a shrunken ISR; KIP-966)
+        self.clean_shutdown = True
+        # () -> [{topic, partition, last_epoch, log_end_offset}] for partitions awaiting
+        # unclean recovery that list this broker (sent with every heartbeat)
+        self.log_reports_fn: Optional[Callable[[], list]] = None
 
     def _metadata_offset(self) -> int:
         return self.follower.image.offset if self.follower is not None else 0
 
     async def register(self) -> int:
-        body = await self.client.register_broker_full(self.broker_id, self.incarnation_id, self.url, self.rack)
+        body = await self.client.register_broker_full(self.broker_id, self.incarnation_id, self.url, self.rack,
+                                                      clean_shutdown=self.clean_shutdown)
         self._update(body)
         if self.heartbeat_interval_ms is None:
             self.heartbeat_interval_ms = body.get("heartbeat_interval_ms", 2000)
@@ -345,15 +357,21 @@ class BrokerLifecycle:
     async def heartbeat_once(self, want_shutdown: bool = False) -> dict:
         if self.broker_epoch is None:
             await self.register()
+        reports = None
+        if self.log_reports_fn is not None:
+            try:
+                reports = self.log_reports_fn()
+            except Exception as exc:  # no report delays recovery; the heartbeat must go on
+                log.warning("cannot build log reports for unclean recovery: %r", exc)
         try:
             body = await self.client.heartbeat(self.broker_id, self.broker_epoch, self._metadata_offset(),
-                                               want_shutdown=want_shutdown)
+                                               want_shutdown=want_shutdown, log_reports=reports)
         except KraftlogError as exc:
             if exc.code is ErrorCode.STALE_BROKER_EPOCH:
                 # our registration was lost or replaced: register again (same incarnation)
                 await self.register()
                 body = await self.client.heartbeat(self.broker_id, self.broker_epoch, self._metadata_offset(),
-                                                   want_shutdown=want_shutdown)
+                                                   want_shutdown=want_shutdown, log_reports=reports)
             else:
                 raise
         self._update(body)

@@ -15,6 +15,15 @@ Partition rules (KRaft):
   it is the last ISR member it stays in the ISR with leader -1 (so it can lead again when it
   comes back), unless the topic has unclean.leader.election.enable=true, in which case any
   usable replica becomes leader with ISR = [it];
+- eligible leader replicas (KIP-966): brokers hold the high watermark while the ISR is
+  smaller than min.insync.replicas, so a replica leaving the ISR then still has every
+  committed record. It joins the partition's ELR and may be elected when no ISR member is
+  usable (the ELR empties once the ISR is back to min.insync.replicas);
+- a broker that registers after an unclean shutdown (kill -9, crash: its unflushed tail may
+  be gone) leaves every ISR and ELR, the last member included. When that empties both, the
+  partition waits for unclean recovery: it records the members as `last_known_elr`, they
+  report (last leader epoch, log end offset) in heartbeats, and once all of them are usable
+  and reported the longest log leads (ISR = [it]);
 - the leader epoch is bumped exactly when the leader changes; the partition epoch on every
   change.
 """
@@ -65,6 +74,9 @@ class ControllerSettings:
     partitions_per_request_max: int = 20_000
     replication_factor_max: int = 32
     auto_leader_rebalance_enable: bool = True
+    # default of the topic config min.insync.replicas: must equal the brokers' (the ELR rule
+    # relies on brokers holding the high watermark below it)
+    min_insync_replicas: int = 1
 
 
 def validate_topic_name(name: Any) -> str:
@@ -126,29 +138,60 @@ class QuorumController:
         self.rng = rng or random.Random()
         self.new_topic_id = new_topic_id or (lambda: uuid.UUID(int=self.rng.getrandbits(128), version=4).hex)
         self.sessions: dict[int, int] = {}  # broker id -> last heartbeat (ms)
+        # unclean recovery: (topic, partition) -> broker id -> (broker epoch, last leader
+        # epoch, log end offset), as last reported in a heartbeat (soft state, re-reported)
+        self.log_reports: dict[tuple, dict[int, tuple]] = {}
 
     # ================================================================ helpers
     @staticmethod
     def _usable(image: MetadataImage, broker_id: int, excluded: Iterable[int] = ()) -> bool:
         return broker_id not in excluded and image.is_usable(broker_id)
 
-    @staticmethod
-    def _change(topic_name: str, topic_id: str, p: PartitionRegistration, *, isr=None, leader=None,
-                replicas=None) -> Optional[PartitionChangeRecord]:
+    def _min_isr(self, t, replicas) -> int:
+        """Effective min.insync.replicas of topic `t` (capped at the replication factor,
+        as brokers cap it when gating the high watermark)."""
+        raw = t.configs.get("min.insync.replicas")
+        try:
+            value = int(raw) if raw is not None else self.settings.min_insync_replicas
+        except ValueError:
+            value = self.settings.min_insync_replicas
+        return max(1, min(value, len(replicas)))
+
+    def _change(self, t, p: PartitionRegistration, *, isr=None, leader=None, replicas=None,
+                unclean: Optional[int] = None, recovered: bool = False) -> Optional[PartitionChangeRecord]:
+        """The record moving `p` to the given ISR / leader / replicas, with its ELR derived:
+        members leaving the ISR join the ELR while the new ISR is below min.insync.replicas
+        (their log has every committed record: brokers hold the HW there); `unclean` is a
+        broker restarting after an unclean shutdown, which is never eligible: while the ISR
+        stays below min.insync.replicas, members lost that way are kept in `last_known_elr`
+        (unclean recovery compares their logs; `recovered` = its election, which resets it)."""
         new_isr = tuple(p.isr if isr is None else isr)
         new_leader = p.leader if leader is None else leader
         new_replicas = tuple(p.replicas if replicas is None else replicas)
-        if new_isr == p.isr and new_leader == p.leader and new_replicas == p.replicas:
+        if len(new_isr) >= self._min_isr(t, new_replicas):
+            new_elr: tuple = ()
+            new_lke: tuple = ()
+        else:
+            cand = (set(p.elr) | set(p.isr)) - set(new_isr) - {unclean}
+            new_elr = tuple(r for r in new_replicas if r in cand)
+            lke = set() if recovered else set(p.last_known_elr)
+            if unclean is not None and (unclean in p.isr or unclean in p.elr):
+                lke.add(unclean)
+            new_lke = tuple(r for r in new_replicas if r in lke)
+        if (new_isr == p.isr and new_leader == p.leader and new_replicas == p.replicas
+                and new_elr == p.elr and new_lke == p.last_known_elr):
             return None
         return PartitionChangeRecord(
-            topic=topic_name,
-            topic_id=topic_id,
+            topic=t.name,
+            topic_id=t.topic_id,
             partition=p.partition,
             replicas=new_replicas,
             isr=new_isr,
             leader=new_leader,
             leader_epoch=p.leader_epoch + 1 if new_leader != p.leader else p.leader_epoch,
             partition_epoch=p.partition_epoch + 1,
+            elr=new_elr,
+            last_known_elr=new_lke,
         )
 
     def _elect(self, image: MetadataImage, replicas, isr, excluded=(), included=()) -> int:
@@ -174,36 +217,41 @@ class QuorumController:
             )
         return b
 
-    def _remove_broker_changes(self, image: MetadataImage, broker_id: int, move_leadership_only: bool = False) -> list:
-        """Partition changes taking `broker_id` out of ISRs and leaderships (fencing), or
-        only out of leaderships + ISR where others remain (controlled shutdown)."""
+    def _remove_broker_changes(self, image: MetadataImage, broker_id: int, unclean: bool = False) -> list:
+        """Partition changes taking `broker_id` out of ISRs and leaderships (fencing,
+        controlled shutdown, a restart). The last ISR member stays in the ISR with leader -1
+        when no other eligible replica is usable, unless `unclean` (it restarted after an
+        unclean shutdown): then it leaves the ISR and ELR too (see the module docstring)."""
         out = []
         excluded = (broker_id,)
         for t in image.topics.values():
-            unclean = t.configs.get("unclean.leader.election.enable", "false").lower() == "true"
+            unclean_election = t.configs.get("unclean.leader.election.enable", "false").lower() == "true"
             for p in t.partitions.values():
-                if broker_id not in p.isr and p.leader != broker_id:
+                if broker_id not in p.isr and p.leader != broker_id and not (unclean and broker_id in p.elr):
                     continue
                 new_isr = tuple(r for r in p.isr if r != broker_id)
-                if new_isr:
-                    if p.leader in new_isr and self._usable(image, p.leader, excluded):
-                        leader = p.leader
-                    else:
-                        leader = self._elect(image, p.replicas, new_isr, excluded)
+                if new_isr and p.leader in new_isr and self._usable(image, p.leader, excluded):
+                    leader = p.leader
                 else:
+                    leader = self._elect(image, p.replicas, new_isr, excluded)
+                    if leader == NO_LEADER:
+                        leader = self._elect(image, p.replicas, p.elr, excluded)
+                        if leader != NO_LEADER:
+                            new_isr = (leader,)    # elected from the ELR
+                if leader == NO_LEADER and not new_isr and not unclean:
                     new_isr = p.isr  # the last ISR member stays (it may lead again when back)
-                    leader = NO_LEADER
-                    if unclean:
-                        cand = next((r for r in p.replicas if self._usable(image, r, excluded)), None)
-                        if cand is not None:
-                            leader, new_isr = cand, (cand,)
-                rec = self._change(t.name, t.topic_id, p, isr=new_isr, leader=leader)
+                if leader == NO_LEADER and unclean_election:
+                    cand = next((r for r in p.replicas if self._usable(image, r, excluded)), None)
+                    if cand is not None:
+                        leader, new_isr = cand, (cand,)
+                rec = self._change(t, p, isr=new_isr, leader=leader, unclean=broker_id if unclean else None)
                 if rec is not None:
                     out.append(rec)
         return out
 
     def _elect_leaderless(self, image: MetadataImage, extra_usable: Iterable[int] = ()) -> list:
-        """Give a leader to every leaderless partition with a usable ISR member."""
+        """Give a leader to every leaderless partition with a usable ISR member, else a
+        usable ELR member (which becomes the ISR); then run unclean recovery."""
         included = tuple(extra_usable)
         out = []
         for t in image.topics.values():
@@ -211,11 +259,59 @@ class QuorumController:
                 if p.leader != NO_LEADER:
                     continue
                 leader = self._elect(image, p.replicas, p.isr, included=included)
+                isr = None
+                if leader == NO_LEADER:
+                    leader = self._elect(image, p.replicas, p.elr, included=included)
+                    isr = (leader,) if leader != NO_LEADER else None
+                recovered = False
+                if leader == NO_LEADER and p.awaiting_recovery:
+                    leader = self._recovery_choice(image, t.name, p, included)
+                    isr = (leader,) if leader != NO_LEADER else None
+                    recovered = True
                 if leader != NO_LEADER:
-                    rec = self._change(t.name, t.topic_id, p, leader=leader)
+                    rec = self._change(t, p, leader=leader, isr=isr, recovered=recovered)
                     if rec is not None:
                         out.append(rec)
+                        self.log_reports.pop((t.name, p.partition), None)
         return out
+
+    def _recovery_choice(self, image: MetadataImage, topic: str, p: PartitionRegistration,
+                         included: tuple = ()) -> int:
+        """Unclean recovery (KIP-966 "balanced"): once every last-known-ELR member is usable
+        and reported its log for this partition in its current registration, the one with
+        the highest (last leader epoch, log end offset) leads; replica order breaks ties.
+        Until then -1: electing a shorter log would truncate committed records away."""
+        reports = self.log_reports.get((topic, p.partition), {})
+        best, best_key = NO_LEADER, None
+        for r in p.last_known_elr:
+            b = image.brokers.get(r)
+            rep = reports.get(r)
+            if b is None or not (r in included or image.is_usable(r)) or rep is None or rep[0] != b.epoch:
+                return NO_LEADER
+            key = (rep[1], rep[2])
+            if best_key is None or key > best_key:
+                best, best_key = r, key
+        return best
+
+    def record_log_reports(self, image: MetadataImage, broker_id: int, broker_epoch: int, reports: Any) -> None:
+        """Keep what a heartbeat reported of the broker's logs for partitions awaiting
+        unclean recovery: a list of {topic, partition, partition_epoch, last_epoch,
+        log_end_offset}. Only reports made at the current partition epoch count: the broker
+        then knew the partition leaderless, so its log no longer changes."""
+        if not isinstance(reports, list):
+            return
+        for rep in reports[:10_000]:
+            if not isinstance(rep, dict):
+                continue
+            topic, part = rep.get("topic"), rep.get("partition")
+            last_epoch, leo = rep.get("last_epoch"), rep.get("log_end_offset")
+            if not (isinstance(topic, str) and _is_int(part) and _is_int(last_epoch) and _is_int(leo)):
+                continue
+            p = image.partition(topic, part)
+            if (p is None or not p.awaiting_recovery or broker_id not in p.last_known_elr
+                    or rep.get("partition_epoch") != p.partition_epoch):
+                continue
+            self.log_reports.setdefault((topic, part), {})[broker_id] = (broker_epoch, last_epoch, leo)
 
     # ================================================================ topics
     def create_topic(self, image: MetadataImage, name: Any, partitions: Any, replication_factor: Any,
@@ -298,10 +394,13 @@ class QuorumController:
 
     # ================================================================ brokers
     def register_broker(self, image: MetadataImage, broker_id: Any, incarnation_id: Any, url: Any,
-                        rack: Any = None, now_ms: int = 0, timestamp_ms: Optional[int] = None) -> list:
+                        rack: Any = None, now_ms: int = 0, timestamp_ms: Optional[int] = None,
+                        clean_shutdown: Any = True) -> list:
         """Same incarnation = idempotent retry ([]); new incarnation = restart: the new
         registration starts fenced and the old incarnation's ISR memberships and
-        leaderships are removed in the same batch."""
+        leaderships are removed in the same batch. `clean_shutdown=False` (the broker's logs
+        were not closed cleanly: its unflushed tail may be lost) also removes it from the
+        ISRs it was the last member of and from every ELR (KIP-966)."""
         _require_int(broker_id, "broker_id")
         if not isinstance(incarnation_id, str) or not incarnation_id:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "incarnation_id must be a non-empty string (a fresh uuid per process start)")
@@ -313,27 +412,35 @@ class QuorumController:
         b = image.brokers.get(broker_id)
         if b is not None and b.incarnation_id == incarnation_id:
             return []
+        if not isinstance(clean_shutdown, bool):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "clean_shutdown must be true or false")
         records: list = []
-        if b is not None and not b.fenced:
-            records.extend(self._remove_broker_changes(image, broker_id))
+        if b is not None and (not b.fenced or not clean_shutdown):
+            records.extend(self._remove_broker_changes(image, broker_id, unclean=not clean_shutdown))
         stamp = now_ms if timestamp_ms is None else timestamp_ms
         records.append(RegisterBrokerRecord(broker_id, incarnation_id, -1, url, rack, True, stamp))
         return records
 
     def heartbeat(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, metadata_offset: Any,
-                  now_ms: int, want_shutdown: bool = False) -> list:
+                  now_ms: int, want_shutdown: bool = False, log_reports: Any = None) -> list:
         """Renews the session lease; unfences a fenced broker that caught up with metadata
-        (offset past its registration); drives controlled shutdown when asked."""
+        (offset past its registration); drives controlled shutdown when asked; keeps the
+        broker's log reports for partitions awaiting unclean recovery (and elects once
+        they suffice)."""
         b = self._broker(image, broker_id, broker_epoch)
         if not _is_int(metadata_offset):
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "metadata_offset must be an integer (the records applied)")
         self.sessions[broker_id] = now_ms
+        if log_reports:
+            self.record_log_reports(image, broker_id, b.epoch, log_reports)
         if want_shutdown or b.in_controlled_shutdown:
             return self.controlled_shutdown(image, broker_id, broker_epoch)
         if b.fenced and metadata_offset > b.epoch:
             records: list = [UnfenceBrokerRecord(broker_id, b.epoch)]
             records.extend(self._elect_leaderless(image, extra_usable=(broker_id,)))
             return records
+        if log_reports and not b.fenced:
+            return self._elect_leaderless(image)
         return []
 
     def controlled_shutdown(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> list:
@@ -442,7 +549,7 @@ class QuorumController:
                 raise KraftlogError(ErrorCode.INELIGIBLE_REPLICA,
                                     f"broker {r} is fenced or shutting down and cannot join the ISR of {topic}-{partition}")
         ordered = tuple(r for r in p.replicas if r in new_isr)
-        rec = self._change(t.name, t.topic_id, p, isr=ordered)
+        rec = self._change(t, p, isr=ordered)
         return [] if rec is None else [rec]
 
     def elect_preferred_leaders(self, image: MetadataImage, partitions: Optional[list] = None) -> list:
@@ -455,7 +562,7 @@ class QuorumController:
                     continue
                 pref = p.preferred_leader
                 if pref != p.leader and pref in p.isr and image.is_usable(pref):
-                    rec = self._change(t.name, t.topic_id, p, leader=pref)
+                    rec = self._change(t, p, leader=pref)
                     if rec is not None:
                         out.append(rec)
         return out

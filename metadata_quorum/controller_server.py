@@ -102,6 +102,7 @@ class ControllerConfig:
     unreachable_probe_timeout_ms: int = 1000   # probe of a broker reported unreachable (refused = fence now)
     leader_imbalance_check_interval_ms: int = 30_000
     auto_leader_rebalance_enable: bool = True
+    min_insync_replicas: int = 1    # topic default; must equal the brokers' min_insync_replicas
     propose_timeout_ms: int = 5000
     long_poll_max_wait_ms: int = 30_000
     feed_records_per_response_max: int = 5000
@@ -132,6 +133,7 @@ class ControllerConfig:
             broker_session_timeout_ms=self.broker_session_timeout_ms,
             broker_heartbeat_interval_ms=self.broker_heartbeat_interval_ms,
             auto_leader_rebalance_enable=self.auto_leader_rebalance_enable,
+            min_insync_replicas=self.min_insync_replicas,
         )
 
     def raft_config(self):
@@ -389,7 +391,8 @@ class ControllerServer:
         now = self.clock_ms()
         wall_ms = int(time.time() * 1000)
         await self.write(lambda img: self.controller.register_broker(
-            img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now, wall_ms))
+            img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now, wall_ms,
+            clean_shutdown=body.get("clean_shutdown", True)))
         b = self.sm.image.brokers.get(broker_id)
         if b is None or b.incarnation_id != body.get("incarnation_id"):
             raise KraftlogError(ErrorCode.DUPLICATE_BROKER_REGISTRATION,
@@ -424,7 +427,8 @@ class ControllerServer:
         now = self.clock_ms()
         want_shutdown = bool(body.get("want_shutdown", False))
         await self.write(lambda img: self.controller.heartbeat(
-            img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, want_shutdown))
+            img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, want_shutdown,
+            log_reports=body.get("log_reports")))
         return web.json_response(self._broker_state(broker_id))
 
     async def h_controlled_shutdown(self, request: web.Request) -> web.Response:
@@ -685,6 +689,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
     p.add_argument("--broker-heartbeat-interval-ms", type=int, default=2000)
     p.add_argument("--leader-imbalance-check-interval-ms", type=int, default=30_000)
+    p.add_argument("--min-insync-replicas", type=int, default=1,
+                   help="default min.insync.replicas of topics; give the brokers' min_insync_replicas")
     p.add_argument("--raft-log-compaction-min-entries", type=int, default=5000,
                    help="snapshot (pysyncobj full dump) and truncate the raft journal after this many entries")
     p.add_argument("--no-raft-fsync", action="store_true",
@@ -720,6 +726,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         broker_session_timeout_ms=args.broker_session_timeout_ms,
         broker_heartbeat_interval_ms=args.broker_heartbeat_interval_ms,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+        min_insync_replicas=args.min_insync_replicas,
         raft_fsync_journal=not args.no_raft_fsync,
         log_compaction_min_entries=args.raft_log_compaction_min_entries,
         raft_bind_host=args.raft_bind_host,

@@ -51,15 +51,29 @@ class PartitionRegistration:
     leader: int
     leader_epoch: int = 0
     partition_epoch: int = 0
+    elr: tuple = ()
+    last_known_elr: tuple = ()
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "partition": self.partition,
             "leader": self.leader,
             "leader_epoch": self.leader_epoch,
             "replicas": list(self.replicas),
             "isr": list(self.isr),
         }
+        if self.elr:
+            out["elr"] = list(self.elr)
+        if self.last_known_elr:
+            out["last_known_elr"] = list(self.last_known_elr)
+        return out
+
+    @property
+    def awaiting_recovery(self) -> bool:
+        """Leaderless with no replica known to hold every committed record: the ISR and ELR
+        are empty because their last members restarted after an unclean shutdown. The
+        controller elects the longest log once every `last_known_elr` member reported."""
+        return self.leader == NO_LEADER and not self.isr and not self.elr and bool(self.last_known_elr)
 
     @property
     def preferred_leader(self) -> int:
@@ -191,6 +205,8 @@ class MetadataImage:
             leader=r.leader,
             leader_epoch=r.leader_epoch,
             partition_epoch=r.partition_epoch,
+            elr=tuple(getattr(r, "elr", ())),
+            last_known_elr=tuple(getattr(r, "last_known_elr", ())),
         )
 
     def _replay_remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
@@ -319,7 +335,7 @@ class MetadataImage:
                     "configs": dict(t.configs),
                     "partitions": [
                         [p.partition, list(p.replicas), list(p.isr), p.leader, p.leader_epoch,
-                         p.partition_epoch]
+                         p.partition_epoch, list(p.elr), list(p.last_known_elr)]
                         for p in t.partitions.values()
                     ],
                 }
@@ -341,7 +357,9 @@ class MetadataImage:
         for t in data["topics"]:
             ti = TopicImage(name=t["name"], topic_id=t["topic_id"], configs=dict(t["configs"]))
             for p in t["partitions"]:
-                ti.partitions[p[0]] = PartitionRegistration(p[0], tuple(p[1]), tuple(p[2]), p[3], p[4], p[5])
+                ti.partitions[p[0]] = PartitionRegistration(p[0], tuple(p[1]), tuple(p[2]), p[3], p[4], p[5],
+                                                            tuple(p[6]) if len(p) > 6 else (),
+                                                            tuple(p[7]) if len(p) > 7 else ())
             image.topics[ti.name] = ti
         image.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
         return image

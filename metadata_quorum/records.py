@@ -79,7 +79,8 @@ class PartitionRecord:
 class PartitionChangeRecord:
     """The full new state of one partition. `partition_epoch` is the previous one + 1 (the
     state machine rejects the batch otherwise: optimistic concurrency); `leader_epoch` is
-    bumped exactly when the leader changes."""
+    bumped exactly when the leader changes. `elr` / `last_known_elr` default to empty, so
+    records written before they existed replay unchanged."""
 
     TYPE: ClassVar[str] = "PartitionChange"
     topic: str
@@ -90,6 +91,8 @@ class PartitionChangeRecord:
     leader: int
     leader_epoch: int
     partition_epoch: int
+    elr: tuple = ()               # eligible leader replicas (KIP-966), see PartitionRegistration
+    last_known_elr: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ RECORD_TYPES: dict[str, type] = {
     )
 }
 
-_TUPLE_FIELDS = {"replicas", "isr"}
+_TUPLE_FIELDS = {"replicas", "isr", "elr", "last_known_elr"}
 
 
 _FIELD_NAMES: dict[type, tuple] = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in RECORD_TYPES.values()}

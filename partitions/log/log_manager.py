@@ -95,6 +95,9 @@ class LogManager:
         self._topic_configs: dict[str, LogConfig] = {}
         self._lock = threading.RLock()
         self._closed = False
+        # every log dir had the clean shutdown marker at open_all (False: the previous process
+        # crashed or was killed, so an unflushed tail may be gone; a fresh dir counts as unclean)
+        self.clean_shutdown = False
 
     # ------------------------------------------------------------------ opening
 
@@ -102,8 +105,10 @@ class LogManager:
         """Open every `<topic>-<partition>` dir in every log dir (recovering those not
         shut down cleanly), then delete the clean shutdown markers."""
         jobs = []
+        self.clean_shutdown = True
         for log_dir in self.log_dirs:
             clean = (log_dir / CLEAN_SHUTDOWN_MARKER).exists()
+            self.clean_shutdown = self.clean_shutdown and clean
             recovery_points = read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
             log_starts = read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
             high_watermarks = read_offset_checkpoint(log_dir / REPLICATION_OFFSET_CHECKPOINT)

@@ -7,7 +7,9 @@ it derives the high watermark.
 
 Invariants:
 - the high watermark is min(LEO) over the ISR (the leader's own LEO included) and never
-  moves backwards while this replica stays leader; while an ISR expansion proposed to the
+  moves backwards while this replica stays leader; it does not move at all while the ISR
+  (from metadata) is smaller than min.insync.replicas (KIP-966), so a replica that left the
+  ISR then still holds every committed record and may be elected from the ELR; while an ISR expansion proposed to the
   controller is not yet in the metadata, the proposed members count too (Kafka's "maximal
   ISR", KIP-497): the controller may already have committed them, and a new leader may be
   elected among them, so the HW must not pass their LEO;
@@ -49,6 +51,7 @@ class Partition:
     remote_replicas: dict[int, ReplicaState] = field(default_factory=dict)
     pending_isr_additions: set[int] = field(default_factory=set)   # proposed, not yet in metadata
     leader_epoch_start_offset: int = 0    # our LEO when we became leader of this epoch
+    min_insync_replicas: int = 1          # effective (capped at the replication factor)
 
     # ---- role changes -------------------------------------------------------------------
 
@@ -145,8 +148,10 @@ class Partition:
         return self.maybe_increment_high_watermark()
 
     def maybe_increment_high_watermark(self) -> bool:
-        """Move the HW to min LEO over the ISR if that is higher. Leader only."""
-        if not self.is_leader:
+        """Move the HW to min LEO over the ISR if that is higher. Leader only; never while
+        the metadata ISR is below min.insync.replicas (pending additions do not count: the
+        controller's ELR decisions go by the committed ISR)."""
+        if not self.is_leader or len(self.isr) < self.min_insync_replicas:
             return False
         candidate = self.local_log_end_offset
         for r in self.maximal_isr():

@@ -184,6 +184,7 @@ class ReplicaManager:
                                                             high_watermark=lg.high_watermark)
                 was_leader = part.is_leader
                 old_epoch = part.leader_epoch
+                part.min_insync_replicas = max(1, min(self.min_isr_for(name), len(reg.replicas)))
                 if reg.leader == self.broker_id and not self._registered_in(image):
                     # our previous incarnation's leadership (we restarted, maybe with a shorter
                     # log): never serve it; the controller moves it away when it applies our
@@ -406,6 +407,15 @@ class ReplicaManager:
                             f"{key[0]}-{key[1]}: written, but only {len(part.isr)} in-sync replicas "
                             f"{sorted(part.isr)} remain (min.insync.replicas={min_isr}); retry "
                             "idempotently once the ISR has grown back"))
+                elif part.is_leader and len(part.isr) < part.min_insync_replicas:
+                    # the HW stays put while the ISR is below min.insync.replicas (KIP-966):
+                    # answer now rather than at the request timeout
+                    if not fut.done():
+                        fut.set_exception(KraftlogError(
+                            ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                            f"{key[0]}-{key[1]}: written on the leader, but the ISR {sorted(part.isr)} "
+                            f"shrank below min.insync.replicas={part.min_insync_replicas} before it was "
+                            "committed; retry idempotently once the ISR has grown back"))
                 else:
                     keep.append((offset, fut))
             waiters[:] = keep

@@ -85,13 +85,18 @@ class SimConfig:
     # broker's _isr_loop does since tests/chaos/test_regression_alter_partition_retry.py)
     alter_partition_retry_ms: int = 300
     # a crash tears the last bytes of the active segment (power loss / torn write) with this
-    # probability, unless the broker is its partition's only ISR member (losing the only
-    # in-sync copy is a loss Kafka accepts too)
+    # probability, the only ISR member included (KIP-966: the ELR still has every committed
+    # record), as long as one other ISR/ELR member is intact (not torn since it was last in
+    # the ISR): losing every copy is a double fault no replication survives
     torn_tail_probability: float = 0.3
     # a restarted broker ignores partition state until the metadata holds its new
     # registration (the broker's incarnation gate, 6c3f54a; off = the race of
     # tests/chaos/test_regression_restarted_leader_truncates_followers.py)
     incarnation_gate: bool = True
+    # a broker restarting after a crash registers with clean_shutdown=False, so it never
+    # leads from a shrunken ISR on its own (KIP-966; off = the bug of chaos seeds 505/606,
+    # tests/sim/test_regression_torn_last_isr_member.py)
+    report_unclean_shutdowns: bool = True
 
 
 @dataclass
@@ -114,6 +119,7 @@ class SimBroker:
     last_fetch_ms: int = -10**9
     last_hb_ms: int = -10**9
     last_isr_ms: int = -10**9
+    torn: bool = False                # tail torn at a crash, not in the ISR since
 
 
 @contextlib.contextmanager
@@ -154,6 +160,7 @@ class Simulation:
         self.trace: collections.deque = collections.deque(maxlen=200)
         # invariant bookkeeping
         self.epoch_leader: dict[int, int] = {}      # leader epoch -> broker that led it
+        self.was_awaiting_recovery = False
         self.hw_seen: dict[tuple[int, int], int] = {}  # (broker, leader epoch) -> HW
         self.committed: dict[int, str] = {}          # offset -> value acknowledged to the producer
         self.broker_epochs: dict[int, int] = {}
@@ -254,7 +261,8 @@ class Simulation:
     def register(self, b: SimBroker) -> int:
         """The controller side of a registration (idempotent for the same incarnation)."""
         records = self.controller.register_broker(self.image, b.id, self.incarnation_id(b), f"http://b{b.id}",
-                                                  None, self.now)
+                                                  None, self.now,
+                                                  clean_shutdown=b.incarnation == 0 or not self.cfg.report_unclean_shutdowns)
         assert self.propose(records)
         reg = self.image.brokers[b.id]
         if b.alive and reg.incarnation_id == self.incarnation_id(b):
@@ -270,7 +278,11 @@ class Simulation:
         b.log.close_without_flush()
         self.count("broker_crashes")
         reg = self.reg()
-        if self.rng.random() < self.cfg.torn_tail_probability and reg is not None and set(reg.isr) - {b.id}:
+        if reg is not None:
+            for o in reg.isr:
+                self.brokers[o].torn = False
+        intact = [o for o in (set(reg.isr) | set(reg.elr)) - {b.id} if not self.brokers[o].torn] if reg else []
+        if self.rng.random() < self.cfg.torn_tail_probability and intact:
             segs = sorted(f for f in os.listdir(b.dir) if f.endswith(".log"))
             path = os.path.join(b.dir, segs[-1]) if segs else None
             if path and os.path.getsize(path) > 0:
@@ -278,6 +290,9 @@ class Simulation:
                 with open(path, "r+b") as f:
                     f.truncate(os.path.getsize(path) - cut)
                 self.count("torn_tails")
+                b.torn = True
+                if b.id in reg.isr and len(reg.isr) == 1:
+                    self.count("torn_tails_of_last_isr_member")
                 self.note(f"b{b.id}: last {cut} bytes of {segs[-1]} torn")
 
     # ================================================================ metadata
@@ -299,6 +314,7 @@ class Simulation:
             return  # the metadata still describes our previous incarnation
         part, lg = b.part, b.log
         was_leader, old_epoch = part.is_leader, part.leader_epoch
+        part.min_insync_replicas = max(1, min(self.cfg.min_insync_replicas, len(replicas)))
         if leader == b.id:
             changed = part.make_leader(replicas=list(replicas), isr=list(isr), leader_epoch=leader_epoch,
                                        partition_epoch=partition_epoch, log_end_offset=lg.log_end_offset,
@@ -329,7 +345,8 @@ class Simulation:
                 self.send(b.id, CONTROLLER, "register", (b.id, self.incarnation_id(b)))
         elif self.now - b.last_hb_ms >= self.cfg.heartbeat_interval_ms:
             b.last_hb_ms = self.now
-            self.send(b.id, CONTROLLER, "heartbeat", (b.id, b.broker_epoch, b.meta_offset))
+            self.send(b.id, CONTROLLER, "heartbeat", (b.id, b.broker_epoch, b.meta_offset, b.part.partition_epoch,
+                                                      b.log.latest_epoch, b.log.log_end_offset))
         if part.is_leader and self.now - b.last_isr_ms >= self.cfg.isr_check_interval_ms:
             b.last_isr_ms = self.now
             # the broker's path: proposed additions count for the HW until metadata answers
@@ -479,8 +496,10 @@ class Simulation:
                     self.send(CONTROLLER, bid, "registered", (inc, self.register(b)))
                 return
             if kind == "heartbeat":
-                bid, epoch, offset = payload
-                self.propose(self.controller.heartbeat(self.image, bid, epoch, offset, self.now))
+                bid, epoch, offset, partition_epoch, last_epoch, leo = payload
+                report = [{"topic": TOPIC, "partition": 0, "partition_epoch": partition_epoch,
+                           "last_epoch": last_epoch, "log_end_offset": leo}]
+                self.propose(self.controller.heartbeat(self.image, bid, epoch, offset, self.now, log_reports=report))
             elif kind == "alter":
                 bid, epoch, leader_epoch, partition_epoch, new_isr = payload
                 ok = self.propose(self.controller.alter_partition(self.image, bid, epoch, TOPIC, 0, leader_epoch,
@@ -546,14 +565,25 @@ class Simulation:
     def check_invariants(self) -> None:
         reg = self.reg()
         if reg is not None:
-            if not set(reg.isr) <= set(reg.replicas) or not reg.isr:
-                self.fail(f"ISR {reg.isr} is empty or not a subset of replicas {reg.replicas}")
+            if not set(reg.isr) <= set(reg.replicas) or not set(reg.elr) <= set(reg.replicas):
+                self.fail(f"ISR {reg.isr} or ELR {reg.elr} is not a subset of replicas {reg.replicas}")
+            if set(reg.isr) & set(reg.elr):
+                self.fail(f"ISR {reg.isr} and ELR {reg.elr} overlap")
+            if not reg.isr and not reg.elr and not (reg.leader == -1 and reg.last_known_elr):
+                self.fail(f"ISR and ELR are empty but the partition is not awaiting unclean recovery: {reg}")
+            if len(reg.isr) >= self.cfg.min_insync_replicas and reg.elr:
+                self.fail(f"ELR {reg.elr} kept while the ISR {reg.isr} has min.insync.replicas members")
             if reg.leader != -1 and reg.leader not in reg.isr:
                 self.fail(f"leader {reg.leader} not in ISR {reg.isr}")
             if reg.leader_epoch < self.last_leader_epoch or reg.partition_epoch < self.last_partition_epoch:
                 self.fail(f"epochs went backwards: leader epoch {reg.leader_epoch}, partition epoch "
                           f"{reg.partition_epoch} after {self.last_leader_epoch}, {self.last_partition_epoch}")
             self.last_leader_epoch, self.last_partition_epoch = reg.leader_epoch, reg.partition_epoch
+            if reg.awaiting_recovery:
+                self.was_awaiting_recovery = True
+            elif self.was_awaiting_recovery and reg.leader != -1:
+                self.was_awaiting_recovery = False
+                self.count("unclean_recoveries")
             if reg.leader != -1:
                 prev = self.epoch_leader.setdefault(reg.leader_epoch, reg.leader)
                 if prev != reg.leader:

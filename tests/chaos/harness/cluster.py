@@ -140,7 +140,8 @@ class ChaosCluster:
                "--raft-bind-host", "127.0.0.1",
                "--cluster-id", self.cluster_id, "--log-level", self.s.log_level,
                "--broker-session-timeout-ms", str(self.s.broker_session_timeout_ms),
-               "--broker-heartbeat-interval-ms", str(self.s.broker_heartbeat_interval_ms)]
+               "--broker-heartbeat-interval-ms", str(self.s.broker_heartbeat_interval_ms),
+               "--min-insync-replicas", str(self.s.broker.get("min_insync_replicas", 1))]
         return ProcessSpec("controller", i, cmd, {"KRAFTLOG_RAFT_PASSWORD": self.password},
                            os.path.join(self.node_dir(i), "controller.log"))
 

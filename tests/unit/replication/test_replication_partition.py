@@ -139,3 +139,21 @@ def test_a_replica_rejoins_only_once_it_has_the_leader_epochs_start():
     assert p.caught_up_out_of_isr() == set()
     p.update_follower_fetch(3, 100, now_ms=2)
     assert p.caught_up_out_of_isr() == {3}
+
+
+def test_hw_holds_while_the_isr_is_below_min_insync_replicas():
+    """KIP-966: a replica that left the ISR while it was below min.insync.replicas must
+    still have every committed record (the controller may elect it from the ELR)."""
+    p = leader(isr=(1, 2))
+    p.min_insync_replicas = 2
+    p.update_follower_fetch(2, 10, now_ms=1001)
+    assert p.high_watermark == 10
+    assert p.make_leader(replicas=[1, 2, 3], isr=[1], leader_epoch=1, partition_epoch=2,
+                         log_end_offset=15, high_watermark=10, now_ms=1002)
+    assert p.update_local_log_end_offset(20) is False and p.high_watermark == 10
+    p.update_follower_fetch(3, 20, now_ms=1003)
+    assert p.propose_isr_change(1003, 30_000) == [1, 2, 3]   # pending: does not move the HW
+    assert p.update_local_log_end_offset(21) is False and p.high_watermark == 10
+    assert p.make_leader(replicas=[1, 2, 3], isr=[1, 3], leader_epoch=1, partition_epoch=3,
+                         log_end_offset=21, high_watermark=10, now_ms=1004)
+    assert p.high_watermark == 20                          # back at min: min LEO over [1, 3]
