@@ -617,6 +617,7 @@ class BrokerApp:
         doc = await self._read_document(request)
         try:
             replica_id = int(doc["replica_id"])
+            broker_epoch = int(doc.get("broker_epoch", -1))
             parts = [(str(e["topic"]), int(e["partition"]), int(e["offset"]), int(e["leader_epoch"]),
                       int(e.get("high_watermark", -1))) for e in doc["partitions"]]
             max_wait_ms = min(max(0, int(doc.get("max_wait_ms", 0))), self.config.fetch_max_wait_ms)
@@ -629,7 +630,7 @@ class BrokerApp:
                                 "replica-fetch body needs replica_id and partitions: [{topic, partition, offset, "
                                 "leader_epoch}]") from None
         results = await self.rm.replica_fetch(replica_id, parts, max_bytes=max_bytes, partition_max_bytes=part_max,
-                                              max_wait_ms=max_wait_ms)
+                                              max_wait_ms=max_wait_ms, broker_epoch=broker_epoch)
         entries, chunks = [], []
         for (topic, p, *_), res in zip(parts, results):
             if isinstance(res, KraftlogError):

@@ -255,7 +255,8 @@ class Broker:
                 asked_epoch = part.partition_epoch
                 try:
                     await self.client.alter_partition(self.config.broker_id, epoch, part.topic, part.partition,
-                                                      part.leader_epoch, asked_epoch, new_isr)
+                                                      part.leader_epoch, asked_epoch, new_isr,
+                                                      part.broker_epochs(new_isr))
                     log.info("%s-%s: ISR %s -> %s", part.topic, part.partition, part.isr, new_isr)
                 except KraftlogError as e:
                     log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)

@@ -164,12 +164,16 @@ class ControllerClient:
             "broker_id": broker_id, "broker_epoch": broker_epoch, "metadata_offset": metadata_offset})
 
     async def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
-                              leader_epoch: int, partition_epoch: int, new_isr: list) -> dict:
-        """-> {"topic", "partition", "leader", "leader_epoch", "replicas", "isr", "partition_epoch"}"""
-        return await self.request("POST", PREFIX + "/alter-partition", json={
-            "broker_id": broker_id, "broker_epoch": broker_epoch, "topic": topic, "partition": partition,
-            "leader_epoch": leader_epoch, "partition_epoch": partition_epoch, "new_isr": list(new_isr),
-            "request_id": uuid.uuid4().hex})
+                              leader_epoch: int, partition_epoch: int, new_isr: list,
+                              new_isr_broker_epochs: Optional[dict] = None) -> dict:
+        """-> {"topic", "partition", "leader", "leader_epoch", "replicas", "isr", "partition_epoch"}.
+        `new_isr_broker_epochs`: broker id -> the registration epoch its fetches came from."""
+        body = {"broker_id": broker_id, "broker_epoch": broker_epoch, "topic": topic, "partition": partition,
+                "leader_epoch": leader_epoch, "partition_epoch": partition_epoch, "new_isr": list(new_isr),
+                "request_id": uuid.uuid4().hex}
+        if new_isr_broker_epochs:
+            body["new_isr_broker_epochs"] = {str(k): v for k, v in new_isr_broker_epochs.items()}
+        return await self.request("POST", PREFIX + "/alter-partition", json=body)
 
     async def report_unreachable(self, broker_id: int, broker_epoch: int, target_id: int) -> dict:
         """Tell the controller that connections to broker `target_id` are refused; it probes

@@ -514,8 +514,12 @@ class QuorumController:
 
     # ================================================================ partitions
     def alter_partition(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, topic: Any, partition: Any,
-                        leader_epoch: Any, partition_epoch: Any, new_isr: Any) -> list:
-        """An ISR change proposed by the partition leader (Kafka AlterPartition)."""
+                        leader_epoch: Any, partition_epoch: Any, new_isr: Any,
+                        new_isr_broker_epochs: Any = None) -> list:
+        """An ISR change proposed by the partition leader (Kafka AlterPartition).
+        `new_isr_broker_epochs` ({broker id: epoch}, KIP-903) names the registration whose
+        fetches the leader counted; a member that has registered again since is refused
+        (its new process may have lost what the old one had fetched)."""
         self._broker(image, broker_id, broker_epoch)
         t = image.topics.get(topic) if isinstance(topic, str) else None
         p = t.partitions.get(partition) if t is not None and _is_int(partition) else None
@@ -542,7 +546,15 @@ class QuorumController:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "new_isr must be a list of distinct broker ids")
         if broker_id not in new_isr:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "new_isr must contain the leader")
+        epochs = new_isr_broker_epochs if isinstance(new_isr_broker_epochs, dict) else {}
         for r in new_isr:
+            claimed = epochs.get(str(r), epochs.get(r, -1))
+            b = image.brokers.get(r)
+            if r not in p.isr and _is_int(claimed) and claimed >= 0 and b is not None and b.epoch != claimed:
+                raise KraftlogError(ErrorCode.INELIGIBLE_REPLICA,
+                                    f"broker {r} registered again (epoch {b.epoch}) since the fetches that made it "
+                                    f"look in sync (epoch {claimed}); it cannot join the ISR of {topic}-{partition} "
+                                    "until it fetched as its new process")
             if r not in p.replicas:
                 raise KraftlogError(ErrorCode.INELIGIBLE_REPLICA, f"broker {r} is not a replica of {topic}-{partition}")
             if r not in p.isr and not image.is_usable(r):

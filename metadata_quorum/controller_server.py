@@ -475,7 +475,8 @@ class ControllerServer:
         topic, partition = body.get("topic"), body.get("partition")
         await self.write(lambda img: self.controller.alter_partition(
             img, body.get("broker_id"), body.get("broker_epoch"), topic, partition,
-            body.get("leader_epoch"), body.get("partition_epoch"), body.get("new_isr")), _request_id(request, body))
+            body.get("leader_epoch"), body.get("partition_epoch"), body.get("new_isr"),
+            new_isr_broker_epochs=body.get("new_isr_broker_epochs")), _request_id(request, body))
         p = self.sm.image.partition(topic, partition)
         if p is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"partition {topic}-{partition} was deleted")

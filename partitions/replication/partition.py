@@ -32,6 +32,7 @@ class ReplicaState:
     last_fetch_time_ms: int = -1
     last_fetch_leader_log_end_offset: int = -1
     last_caught_up_time_ms: int = -1
+    broker_epoch: int = -1      # registration of the process that fetched last (KIP-903)
 
 
 @dataclass
@@ -123,12 +124,14 @@ class Partition:
         self.local_log_end_offset = log_end_offset
         return self.maybe_increment_high_watermark()
 
-    def update_follower_fetch(self, broker_id: int, fetch_offset: int, now_ms: int) -> bool:
+    def update_follower_fetch(self, broker_id: int, fetch_offset: int, now_ms: int, broker_epoch: int = -1) -> bool:
         """A follower fetched from `fetch_offset` (= its LEO). Returns True when the HW moved.
 
         Caught up (Kafka's rule): it has everything the leader has now, or everything the
         leader had at its previous fetch (then it was caught up as of that fetch) — so a
-        follower keeping pace with a steady stream of appends stays in the ISR.
+        follower keeping pace with a steady stream of appends stays in the ISR. A fetch from
+        a new registration of the follower (`broker_epoch`: it restarted, maybe with a
+        shorter log) forgets what its previous process had fetched.
         """
         if not self.is_leader:
             raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -138,6 +141,9 @@ class Partition:
         if state is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"broker {broker_id} is not a replica of {self.topic}-{self.partition}")
+        if broker_epoch != state.broker_epoch:
+            state.broker_epoch = broker_epoch
+            state.last_fetch_leader_log_end_offset = -1
         if fetch_offset >= self.local_log_end_offset:
             state.last_caught_up_time_ms = now_ms
         elif fetch_offset >= state.last_fetch_leader_log_end_offset >= 0:
@@ -188,6 +194,13 @@ class Partition:
             return None
         self.pending_isr_additions |= add
         return [r for r in self.isr if r not in drop] + sorted(add)
+
+    def broker_epochs(self, isr: list[int]) -> dict[int, int]:
+        """The registration (broker epoch) whose fetches make each proposed follower look
+        in sync: AlterPartition carries them and the controller refuses a member that has
+        re-registered since (KIP-903: its new process may have a shorter log)."""
+        return {r: self.remote_replicas[r].broker_epoch for r in isr
+                if r != self.local_broker_id and r in self.remote_replicas}
 
     def isr_change_rejected(self, partition_epoch: int) -> None:
         """The controller refused the proposal made at `partition_epoch` for good: its

@@ -429,10 +429,12 @@ class ReplicaManager:
                           "outcome is unknown (the new leader may still hold it); refresh metadata and retry "
                           "with the idempotent producer (a plain retry may write it twice)"))
 
-    def follower_fetched(self, topic: str, partition: int, replica_id: int, fetch_offset: int) -> None:
-        """A follower fetched at `fetch_offset`: update its LEO; the HW may move."""
+    def follower_fetched(self, topic: str, partition: int, replica_id: int, fetch_offset: int,
+                         broker_epoch: int = -1) -> None:
+        """A follower (registration `broker_epoch`) fetched at `fetch_offset`: update its
+        LEO; the HW may move."""
         part, lg = self.leader_partition(topic, partition)
-        if part.update_follower_fetch(replica_id, fetch_offset, self._clock_ms()):
+        if part.update_follower_fetch(replica_id, fetch_offset, self._clock_ms(), broker_epoch):
             self._sync_high_watermark((topic, partition), part, lg)
             self._wake_fetchers((topic, partition))
 
@@ -527,7 +529,7 @@ class ReplicaManager:
                                 f"this leader's {part.leader_epoch}; retry once it has caught up")
 
     def _replica_read(self, topic: str, partition: int, *, replica_id: int, offset: int, leader_epoch: int,
-                      max_bytes: int, record: bool) -> FetchResult:
+                      max_bytes: int, record: bool, broker_epoch: int = -1) -> FetchResult:
         """One partition of a replica fetch: checks the follower is a replica fetching
         under the current leader epoch, records its progress (`record`), reads from
         `offset` up to the log end offset (not only below the HW: followers copy all)."""
@@ -543,15 +545,15 @@ class ReplicaManager:
                                 f"{lg.log_end_offset}] of {topic}-{partition}",
                                 log_start_offset=lg.log_start_offset, log_end_offset=lg.log_end_offset)
         if record:
-            self.follower_fetched(topic, partition, replica_id, offset)
+            self.follower_fetched(topic, partition, replica_id, offset, broker_epoch)
         data = b""
         if offset < lg.log_end_offset and max_bytes > 0:
             data = lg.read(offset, max_bytes, max_offset=None, min_one_message=True).records
         return FetchResult(data, offset, part.high_watermark, lg.log_start_offset, lg.log_end_offset)
 
     async def replica_fetch(self, replica_id: int, requests: list[tuple[str, int, int, int, int]], *,
-                            max_bytes: int, partition_max_bytes: int, max_wait_ms: int = 0
-                            ) -> list[FetchResult | KraftlogError]:
+                            max_bytes: int, partition_max_bytes: int, max_wait_ms: int = 0,
+                            broker_epoch: int = -1) -> list[FetchResult | KraftlogError]:
         """A follower's fetch for every partition it follows from this leader, in one long
         poll. `requests` = (topic, partition, fetch offset, leader epoch, follower's HW).
         The fetch offset is the follower's LEO, which acknowledges everything below it, so
@@ -570,7 +572,7 @@ class ReplicaManager:
                 try:
                     res = self._replica_read(topic, partition, replica_id=replica_id, offset=offset,
                                              leader_epoch=epoch, max_bytes=min(partition_max_bytes, budget),
-                                             record=record)
+                                             record=record, broker_epoch=broker_epoch)
                     budget -= len(res.records)
                     # only data answers early (Kafka's replica.fetch.min.bytes=1): answering a HW
                     # move alone would cost every follower a round trip per commit; the follower
@@ -623,7 +625,8 @@ class ReplicaManager:
 
     def isr_changes(self, replica_lag_time_max_ms: int) -> list[tuple[Partition, list[int]]]:
         """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
-        followers) or expand (caught-up replicas); the caller sends AlterPartition.
+        followers) or expand (caught-up replicas); the caller sends AlterPartition with
+        `part.broker_epochs(new_isr)` (KIP-903).
         `replica_lag_time_max_ms` is the broker default; a topic config overrides it."""
         now = self._clock_ms()
         out = []

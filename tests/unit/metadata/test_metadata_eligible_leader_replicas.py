@@ -189,3 +189,23 @@ def test_elr_and_last_known_elr_survive_a_metadata_snapshot():
     img = MetadataImage.from_snapshot(h.image.to_snapshot())
     assert img.partition("t", 0) == h.image.partition("t", 0)
     assert img.partition("t", 0).isr == (a,) and img.partition("t", 0).last_known_elr == (b,)
+
+
+def test_alter_partition_refuses_a_member_whose_fetches_came_from_an_earlier_registration():
+    """KIP-903: the leader's view of a follower may come from the process before a restart."""
+    from http_api.errors import ErrorCode, KraftlogError
+    import pytest
+
+    h, (a, b, c) = _setup()
+    _shrink(h, a, [a, b])
+    old_epoch = h.image.brokers[c].epoch
+    _restart(h, c, clean=False, incarnation="inc-c-2")
+    h.heartbeat(c)
+    p = h.image.partition("t", 0)
+    with pytest.raises(KraftlogError) as e:
+        h.controller.alter_partition(h.image, a, h.image.brokers[a].epoch, "t", 0, p.leader_epoch,
+                                     p.partition_epoch, [a, b, c], {str(c): old_epoch})
+    assert e.value.code is ErrorCode.INELIGIBLE_REPLICA and "registered again" in str(e.value)
+    h.run(h.controller.alter_partition(h.image, a, h.image.brokers[a].epoch, "t", 0, p.leader_epoch,
+                                       p.partition_epoch, [a, b, c], {str(c): h.image.brokers[c].epoch}))
+    assert h.image.partition("t", 0).isr == (a, b, c)

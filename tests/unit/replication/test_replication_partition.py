@@ -157,3 +157,19 @@ def test_hw_holds_while_the_isr_is_below_min_insync_replicas():
     assert p.make_leader(replicas=[1, 2, 3], isr=[1, 3], leader_epoch=1, partition_epoch=3,
                          log_end_offset=21, high_watermark=10, now_ms=1004)
     assert p.high_watermark == 20                          # back at min: min LEO over [1, 3]
+
+
+def test_a_fetch_from_a_new_registration_of_the_follower_forgets_its_old_progress():
+    """KIP-903: the leader's view of a follower must not mix two processes, and
+    AlterPartition carries the broker epoch behind each proposed member."""
+    p = leader(isr=(1, 2))
+    p.update_follower_fetch(3, 5, now_ms=1002, broker_epoch=7)    # old process, leader LEO 10
+    assert p.broker_epochs([1, 2, 3]) == {2: -1, 3: 7}
+    p.update_local_log_end_offset(20)
+    # the new process fetches at 10 (what the leader had at the old process's fetch): that
+    # must not count as "caught up as of the previous fetch", which was another process's
+    p.update_follower_fetch(3, 10, now_ms=1003, broker_epoch=9)
+    s = p.remote_replicas[3]
+    assert s.broker_epoch == 9 and s.log_end_offset == 10 and s.last_caught_up_time_ms == -1
+    p.update_follower_fetch(3, 20, now_ms=1004, broker_epoch=9)
+    assert s.last_caught_up_time_ms == 1004 and p.broker_epochs([1, 3]) == {3: 9}
