@@ -325,8 +325,9 @@ class GroupCoordinator:
         must become committed (HW past it) at that same leader epoch: then every ISR follower
         fetched it from us at this epoch, so none led a newer epoch when the request arrived,
         and a new leader can only come from the ISR. The marker is appended with acks=1 and
-        its commit awaited through a committed-read long poll, not acks=all: a read makes no
-        durability promise, so it must not need min.insync.replicas. RF=1: committed at once.
+        its commit awaited through a committed-read long poll, not acks=all (a read makes no
+        durability promise); it still needs an ISR of min.insync.replicas, since the HW holds
+        below it (KIP-966). RF=1: committed at once.
         Failure is a retriable NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE, never the cache."""
         p = ld.partition
 

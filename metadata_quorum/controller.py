@@ -280,7 +280,11 @@ class QuorumController:
         """Unclean recovery (KIP-966 "balanced"): once every last-known-ELR member is usable
         and reported its log for this partition in its current registration, the one with
         the highest (last leader epoch, log end offset) leads; replica order breaks ties.
-        Until then -1: electing a shorter log would truncate committed records away."""
+        Until then -1: electing a shorter log would truncate committed records away. A
+        single member has nothing to be compared with: it leads once usable."""
+        if len(p.last_known_elr) == 1:
+            r = p.last_known_elr[0]
+            return r if r in included or image.is_usable(r) else NO_LEADER
         reports = self.log_reports.get((topic, p.partition), {})
         best, best_key = NO_LEADER, None
         for r in p.last_known_elr:
