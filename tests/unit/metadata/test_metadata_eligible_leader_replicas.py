@@ -32,6 +32,21 @@ def _restart(h, b, clean, incarnation):
                                        clean_shutdown=clean))
 
 
+def _both_eligible_restarted_unclean():
+    """ISR [a] + ELR [b], every broker fenced, then a and b restart unclean and heartbeat:
+    the partition awaits unclean recovery with last_known_elr {a, b}."""
+    h, (a, b, c) = _setup()
+    _shrink(h, a, [a, b])
+    _shrink(h, a, [a])
+    for x in (c, b, a):
+        h.run(h.controller.fence_broker(h.image, x))
+    _restart(h, b, clean=False, incarnation="inc-b-2")
+    _restart(h, a, clean=False, incarnation="inc-a-2")
+    h.heartbeat(a)
+    h.heartbeat(b)
+    return h, (a, b, c)
+
+
 def _report(h, b, last_epoch, leo, partition_epoch=None):
     p = h.image.partition("t", 0)
     epoch = h.image.brokers[b].epoch
@@ -114,30 +129,14 @@ def test_unclean_restart_of_every_eligible_replica_waits_for_all_reports_then_el
 
 
 def test_recovery_compares_the_last_leader_epoch_before_the_log_end_offset():
-    h, (a, b, c) = _setup()
-    _shrink(h, a, [a, b])
-    _shrink(h, a, [a])
-    for x in (c, b, a):
-        h.run(h.controller.fence_broker(h.image, x))
-    _restart(h, b, clean=False, incarnation="inc-b-2")
-    _restart(h, a, clean=False, incarnation="inc-a-2")
-    h.heartbeat(a)
-    h.heartbeat(b)
+    h, (a, b, c) = _both_eligible_restarted_unclean()
     _report(h, a, last_epoch=3, leo=50)
     _report(h, b, last_epoch=2, leo=80)        # longer, but its tail is from an older leader
     assert h.image.partition("t", 0).leader == a
 
 
 def test_a_restarted_eligible_replica_must_report_in_its_new_registration():
-    h, (a, b, c) = _setup()
-    _shrink(h, a, [a, b])
-    _shrink(h, a, [a])
-    for x in (c, b, a):
-        h.run(h.controller.fence_broker(h.image, x))
-    _restart(h, b, clean=False, incarnation="inc-b-2")
-    _restart(h, a, clean=False, incarnation="inc-a-2")
-    h.heartbeat(a)
-    h.heartbeat(b)
+    h, (a, b, c) = _both_eligible_restarted_unclean()
     _report(h, a, last_epoch=0, leo=90)
     _restart(h, a, clean=False, incarnation="inc-a-3")   # a restarts again: its report is void
     h.heartbeat(a)
