@@ -158,13 +158,15 @@ class QuorumController:
         return max(1, min(value, len(replicas)))
 
     def _change(self, t, p: PartitionRegistration, *, isr=None, leader=None, replicas=None,
-                unclean: Optional[int] = None, recovered: bool = False) -> Optional[PartitionChangeRecord]:
+                unclean: Optional[int] = None, recovered: bool = False,
+                elr_add: Iterable[int] = ()) -> Optional[PartitionChangeRecord]:
         """The record moving `p` to the given ISR / leader / replicas, with its ELR derived:
         members leaving the ISR join the ELR while the new ISR is below min.insync.replicas
         (their log has every committed record: brokers hold the HW there); `unclean` is a
         broker restarting after an unclean shutdown, which is never eligible: while the ISR
         stays below min.insync.replicas, members lost that way are kept in `last_known_elr`
-        (unclean recovery compares their logs; `recovered` = its election, which resets it)."""
+        (unclean recovery compares their logs; `recovered` = its election, which resets it,
+        and `elr_add` the replicas whose reported log equals the elected one's)."""
         new_isr = tuple(p.isr if isr is None else isr)
         new_leader = p.leader if leader is None else leader
         new_replicas = tuple(p.replicas if replicas is None else replicas)
@@ -172,7 +174,7 @@ class QuorumController:
             new_elr: tuple = ()
             new_lke: tuple = ()
         else:
-            cand = (set(p.elr) | set(p.isr)) - set(new_isr) - {unclean}
+            cand = (set(p.elr) | set(p.isr) | set(elr_add)) - set(new_isr) - {unclean}
             new_elr = tuple(r for r in new_replicas if r in cand)
             lke = set() if recovered else set(p.last_known_elr)
             if unclean is not None and (unclean in p.isr or unclean in p.elr):
@@ -263,39 +265,42 @@ class QuorumController:
                 if leader == NO_LEADER:
                     leader = self._elect(image, p.replicas, p.elr, included=included)
                     isr = (leader,) if leader != NO_LEADER else None
-                recovered = False
+                recovered, same_log = False, ()
                 if leader == NO_LEADER and p.awaiting_recovery:
-                    leader = self._recovery_choice(image, t.name, p, included)
+                    leader, same_log = self._recovery_choice(image, t.name, p, included)
                     isr = (leader,) if leader != NO_LEADER else None
                     recovered = True
                 if leader != NO_LEADER:
-                    rec = self._change(t, p, leader=leader, isr=isr, recovered=recovered)
+                    rec = self._change(t, p, leader=leader, isr=isr, recovered=recovered, elr_add=same_log)
                     if rec is not None:
                         out.append(rec)
                         self.log_reports.pop((t.name, p.partition), None)
         return out
 
     def _recovery_choice(self, image: MetadataImage, topic: str, p: PartitionRegistration,
-                         included: tuple = ()) -> int:
+                         included: tuple = ()) -> tuple[int, tuple]:
         """Unclean recovery (KIP-966 "balanced"): once every last-known-ELR member is usable
         and reported its log for this partition in its current registration, the one with
         the highest (last leader epoch, log end offset) leads; replica order breaks ties.
         Until then -1: electing a shorter log would truncate committed records away. A
-        single member has nothing to be compared with: it leads once usable."""
+        single member has nothing to be compared with: it leads once usable. Also returns
+        the other members whose log ends at the same (epoch, offset): by log matching they
+        hold the same records, so they join the ELR (another unclean restart of the new
+        leader must not leave it the only candidate)."""
         if len(p.last_known_elr) == 1:
             r = p.last_known_elr[0]
-            return r if r in included or image.is_usable(r) else NO_LEADER
+            return (r if r in included or image.is_usable(r) else NO_LEADER), ()
         reports = self.log_reports.get((topic, p.partition), {})
-        best, best_key = NO_LEADER, None
+        best, best_key, keys = NO_LEADER, None, {}
         for r in p.last_known_elr:
             b = image.brokers.get(r)
             rep = reports.get(r)
             if b is None or not (r in included or image.is_usable(r)) or rep is None or rep[0] != b.epoch:
-                return NO_LEADER
-            key = (rep[1], rep[2])
-            if best_key is None or key > best_key:
-                best, best_key = r, key
-        return best
+                return NO_LEADER, ()
+            keys[r] = (rep[1], rep[2])
+            if best_key is None or keys[r] > best_key:
+                best, best_key = r, keys[r]
+        return best, tuple(r for r, k in keys.items() if k == best_key and r != best)
 
     def record_log_reports(self, image: MetadataImage, broker_id: int, broker_epoch: int, reports: Any) -> None:
         """Keep what a heartbeat reported of the broker's logs for partitions awaiting

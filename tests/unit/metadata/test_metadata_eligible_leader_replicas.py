@@ -207,3 +207,19 @@ def test_alter_partition_refuses_a_member_whose_fetches_came_from_an_earlier_reg
     h.run(h.controller.alter_partition(h.image, a, h.image.brokers[a].epoch, "t", 0, p.leader_epoch,
                                        p.partition_epoch, [a, b, c], {str(c): h.image.brokers[c].epoch}))
     assert h.image.partition("t", 0).isr == (a, b, c)
+
+
+def test_members_with_the_same_log_as_the_recovered_leader_stay_eligible():
+    """Chaos seed 606 after the KIP-966 change: b and c (killed together) both had the
+    record; recovery elected b with ISR [b]; b was then torn and restarted: with c not
+    eligible, b led again without the record and c truncated to it."""
+    h, (a, b, c) = _both_eligible_restarted_unclean()
+    _report(h, a, last_epoch=1, leo=732)
+    _report(h, b, last_epoch=1, leo=732)
+    p = h.image.partition("t", 0)
+    assert p.leader == a and p.isr == (a,) and p.elr == (b,)
+    h.run(h.controller.fence_broker(h.image, a))
+    _restart(h, a, clean=False, incarnation="inc-a-3")     # the new leader, torn
+    h.heartbeat(a)
+    p = h.image.partition("t", 0)
+    assert p.leader == b and p.isr == (b,) and a not in p.elr
