@@ -158,15 +158,15 @@ class QuorumController:
         return max(1, min(value, len(replicas)))
 
     def _change(self, t, p: PartitionRegistration, *, isr=None, leader=None, replicas=None,
-                unclean: Optional[int] = None, recovered: bool = False,
-                elr_add: Iterable[int] = ()) -> Optional[PartitionChangeRecord]:
+                unclean: Optional[int] = None, elr_add: Iterable[int] = ()) -> Optional[PartitionChangeRecord]:
         """The record moving `p` to the given ISR / leader / replicas, with its ELR derived:
         members leaving the ISR join the ELR while the new ISR is below min.insync.replicas
         (their log has every committed record: brokers hold the HW there); `unclean` is a
         broker restarting after an unclean shutdown, which is never eligible: while the ISR
         stays below min.insync.replicas, members lost that way are kept in `last_known_elr`
-        (unclean recovery compares their logs; `recovered` = its election, which resets it,
-        and `elr_add` the replicas whose reported log equals the elected one's)."""
+        (unclean recovery compares their logs; they stay there after it, so another unclean
+        restart of its leader compares again; `elr_add`: replicas whose reported log equals
+        the one unclean recovery elected)."""
         new_isr = tuple(p.isr if isr is None else isr)
         new_leader = p.leader if leader is None else leader
         new_replicas = tuple(p.replicas if replicas is None else replicas)
@@ -176,7 +176,7 @@ class QuorumController:
         else:
             cand = (set(p.elr) | set(p.isr) | set(elr_add)) - set(new_isr) - {unclean}
             new_elr = tuple(r for r in new_replicas if r in cand)
-            lke = set() if recovered else set(p.last_known_elr)
+            lke = set(p.last_known_elr)
             if unclean is not None and (unclean in p.isr or unclean in p.elr):
                 lke.add(unclean)
             new_lke = tuple(r for r in new_replicas if r in lke)
@@ -265,13 +265,12 @@ class QuorumController:
                 if leader == NO_LEADER:
                     leader = self._elect(image, p.replicas, p.elr, included=included)
                     isr = (leader,) if leader != NO_LEADER else None
-                recovered, same_log = False, ()
+                same_log: tuple = ()
                 if leader == NO_LEADER and p.awaiting_recovery:
                     leader, same_log = self._recovery_choice(image, t.name, p, included)
                     isr = (leader,) if leader != NO_LEADER else None
-                    recovered = True
                 if leader != NO_LEADER:
-                    rec = self._change(t, p, leader=leader, isr=isr, recovered=recovered, elr_add=same_log)
+                    rec = self._change(t, p, leader=leader, isr=isr, elr_add=same_log)
                     if rec is not None:
                         out.append(rec)
                         self.log_reports.pop((t.name, p.partition), None)

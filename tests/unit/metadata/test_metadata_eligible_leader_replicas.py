@@ -125,7 +125,8 @@ def test_unclean_restart_of_every_eligible_replica_waits_for_all_reports_then_el
     assert h.image.partition("t", 0).leader == NO_LEADER
     _report(h, b, last_epoch=0, leo=95)
     p = h.image.partition("t", 0)
-    assert p.leader == b and p.isr == (b,) and p.last_known_elr == () and not p.awaiting_recovery
+    assert p.leader == b and p.isr == (b,) and not p.awaiting_recovery
+    assert set(p.last_known_elr) == {a, b}      # compared again if b restarts unclean too
 
 
 def test_recovery_compares_the_last_leader_epoch_before_the_log_end_offset():
@@ -223,3 +224,20 @@ def test_members_with_the_same_log_as_the_recovered_leader_stay_eligible():
     h.heartbeat(a)
     p = h.image.partition("t", 0)
     assert p.leader == b and p.isr == (b,) and a not in p.elr
+
+
+def test_a_recovered_leader_restarting_unclean_again_is_compared_with_the_others_again():
+    """Chaos seed 606, second run: recovery elected b over a (a's log shorter); b was torn
+    right after. It must not lead alone again: a's log is compared with b's new one."""
+    h, (a, b, c) = _both_eligible_restarted_unclean()
+    _report(h, a, last_epoch=1, leo=731)
+    _report(h, b, last_epoch=1, leo=732)
+    assert h.image.partition("t", 0).leader == b and h.image.partition("t", 0).elr == ()
+    _restart(h, b, clean=False, incarnation="inc-b-3")     # torn: lost offsets 730 and 731
+    h.heartbeat(b)
+    p = h.image.partition("t", 0)
+    assert p.leader == NO_LEADER and set(p.last_known_elr) == {a, b}
+    _report(h, b, last_epoch=1, leo=730)
+    _report(h, a, last_epoch=1, leo=731)
+    p = h.image.partition("t", 0)
+    assert p.leader == a and p.isr == (a,)
