@@ -86,8 +86,8 @@ class SimConfig:
     alter_partition_retry_ms: int = 300
     # a crash tears the last bytes of the active segment (power loss / torn write) with this
     # probability, the only ISR member included (KIP-966: the ELR still has every committed
-    # record), as long as one other ISR/ELR member is intact (not torn since it was last in
-    # the ISR): losing every copy is a double fault no replication survives
+    # record), as long as one other ISR/ELR/last-known-ELR member is intact (not torn since
+    # it was last in the ISR): losing every copy is a double fault no replication survives
     torn_tail_probability: float = 0.3
     # a restarted broker ignores partition state until the metadata holds its new
     # registration (the broker's incarnation gate, 6c3f54a; off = the race of
@@ -286,7 +286,8 @@ class Simulation:
         if reg is not None:
             for o in reg.isr:
                 self.brokers[o].torn = False
-        intact = [o for o in (set(reg.isr) | set(reg.elr)) - {b.id} if not self.brokers[o].torn] if reg else []
+        eligible = set(reg.isr) | set(reg.elr) | set(reg.last_known_elr) if reg else set()
+        intact = [o for o in eligible - {b.id} if not self.brokers[o].torn]
         if self.rng.random() < self.cfg.torn_tail_probability and intact:
             segs = sorted(f for f in os.listdir(b.dir) if f.endswith(".log"))
             path = os.path.join(b.dir, segs[-1]) if segs else None
