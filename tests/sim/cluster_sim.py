@@ -284,8 +284,10 @@ class Simulation:
         self.count("broker_crashes")
         reg = self.reg()
         if reg is not None:
-            for o in reg.isr:
-                self.brokers[o].torn = False
+            for o in reg.isr:   # back in the ISR as its current process: has every committed record
+                ob, registered = self.brokers[o], self.image.brokers.get(o)
+                if ob.alive and registered is not None and registered.incarnation_id == self.incarnation_id(ob):
+                    ob.torn = False
         eligible = set(reg.isr) | set(reg.elr) | set(reg.last_known_elr) if reg else set()
         intact = [o for o in eligible - {b.id} if not self.brokers[o].torn]
         if self.rng.random() < self.cfg.torn_tail_probability and intact:
