@@ -453,8 +453,7 @@ class BrokerApp:
                 return res.first_offset
             leader_id, leader_url = self.rm.leader_info(topic, partition)
             if leader_id < 0 or not leader_url:
-                raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE,
-                                    f"{topic}-{partition} has no leader right now; retry shortly")
+                raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE, self.rm.no_leader_message(topic, partition))
             if leader_id == self.config.broker_id:
                 # metadata says we lead but the replica manager has not caught up yet
                 raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,

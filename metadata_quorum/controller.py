@@ -79,6 +79,10 @@ class ControllerSettings:
     min_insync_replicas: int = 1
 
 
+def _unclean_election_enabled(t) -> bool:
+    return t.configs.get("unclean.leader.election.enable", "false").lower() == "true"
+
+
 def validate_topic_name(name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name must be a non-empty string")
@@ -227,7 +231,7 @@ class QuorumController:
         out = []
         excluded = (broker_id,)
         for t in image.topics.values():
-            unclean_election = t.configs.get("unclean.leader.election.enable", "false").lower() == "true"
+            unclean_election = _unclean_election_enabled(t)
             for p in t.partitions.values():
                 if broker_id not in p.isr and p.leader != broker_id and not (unclean and broker_id in p.elr):
                     continue
@@ -253,7 +257,9 @@ class QuorumController:
 
     def _elect_leaderless(self, image: MetadataImage, extra_usable: Iterable[int] = ()) -> list:
         """Give a leader to every leaderless partition with a usable ISR member, else a
-        usable ELR member (which becomes the ISR); then run unclean recovery."""
+        usable ELR member (which becomes the ISR); then run unclean recovery; last, where
+        the topic has unclean.leader.election.enable=true, any usable replica (the
+        operator's way out of a partition whose eligible replicas are gone for good)."""
         included = tuple(extra_usable)
         out = []
         for t in image.topics.values():
@@ -268,6 +274,9 @@ class QuorumController:
                 same_log: tuple = ()
                 if leader == NO_LEADER and p.awaiting_recovery:
                     leader, same_log = self._recovery_choice(image, t.name, p, included)
+                    isr = (leader,) if leader != NO_LEADER else None
+                if leader == NO_LEADER and _unclean_election_enabled(t):
+                    leader = next((r for r in p.replicas if r in included or image.is_usable(r)), NO_LEADER)
                     isr = (leader,) if leader != NO_LEADER else None
                 if leader != NO_LEADER:
                     rec = self._change(t, p, leader=leader, isr=isr, elr_add=same_log)

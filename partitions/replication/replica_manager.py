@@ -278,6 +278,19 @@ class ReplicaManager:
         b = img.brokers.get(reg.leader)
         return reg.leader, (b.url if b is not None else None)
 
+    def no_leader_message(self, topic: str, partition: int) -> str:
+        """What a client of a leaderless partition should know: which brokers it waits for
+        (ISR / ELR / last known ELR, KIP-966) and the way out if they are gone for good."""
+        img = self._image
+        reg = img.partition(topic, partition) if img is not None else None
+        if reg is not None and reg.leader < 0 and (reg.elr or not reg.isr):
+            waiting = sorted(set(reg.isr) | set(reg.elr)) or sorted(reg.last_known_elr)
+            return (f"{topic}-{partition} has no leader: it waits for brokers {waiting}, the replicas that may "
+                    "hold every committed record, to come back (and, after unclean shutdowns, to report "
+                    "their logs); retry shortly. If they are gone for good, setting the topic config "
+                    "unclean.leader.election.enable=true elects another replica (committed records may be lost)")
+        return f"{topic}-{partition} has no leader right now; retry shortly"
+
     def leader_partition(self, topic: str, partition: int) -> tuple[Partition, Any]:
         """The local leader replica, else UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER."""
         key = (topic, partition)
@@ -294,8 +307,7 @@ class ReplicaManager:
                                 f"topic {topic!r} does not exist; create it first (POST /v1/topics)")
         leader_id, leader_url = self.leader_info(topic, partition)
         if leader_id < 0:
-            raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE,
-                                f"{topic}-{partition} has no leader right now; retry shortly",
+            raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE, self.no_leader_message(topic, partition),
                                 leader_id=leader_id, leader_url=leader_url)
         raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
                             f"broker {self.broker_id} is not the leader of {topic}-{partition}; "

@@ -63,6 +63,10 @@ def test_torn_last_isr_member_does_not_lead_and_the_elr_member_keeps_acknowledge
                 assert part["leader"] == -1, part
                 time.sleep(0.2)
             assert leader not in part["isr"] and leader not in part.get("elr", []), part
+            status, doc = http("POST", c.url(f2) + "/v1/topics/s/partitions/0/records?acks=all",
+                               {"records": [{"value": "refused"}]})
+            assert status == 503 and doc["error_code"] == "LEADER_NOT_AVAILABLE", doc
+            assert f"waits for brokers [{f1}]" in doc["message"] and "unclean.leader.election" in doc["message"], doc
         finally:
             c.signal(f1, signal.SIGCONT)
         c.wait_for(lambda: c.partition("s")["leader"] == f1, 30, "the ELR member leading")

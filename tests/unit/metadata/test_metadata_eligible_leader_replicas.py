@@ -241,3 +241,15 @@ def test_a_recovered_leader_restarting_unclean_again_is_compared_with_the_others
     _report(h, a, last_epoch=1, leo=731)
     p = h.image.partition("t", 0)
     assert p.leader == a and p.isr == (a,)
+
+
+def test_enabling_unclean_leader_election_unblocks_a_partition_waiting_for_lost_replicas():
+    """The operator's way out when an eligible replica is gone for good (its disk died)."""
+    h, (a, b, c) = _both_eligible_restarted_unclean()
+    _report(h, a, last_epoch=0, leo=90)                  # b never reports (its disk is gone)
+    assert h.image.partition("t", 0).leader == NO_LEADER
+    assert h.controller.maintenance(h.image, h.now) == []
+    h.run(h.controller.alter_configs(h.image, "t", {"unclean.leader.election.enable": "true"}))
+    h.run(h.controller.maintenance(h.image, h.now))
+    p = h.image.partition("t", 0)
+    assert p.leader in (a, b, c) and p.isr == (p.leader,)
