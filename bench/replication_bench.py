@@ -48,22 +48,32 @@ async def produce_throughput(c: ReplicatedCluster, topic: str, acks: str, second
     """records/s of raw-batch produce to the partition leaders, `concurrency` requests in flight."""
     batch = rb.build_batch([rb.Record(None, b"x" * RECORD_BYTES) for _ in range(RECORDS_PER_BATCH)])
     leaders = _leaders(c, topic)
-    done = 0
+    done = moves = 0
     stop_at = time.monotonic() + seconds
     async with aiohttp.ClientSession() as s:
         async def worker(i: int):
-            nonlocal done
+            nonlocal done, moves
             p = i % PARTITIONS
-            url = f"{leaders[p]}/v1/topics/{topic}/partitions/{p}/records?acks={acks}"
             while time.monotonic() < stop_at:
+                url = f"{leaders[p]}/v1/topics/{topic}/partitions/{p}/records?acks={acks}"
                 async with s.post(url, data=batch, headers={"Content-Type": codecs.RAW_BATCH}) as r:
-                    await r.read()
-                    if r.status != 200:
-                        raise RuntimeError(f"produce answered {r.status}")
-                done += RECORDS_PER_BATCH
+                    body = await r.read()
+                if r.status == 200:
+                    done += RECORDS_PER_BATCH
+                elif r.status in (421, 503):
+                    # leadership moved (a preferred-leader rebalance under load): follow it, as
+                    # a client refreshing metadata would; the time spent counts against us
+                    moves += 1
+                    await asyncio.sleep(0.05)
+                    leaders.update(await asyncio.to_thread(_leaders, c, topic))
+                else:
+                    raise RuntimeError(f"produce answered {r.status}: {body[:200]!r}")
         t0 = time.monotonic()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        return done / (time.monotonic() - t0)
+        rate = done / (time.monotonic() - t0)
+    if moves:
+        print(f"  ({moves} answers sent the bench to a new leader during this round)")
+    return rate
 
 
 async def e2e_latency(c: ReplicatedCluster, topic: str, n: int) -> list[float]:
