@@ -87,8 +87,11 @@ def test_consume_follows_until_interrupted(node):
     import signal
     assert kraftlog(node, "topic", "create", "follow").returncode == 0
     env = dict(os.environ, PYTHONPATH=ROOT, KRAFTLOG_URL=node.url)
+    # SIGINT as a terminal delivers it: a suite started in the background by a non-interactive
+    # shell inherits SIGINT ignored (POSIX), and so would the consumer
     p = subprocess.Popen([sys.executable, "-m", "deploy.cli", "consume", "follow", "--from-beginning"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         kraftlog(node, "produce", "follow", stdin="first\n")
         ready, _, _ = select.select([p.stdout], [], [], 20)
