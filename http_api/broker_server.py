@@ -80,13 +80,11 @@ class Broker:
         os.makedirs(cfg.state_dir, exist_ok=True)
         self._lock_fd = _lock_dir(cfg.state_dir)
         t0 = time.monotonic()
-        from partitions.log.log_manager import CLEAN_SHUTDOWN_MARKER
-        clean = all(os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_MARKER)) for d in cfg.log_dirs)
         self.log_manager = LogManager(cfg.log_dirs, LogConfig())
         await self._blocking(self.log_manager.open_all)
         n = len(self.log_manager.partitions())
         log.info("broker %s opened %d logs in %.0f ms %s", cfg.broker_id, n, (time.monotonic() - t0) * 1000,
-                 "after a clean shutdown (recovery skipped)" if clean or n == 0
+                 "after a clean shutdown (recovery skipped)" if self.log_manager.clean_shutdown or n == 0
                  else "after an unclean shutdown (recovered from the recovery points)")
 
         # a fresh incarnation per process: leaderships are served only once the metadata

@@ -51,6 +51,7 @@ from metadata_quorum.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
+from partitions.replication.partition import effective_min_insync_replicas
 
 TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
 TOPIC_NAME_LENGTH_MAX = 249
@@ -159,7 +160,7 @@ class QuorumController:
             value = int(raw) if raw is not None else self.settings.min_insync_replicas
         except ValueError:
             value = self.settings.min_insync_replicas
-        return max(1, min(value, len(replicas)))
+        return effective_min_insync_replicas(value, len(replicas))
 
     def _change(self, t, p: PartitionRegistration, *, isr=None, leader=None, replicas=None,
                 unclean: Optional[int] = None, elr_add: Iterable[int] = ()) -> Optional[PartitionChangeRecord]:

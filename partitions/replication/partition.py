@@ -23,6 +23,12 @@ from dataclasses import dataclass, field
 from http_api.errors import ErrorCode, KraftlogError
 
 
+def effective_min_insync_replicas(configured: int, replication_factor: int) -> int:
+    """min.insync.replicas as the HW rule applies it: capped at the replication factor. The
+    controller's ELR decisions must use this very value (KIP-966)."""
+    return max(1, min(configured, replication_factor))
+
+
 @dataclass
 class ReplicaState:
     """What the leader knows about one follower replica."""

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from http_api.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
-from partitions.replication.partition import Partition
+from partitions.replication.partition import Partition, effective_min_insync_replicas
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class ReplicaManager:
                                                             high_watermark=lg.high_watermark)
                 was_leader = part.is_leader
                 old_epoch = part.leader_epoch
-                part.min_insync_replicas = max(1, min(self.min_isr_for(name), len(reg.replicas)))
+                part.min_insync_replicas = effective_min_insync_replicas(self.min_isr_for(name), len(reg.replicas))
                 if reg.leader == self.broker_id and not self._registered_in(image):
                     # our previous incarnation's leadership (we restarted, maybe with a shorter
                     # log): never serve it; the controller moves it away when it applies our

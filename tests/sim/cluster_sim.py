@@ -43,7 +43,7 @@ from metadata_quorum.state_machine import MetadataStateMachine
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
 from partitions.log.record_batch import Record, build_batch, decode_batches
-from partitions.replication.partition import Partition
+from partitions.replication.partition import Partition, effective_min_insync_replicas
 from tests.chaos.harness.checker import check as check_history
 from tests.chaos.harness.history import History
 
@@ -322,7 +322,7 @@ class Simulation:
             return  # the metadata still describes our previous incarnation
         part, lg = b.part, b.log
         was_leader, old_epoch = part.is_leader, part.leader_epoch
-        part.min_insync_replicas = max(1, min(self.cfg.min_insync_replicas, len(replicas)))
+        part.min_insync_replicas = effective_min_insync_replicas(self.cfg.min_insync_replicas, len(replicas))
         if leader == b.id:
             changed = part.make_leader(replicas=list(replicas), isr=list(isr), leader_epoch=leader_epoch,
                                        partition_epoch=partition_epoch, log_end_offset=lg.log_end_offset,
