@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from http_api.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2

@@ -34,12 +34,13 @@ def add_log_cleaner_parser(sub, client_parent: argparse.ArgumentParser, run_clie
 
 
 async def _json_or_raise(resp) -> dict:
-    from http_api.errors import ErrorCode, KraftlogError
+    from partitions.errors import ErrorCode, KraftlogError
 
     doc = await resp.json(content_type=None)
     if resp.status >= 400:
-        code = ErrorCode.__members__.get(doc.get("error_code", ""), ErrorCode.UNKNOWN_SERVER_ERROR)
-        raise KraftlogError(code, f"{resp.url}: {doc.get('message', doc)}")
+        code = ErrorCode.from_name(doc.get("error_code") if isinstance(doc, dict) else None)
+        message = doc.get("message", doc) if isinstance(doc, dict) else doc
+        raise KraftlogError(code, f"{resp.url}: {message}")
     return doc
 
 

@@ -26,7 +26,7 @@ import prometheus_client as prom
 from http_api import codecs, replica_client
 from http_api.codecs import CBOR, JSON, RAW_BATCH
 from http_api.config import BrokerConfig
-from http_api.errors import ErrorCode, KraftlogError
+from http_api.errors import ErrorCode, KraftlogError, http_status
 from http_api.group_offsets import GroupOffsetStore
 from http_api.internal_auth import INTERNAL_PATH_PREFIX, INTERNAL_TOKEN_HEADER, internal_token, token_ok
 from http_api.partitioner import RoundRobin, partition_for_key
@@ -128,7 +128,7 @@ def _json_response(doc: Any, status: int = 200, media: str = JSON) -> web.Respon
 
 
 def _error_response(err: KraftlogError) -> web.Response:
-    return web.Response(body=codecs.error_body(err), status=err.http_status, content_type=JSON)
+    return web.Response(body=codecs.error_body(err), status=http_status(err), content_type=JSON)
 
 
 def _int_param(value: str | None, name: str, *, default: int | None = None, minimum: int = 0) -> int:
@@ -358,7 +358,7 @@ class BrokerApp:
             status = str(resp.status)
             return resp
         except KraftlogError as e:
-            status = str(e.http_status)
+            status = str(http_status(e))
             raise
         finally:
             requests.labels(status).inc()
@@ -415,7 +415,7 @@ class BrokerApp:
             media = JSON
         if first_error is not None:
             doc = {"error_code": first_error.code.name, "message": first_error.message, "offsets": entries}
-            return _json_response(doc, first_error.http_status, media)
+            return _json_response(doc, http_status(first_error), media)
         return _json_response({"offsets": entries}, 200, media)
 
     def _max_message_bytes(self, topic: str) -> int:
@@ -480,9 +480,11 @@ class BrokerApp:
                     return -1
                 doc = codecs.decode_document(JSON, body) if body else {}
                 if resp.status != 200:
-                    code = ErrorCode.__members__.get(doc.get("error_code", ""), ErrorCode.UNKNOWN_SERVER_ERROR)
-                    extra = {k: v for k, v in doc.items() if k in ("leader_id", "leader_url")}
-                    raise KraftlogError(code, doc.get("message", f"leader answered HTTP {resp.status}"), **extra)
+                    err = KraftlogError.from_body(doc, fallback=f"leader answered HTTP {resp.status}")
+                    if err is None:
+                        raise KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"leader answered HTTP {resp.status}")
+                    extra = {k: v for k, v in err.extra.items() if k in ("leader_id", "leader_url")}
+                    raise KraftlogError(err.code, err.message, **extra)
                 return int(doc["offsets"][0]["offset"])
         except aiohttp.ClientConnectorError as e:  # refused: the request was never sent
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,

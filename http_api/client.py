@@ -56,10 +56,9 @@ def _error_from(status: int, body: bytes) -> KraftlogError:
         doc = json.loads(body) if body else {}
     except ValueError:
         doc = {}
-    if isinstance(doc, dict) and "error_code" in doc:
-        code = ErrorCode.__members__.get(doc["error_code"], ErrorCode.UNKNOWN_SERVER_ERROR)
-        extra = {k: v for k, v in doc.items() if k not in ("error_code", "message")}
-        return KraftlogError(code, str(doc.get("message", "")), **extra)
+    err = KraftlogError.from_body(doc)
+    if err is not None:
+        return err
     return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"broker answered HTTP {status}: {body[:200]!r}")
 
 

@@ -73,7 +73,7 @@ def _now_ms() -> int:
 
 
 def _error(e: GroupError) -> KraftlogError:
-    code = ErrorCode.__members__.get(e.code, ErrorCode.INVALID_REQUEST)
+    code = ErrorCode.__members__.get(e.code, ErrorCode.INVALID_REQUEST)  # GroupError names a Kafka code
     return KraftlogError(code, e.message)
 
 

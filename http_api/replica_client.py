@@ -47,11 +47,7 @@ def error_entry(topic: str, partition: int, err: KraftlogError) -> dict:
 
 
 def _entry_error(e: dict) -> KraftlogError | None:
-    if "error_code" not in e:
-        return None
-    code = ErrorCode.__members__.get(e["error_code"], ErrorCode.UNKNOWN_SERVER_ERROR)
-    extra = {k: v for k, v in e.items() if k not in ("error_code", "message", "topic", "partition")}
-    return KraftlogError(code, str(e.get("message", "")), **extra)
+    return KraftlogError.from_body(e, ignore=("topic", "partition"))
 
 
 def encode_fetch_header(entries: list[dict]) -> bytes:
@@ -101,12 +97,10 @@ def decode_fetch_response(body) -> list[PartitionData]:
 
 def _error(status: int, body: bytes) -> KraftlogError:
     try:
-        doc = json.loads(body)
-        code = ErrorCode.__members__.get(doc.get("error_code", ""), ErrorCode.UNKNOWN_SERVER_ERROR)
-        extra = {k: v for k, v in doc.items() if k not in ("error_code", "message")}
-        return KraftlogError(code, str(doc.get("message", "")), **extra)
-    except (ValueError, AttributeError):
-        return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"leader answered HTTP {status}")
+        err = KraftlogError.from_body(json.loads(body))
+    except ValueError:
+        err = None
+    return err or KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"leader answered HTTP {status}")
 
 
 class ReplicaTransport:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import aiohttp
 
-from http_api.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import record_from_dict
 
@@ -30,11 +30,9 @@ PREFIX = "/controller/v1"
 
 
 def _error_from_body(status: int, body: Any) -> KraftlogError:
-    if isinstance(body, dict) and "error_code" in body:
-        name = body.get("error_code")
-        code = ErrorCode.__members__.get(name, ErrorCode.UNKNOWN_SERVER_ERROR)
-        extra = {k: v for k, v in body.items() if k not in ("error_code", "message")}
-        return KraftlogError(code, str(body.get("message", "")), **extra)
+    err = KraftlogError.from_body(body)
+    if err is not None:
+        return err
     return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"controller answered HTTP {status}: {body!r}")
 
 

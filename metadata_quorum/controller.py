@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from http_api.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.image import MetadataImage, PartitionRegistration
 from metadata_quorum.placement import assign_replicas
 from metadata_quorum.records import (

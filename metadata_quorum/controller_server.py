@@ -34,7 +34,8 @@ from typing import Any, Callable, Optional
 
 from aiohttp import web
 
-from http_api.errors import ErrorCode, KraftlogError
+from http_api.errors import http_status
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import LeaderChangeRecord, record_to_dict
@@ -582,7 +583,7 @@ async def _error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except KraftlogError as exc:
-        return web.json_response(exc.to_body(), status=exc.http_status)
+        return web.json_response(exc.to_body(), status=http_status(exc))
     except web.HTTPException as exc:
         if exc.status >= 400:
             code = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.UNKNOWN_SERVER_ERROR

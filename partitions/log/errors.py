@@ -56,6 +56,19 @@ class OffsetMismatchError(LogError):
         )
 
 
+class FencedLeaderEpochError(LogError):
+    """A leader append carries a leader epoch older than the log's latest: this replica was
+    deposed. The broker answers NOT_LEADER_OR_FOLLOWER; the client refreshes metadata."""
+
+    def __init__(self, leader_epoch: int, latest_epoch: int):
+        self.leader_epoch = leader_epoch
+        self.latest_epoch = latest_epoch
+        super().__init__(
+            f"leader epoch {leader_epoch} is older than the log's latest epoch "
+            f"{latest_epoch}: this replica is no longer the leader"
+        )
+
+
 class LogClosedError(LogError):
     """The log was closed or deleted; reopen it through the LogManager."""
 

@@ -26,6 +26,7 @@ from typing import Callable
 from .config import LogConfig
 from .errors import (
     CorruptRecordError,
+    FencedLeaderEpochError,
     InvalidRecordError,
     LogClosedError,
     OffsetMismatchError,
@@ -430,10 +431,7 @@ class Log:
                 self._check_keys(records, batches)
             latest_epoch = self.leader_epoch_cache.latest_epoch
             if leader_epoch < latest_epoch:
-                raise ValueError(
-                    f"leader epoch {leader_epoch} is older than the log's latest epoch "
-                    f"{latest_epoch}: this replica is no longer the leader"
-                )
+                raise FencedLeaderEpochError(leader_epoch, latest_epoch)
             now = self._time_ms()
             first_offset = offset = self.log_end_offset
             entries: list[tuple[int, int, int, int, int]] = []

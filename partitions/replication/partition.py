@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from http_api.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 
 
 def effective_min_insync_replicas(configured: int, replication_factor: int) -> int:

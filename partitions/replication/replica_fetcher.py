@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from http_api.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
 from partitions.replication.fetcher_state import FETCHING, TRUNCATING, LeaderFetchState, truncation_step
 
@@ -216,7 +216,7 @@ class _LeaderFetcher:
                     await rm.follower_flush_if_needed(res.topic, res.partition)
             except KraftlogError:
                 self.state.back_off(res.topic, res.partition, _now_ms(), self.mgr.backoff_ms)
-            except (log_errors.OffsetMismatchError, ValueError) as e:
+            except (log_errors.OffsetMismatchError, log_errors.CorruptRecordError) as e:
                 log.warning("%s-%s: leader's batches do not continue our log (%s); truncating again",
                             res.topic, res.partition, e)
                 self.state.must_truncate(res.topic, res.partition, epoch)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from http_api.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
 from partitions.replication.partition import Partition, effective_min_insync_replicas
 
@@ -335,7 +335,7 @@ class ReplicaManager:
             raise KraftlogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, str(e)) from None
         except log_errors.InvalidProducerEpochError as e:
             raise KraftlogError(ErrorCode.INVALID_PRODUCER_EPOCH, str(e)) from None
-        except ValueError as e:  # e.g. a leader epoch older than the log's (we were deposed)
+        except log_errors.FencedLeaderEpochError as e:  # a newer leader epoch is in the log: we were deposed
             raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                 f"{topic}-{partition}: {e}; refresh metadata and retry") from None
         except log_errors.LogClosedError as e:

@@ -9,6 +9,7 @@ from logtest_helpers import FakeClock, make_batch
 from partitions.log.config import LogConfig
 from partitions.log.errors import (
     CorruptRecordError,
+    FencedLeaderEpochError,
     LogClosedError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
@@ -66,7 +67,7 @@ def test_leader_append_validates_everything_before_writing(tmp_path):
 def test_leader_append_refuses_an_older_epoch(tmp_path):
     lg = _open(tmp_path)
     lg.append_as_leader(make_batch(1), 3)
-    with pytest.raises(ValueError, match="older"):
+    with pytest.raises(FencedLeaderEpochError, match="older"):
         lg.append_as_leader(make_batch(1), 2)
 
 
