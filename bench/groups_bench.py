@@ -28,7 +28,7 @@ if ROOT not in sys.path:
 
 from partitions.groups import records as grec  # noqa: E402
 from partitions.groups.coordinator import GroupCoordinatorState  # noqa: E402
-from partitions.replication.testing import ReplicatedCluster, http  # noqa: E402
+from tests.rigs.cluster import ReplicatedCluster, http  # noqa: E402
 
 
 async def _rate(url_for, body_for, seconds: float, concurrency: int) -> tuple[float, list[float]]:

@@ -27,7 +27,7 @@ from metadata_quorum.controller import QuorumController
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import LeaderChangeRecord, record_to_dict
 from metadata_quorum.state_machine import MetadataStateMachine
-from metadata_quorum.testing import ControllerCluster
+from tests.rigs.controllers import ControllerCluster
 
 
 def row(name: str, value: str) -> None:

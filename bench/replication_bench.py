@@ -33,7 +33,7 @@ if ROOT not in sys.path:
 from http_api import codecs  # noqa: E402
 from http_api.client import Consumer, Producer  # noqa: E402
 from partitions.log import record_batch as rb  # noqa: E402
-from partitions.replication.testing import ReplicatedCluster, http  # noqa: E402
+from tests.rigs.cluster import ReplicatedCluster, http  # noqa: E402
 
 RECORD_BYTES = 100
 RECORDS_PER_BATCH = 1000

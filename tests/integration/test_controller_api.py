@@ -14,7 +14,7 @@ from http_api.errors import ErrorCode, KraftlogError
 from metadata_quorum.client import BrokerLifecycle, ControllerClient, MetadataFollower
 from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
 from metadata_quorum.state_machine import MetadataStateMachine
-from metadata_quorum.testing import free_port
+from tests.rigs.controllers import free_port
 from raft import InMemoryReplicatedLog, OutcomeUnknownError
 
 

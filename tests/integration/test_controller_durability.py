@@ -10,7 +10,7 @@ import pytest
 
 from http_api.errors import KraftlogError
 from metadata_quorum.client import ControllerClient
-from metadata_quorum.testing import ControllerCluster, http_json
+from tests.rigs.controllers import ControllerCluster, http_json
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from metadata_quorum.client import ControllerClient
-from metadata_quorum.testing import ControllerCluster
+from tests.rigs.controllers import ControllerCluster
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 
 from http_api.errors import ErrorCode, KraftlogError
 from metadata_quorum.client import ControllerClient
-from metadata_quorum.testing import ControllerCluster
+from tests.rigs.controllers import ControllerCluster
 
 pytestmark = pytest.mark.integration
 

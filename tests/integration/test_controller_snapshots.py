@@ -11,7 +11,7 @@ import time
 import pytest
 
 from metadata_quorum.client import ControllerClient, MetadataFollower
-from metadata_quorum.testing import ControllerCluster, http_json
+from tests.rigs.controllers import ControllerCluster, http_json
 
 pytestmark = pytest.mark.integration
 

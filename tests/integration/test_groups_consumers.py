@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from partitions.replication.testing import ReplicatedCluster, http
+from tests.rigs.cluster import ReplicatedCluster, http
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from test_groups_consumers import ConsumerProc
 
 from partitions.groups.records import partition_for_group
-from partitions.replication.testing import ReplicatedCluster, http
+from tests.rigs.cluster import ReplicatedCluster, http
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 
-from metadata_quorum.testing import free_port
+from tests.rigs.controllers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,7 +12,7 @@ import tomllib
 import pytest
 
 from deploy.local_node import ROOT, free_port
-from partitions.replication.testing import http
+from tests.rigs.cluster import http
 
 pytestmark = pytest.mark.integration
 

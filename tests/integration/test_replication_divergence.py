@@ -9,7 +9,7 @@ import pytest
 
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
-from partitions.replication.testing import ReplicatedCluster, http
+from tests.rigs.cluster import ReplicatedCluster, http
 
 pytestmark = pytest.mark.integration
 

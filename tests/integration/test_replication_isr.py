@@ -7,7 +7,7 @@ import time
 import pytest
 from replication_helpers import BackgroundProducer, assert_acked_exactly_once_in_order
 
-from partitions.replication.testing import ReplicatedCluster, http
+from tests.rigs.cluster import ReplicatedCluster, http
 
 pytestmark = pytest.mark.integration
 

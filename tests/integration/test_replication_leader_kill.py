@@ -6,7 +6,7 @@ import time
 import pytest
 from replication_helpers import BackgroundConsumer, BackgroundProducer, assert_acked_exactly_once_in_order
 
-from partitions.replication.testing import ReplicatedCluster
+from tests.rigs.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.integration
 

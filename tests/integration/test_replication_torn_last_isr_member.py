@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from partitions.replication.testing import ReplicatedCluster, http
+from tests.rigs.cluster import ReplicatedCluster, http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Optional
 
-from metadata_quorum.testing import ROOT, ControllerCluster, free_port
+from tests.rigs.controllers import ROOT, ControllerCluster, free_port
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 30.0, raw: bytes | None = None,

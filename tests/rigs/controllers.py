@@ -17,7 +17,7 @@ from typing import Optional
 
 from metadata_quorum.controller_server import Voter, format_voters
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
 
 def free_port() -> int:
