@@ -2,20 +2,31 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# Dependencies by need: serving installs only what a node runs; tests, benchmarks and the
+# Spark pipeline add the `test` and `spark` extras (pyproject.toml).
+BASE   := $(VENV)/.installed-base
+SERVE  := $(VENV)/.installed-serve
+STAMP  := $(VENV)/.installed-all
 
 .PHONY: run test test-fast bench pipeline chaos clean venv
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(BASE):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(BASE)
+
+$(SERVE): pyproject.toml $(BASE)
+	$(PY) -m pip install --quiet -e .
+	touch $(SERVE)
+
+$(STAMP): pyproject.toml $(BASE)
+	$(PY) -m pip install --quiet -e '.[test,spark]'
+	touch $(SERVE) $(STAMP)
 
 ## run: start a single-node cluster (controller + broker) in the foreground, data in ./data
-run: $(STAMP)
+run: $(SERVE)
 	$(VENV)/bin/kraftlog serve --data-dir ./data
 
 ## test: the whole suite (unit, functional, integration, spark)
