@@ -43,13 +43,20 @@ import os
 import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from .cleaner_checkpoint import (
+    CLEANER_CHECKPOINT,
+    TOMBSTONE_HORIZONS,
+    read_cleaner_checkpoint,
+    read_tombstone_horizons,
+    truncate_cleaner_state,
+    write_cleaner_checkpoint,
+    write_tombstone_horizons,
+)
 from .config import LogConfig
 from .errors import CorruptRecordError, LogClosedError
-from .throttler import Throttler
-from .leader_epoch_cache import write_checkpoint_file
+from .log import Log
 from .record_batch import (
     BatchHeader,
     build_batch,
@@ -58,14 +65,10 @@ from .record_batch import (
     decode_records,
 )
 from .segment import LogSegment
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .log import Log
+from .throttler import Throttler
 
 log = logging.getLogger(__name__)
 
-CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
-TOMBSTONE_HORIZONS = "cleaner-tombstone-horizons"
 CLEANED_SUFFIX = ".cleaned"
 MiB = 1 << 20
 DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * MiB  # Kafka's log.cleaner.dedupe.buffer.size
@@ -99,62 +102,6 @@ class CleanerStats:
 
 
 # ---------------------------------------------------------------------- side files
-
-
-def read_cleaner_checkpoint(log_dir: Path) -> int | None:
-    try:
-        lines = (Path(log_dir) / CLEANER_CHECKPOINT).read_text().split()
-        if len(lines) == 2 and lines[0] == "0":
-            return int(lines[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def write_cleaner_checkpoint(log_dir: Path, offset: int) -> None:
-    write_checkpoint_file(Path(log_dir) / CLEANER_CHECKPOINT, ["0", str(offset)])
-
-
-def read_tombstone_horizons(log_dir: Path) -> list[tuple[int, int]] | None:
-    """[(end offset, pass time ms)], ascending; None if the file is missing or unreadable."""
-    try:
-        lines = (Path(log_dir) / TOMBSTONE_HORIZONS).read_text().split("\n")
-        if lines[0] != "0":
-            return None
-        count = int(lines[1])
-        out = []
-        for line in lines[2 : 2 + count]:
-            end, t = line.split()
-            out.append((int(end), int(t)))
-        return out if len(out) == count else None
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def write_tombstone_horizons(log_dir: Path, entries: list[tuple[int, int]]) -> None:
-    write_checkpoint_file(
-        Path(log_dir) / TOMBSTONE_HORIZONS, ["0", str(len(entries))] + [f"{e} {t}" for e, t in entries]
-    )
-
-
-def truncate_cleaner_state(log_dir: Path, log_end_offset: int | None) -> None:
-    """The log was truncated to `log_end_offset` (None: emptied): offsets at or above it
-    will hold new records, which are dirty and whose tombstones were never passed."""
-    log_dir = Path(log_dir)
-    if log_end_offset is None:
-        for name in (CLEANER_CHECKPOINT, TOMBSTONE_HORIZONS):
-            (log_dir / name).unlink(missing_ok=True)
-        return
-    cp = read_cleaner_checkpoint(log_dir)
-    if cp is not None and cp > log_end_offset:
-        write_cleaner_checkpoint(log_dir, log_end_offset)
-    horizons = read_tombstone_horizons(log_dir)
-    if horizons and horizons[-1][0] > log_end_offset:
-        kept = [(e, t) for e, t in horizons if e <= log_end_offset]
-        nxt = next(((e, t) for e, t in horizons if e > log_end_offset), None)
-        if nxt is not None and (not kept or kept[-1][0] < log_end_offset):
-            kept.append((log_end_offset, nxt[1]))
-        write_tombstone_horizons(log_dir, kept)
 
 
 # ---------------------------------------------------------------------- the plan
@@ -433,13 +380,13 @@ class LogCleaner:
 
     # ------------------------------------------------------------------ planning
 
-    def first_dirty_offset(self, lg: "Log") -> int:
+    def first_dirty_offset(self, lg: Log) -> int:
         offset = read_cleaner_checkpoint(lg.dir)
         if offset is None:
             return lg.log_start_offset
         return min(max(offset, lg.log_start_offset), lg.log_end_offset)
 
-    def cleanable_range(self, lg: "Log", now_ms: int | None = None) -> tuple[int, int]:
+    def cleanable_range(self, lg: Log, now_ms: int | None = None) -> tuple[int, int]:
         """(first dirty offset, first uncleanable offset); first dirty <= first uncleanable."""
         now = self._time_ms() if now_ms is None else now_ms
         segments = lg.segments
@@ -453,7 +400,7 @@ class LogCleaner:
         first_dirty = self.first_dirty_offset(lg)
         return min(first_dirty, end), end
 
-    def dirty_ratio(self, lg: "Log", now_ms: int | None = None) -> float:
+    def dirty_ratio(self, lg: Log, now_ms: int | None = None) -> float:
         """Dirty bytes / cleanable bytes, by whole segments (Kafka's cleanable ratio)."""
         first_dirty, end = self.cleanable_range(lg, now_ms)
         clean = dirty = 0
@@ -467,7 +414,7 @@ class LogCleaner:
         total = clean + dirty
         return dirty / total if total else 0.0
 
-    def _horizons(self, lg: "Log", first_dirty: int, now: int) -> list[tuple[int, int]]:
+    def _horizons(self, lg: Log, first_dirty: int, now: int) -> list[tuple[int, int]]:
         horizons = read_tombstone_horizons(lg.dir)
         if horizons is None:
             # cleaned before horizons were recorded: treat the clean part as passed now
@@ -475,14 +422,14 @@ class LogCleaner:
             horizons = [(first_dirty, now)] if cp is not None and first_dirty > lg.log_start_offset else []
         return horizons
 
-    def tombstones_due(self, lg: "Log", now_ms: int | None = None) -> bool:
+    def tombstones_due(self, lg: Log, now_ms: int | None = None) -> bool:
         """True when tombstones kept by an earlier pass have reached their delete horizon."""
         now = self._time_ms() if now_ms is None else now_ms
         horizons = read_tombstone_horizons(lg.dir) or []
         retention = lg.config.delete_retention_ms
         return any(t + retention <= now for _, t in horizons)
 
-    def needs_cleaning(self, lg: "Log", now_ms: int | None = None) -> bool:
+    def needs_cleaning(self, lg: Log, now_ms: int | None = None) -> bool:
         """Compacted topic with a dirty ratio >= min.cleanable.dirty.ratio, or a dirty
         segment older than max.compaction.lag.ms, or tombstones past their horizon."""
         cfg = lg.config
@@ -504,7 +451,7 @@ class LogCleaner:
             return True
         return self.tombstones_due(lg, now)
 
-    def plan(self, lg: "Log", now_ms: int | None = None) -> tuple[CleaningPlan, list[LogSegment]] | None:
+    def plan(self, lg: Log, now_ms: int | None = None) -> tuple[CleaningPlan, list[LogSegment]] | None:
         """A snapshot of what to clean (taken under the log's lock), or None."""
         now = self._time_ms() if now_ms is None else now_ms
         with lg.lock:
@@ -537,7 +484,7 @@ class LogCleaner:
     # ------------------------------------------------------------------ cleaning
 
     def clean(
-        self, lg: "Log", now_ms: int | None = None, *, should_abort: Callable[[], bool] | None = None
+        self, lg: Log, now_ms: int | None = None, *, should_abort: Callable[[], bool] | None = None
     ) -> CleanerStats | None:
         """One compaction pass over `lg`; None if there is nothing to clean."""
         started = time.monotonic()

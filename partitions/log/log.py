@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .append import AppendInfo
+from .cleaner_checkpoint import truncate_cleaner_state
 from .config import LogConfig
 from .errors import (
     CorruptRecordError,
@@ -34,6 +36,7 @@ from .errors import (
     RecordTooLargeError,
 )
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache, fsync_dir
+from .producer_state import ProducerStateManager
 from .record_batch import (
     CONTROL_MASK,
     H_ATTRIBUTES,
@@ -49,7 +52,7 @@ from .record_batch import (
     set_log_append_time,
     validate_batch_raw,
 )
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_segment_base
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_segment_base, segment_file_name
 
 log = logging.getLogger(__name__)
 
@@ -76,21 +79,6 @@ def parse_topic_partition(name: str) -> tuple[str, int]:
     if not sep or not topic or not part.isdigit():
         raise ValueError(f"log directory name {name!r} is not <topic>-<partition>")
     return topic, int(part)
-
-
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
-    """Result of an append: offsets assigned, timestamps, sizes. `duplicate` is True when
-    an idempotent producer's retry was recognised and nothing was written (the offsets
-    are those of the original append)."""
-
-    first_offset: int
-    last_offset: int
-    max_timestamp: int
-    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
-    num_records: int
-    num_bytes: int
-    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,16 +261,10 @@ class Log:
         self._rebuild_producer_state()
 
     def _rebuild_producer_state(self) -> None:
-        """Hook for idempotent producer state (producer_state.py); rebuilt from the log."""
-        try:
-            from .producer_state import ProducerStateManager
-        except ImportError:  # pragma: no cover - optional module
-            return
+        """Idempotent producer state (producer_state.py), rebuilt from the log."""
         self.producer_state = ProducerStateManager.rebuild(self)
 
     def _delete_segment_files(self, base: int) -> None:
-        from .segment import segment_file_name
-
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             (self._dir / segment_file_name(base, suffix)).unlink(missing_ok=True)
 
@@ -738,8 +720,6 @@ class Log:
             self._truncate_fully(offset)
 
     def _truncate_cleaner_state(self, leo: int | None) -> None:
-        from .cleaner import truncate_cleaner_state
-
         with self.cleaner_state_lock:
             truncate_cleaner_state(self._dir, leo)
 

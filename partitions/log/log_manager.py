@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from .cleaner import LogCleaner
 from .config import LogConfig
 from .leader_epoch_cache import fsync_dir, write_checkpoint_file
 from .log import Log, parse_topic_partition
@@ -250,8 +251,6 @@ class LogManager:
     def run_cleaner(self, cleaner=None, now_ms: int | None = None) -> int:
         """One compaction pass over every compacted log that needs it (cleaner.py);
         returns the number of logs cleaned. Meant for a worker thread."""
-        from .cleaner import LogCleaner
-
         cleaner = cleaner or LogCleaner(time_ms=self._time_ms)
         cleaned = 0
         for lg in self.all_logs():

@@ -29,8 +29,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
+from .append import AppendInfo
 from .errors import CorruptRecordError, InvalidProducerEpochError, OutOfOrderSequenceError
 from .leader_epoch_cache import write_checkpoint_file
 from .record_batch import (
@@ -41,9 +42,7 @@ from .record_batch import (
     H_PRODUCER_EPOCH,
     H_PRODUCER_ID,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .log import AppendInfo, Log
+from .segment import LogSegment
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +85,31 @@ class ProducerStateEntry:
         return None
 
 
-def _duplicate_info(duplicates: list, num_records: int) -> "AppendInfo":
+def _duplicate_info(duplicates: list, num_records: int) -> AppendInfo:
     """AppendInfo answering a request whose batches were all appended before: the cached
     offsets when every batch is in the window and they are contiguous, else -1 (unknown)."""
-    from .log import AppendInfo
-
     first, last, max_ts = duplicates[0][2], duplicates[-1][3], max(d[4] for d in duplicates)
     known = all(d[2] >= 0 for d in duplicates) and all(
         a[3] + 1 == b[2] for a, b in zip(duplicates, duplicates[1:]))
     if not known:
         first = last = -1
     return AppendInfo(first, last, max_ts, -1, num_records, 0, duplicate=True)
+
+
+class ScannableLog(Protocol):
+    """What a rebuild reads of a log (`Log` satisfies it; producer state never imports it)."""
+
+    @property
+    def dir(self) -> Path: ...
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def segments(self) -> Sequence[LogSegment]: ...
 
 
 class ProducerStateManager:
@@ -109,7 +122,7 @@ class ProducerStateManager:
     # ------------------------------------------------------------------ rebuild
 
     @classmethod
-    def rebuild(cls, lg: "Log") -> "ProducerStateManager":
+    def rebuild(cls, lg: ScannableLog) -> "ProducerStateManager":
         """State from the snapshot (if any, up to its offset) plus a header scan of the rest."""
         psm = cls(lg.dir)
         start = lg.log_start_offset
@@ -143,7 +156,7 @@ class ProducerStateManager:
         self.producers = producers
         return offset
 
-    def _scan(self, lg: "Log", start_offset: int) -> None:
+    def _scan(self, lg: ScannableLog, start_offset: int) -> None:
         for seg in lg.segments:
             if seg.next_offset <= start_offset:
                 continue
@@ -170,7 +183,7 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------------ appends
 
-    def check(self, batches: list, entries: list) -> "AppendInfo | None":
+    def check(self, batches: list, entries: list) -> AppendInfo | None:
         """Validate the sequence numbers of a leader append (raw header tuples and
         (pos, base, next, size, max_ts) entries). Returns the original AppendInfo for a
         duplicate, None to go ahead; raises for out-of-order or fenced producers."""

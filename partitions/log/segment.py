@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .config import LogConfig
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, LogClosedError
 from .index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, OffsetIndex, TimeIndex
 from .record_batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, decode_records, validate_batch_raw
 
@@ -537,8 +537,6 @@ class LogSegment:
 
     def _require_open(self) -> int:
         if self._fd is None:
-            from .errors import LogClosedError
-
             raise LogClosedError(f"segment {self.log_path} is closed")
         return self._fd
 
