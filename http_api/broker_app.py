@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol
 
 from aiohttp import web
 import aiohttp
@@ -33,6 +33,11 @@ from http_api.partitioner import RoundRobin, partition_for_key
 from partitions.groups import records as grec
 from partitions.log import record_batch as rb
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
+
+if TYPE_CHECKING:
+    from http_api.metadata_view import MetadataView
+    from partitions.log.log_scheduler import LogScheduler
+    from partitions.replication.replica_manager import ReplicaManager
 
 log = logging.getLogger("kraftlog.broker")
 
@@ -54,19 +59,36 @@ def validate_topic_name(name: Any) -> str:
     return name
 
 
+class ControllerAdmin(Protocol):
+    """The controller calls the broker app makes (metadata_quorum.client.ControllerClient)."""
+
+    async def create_topic(self, name: str, partitions: int, replication_factor: int,
+                           configs: Optional[dict] = None) -> dict: ...
+
+    async def delete_topic(self, name: str) -> dict: ...
+
+    async def create_partitions(self, name: str, count: int) -> dict: ...
+
+    async def alter_configs(self, name: str, configs: dict) -> dict: ...
+
+    async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]: ...
+
+
 @dataclass
 class BrokerDeps:
     """What the app needs from the broker process (or from a test)."""
 
-    replica_manager: Any
-    metadata: Any                    # MetadataView: .image, .wait_until(pred, timeout_s)
-    controller: Any                  # ControllerClient-like (async admin calls)
+    replica_manager: ReplicaManager
+    metadata: MetadataView           # .image, .wait_until(pred, timeout_s)
+    controller: ControllerAdmin
     groups: GroupOffsetStore
     registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
     http_session: aiohttp.ClientSession | None = None   # for forwarding; created on startup
-    health: Any = None               # () -> (ready, info dict); default: ready once metadata is loaded
-    producer_ids: Any = None         # async () -> a fresh producer id (POST /v1/producer-ids)
-    log_scheduler: Any = None        # LogScheduler (retention + log cleaner); None: one on demand
+    # () -> (ready, info dict); default: ready once metadata is loaded
+    health: Callable[[], tuple[bool, dict]] | None = None
+    # async () -> a fresh producer id (POST /v1/producer-ids)
+    producer_ids: Callable[[], Awaitable[int]] | None = None
+    log_scheduler: LogScheduler | None = None   # retention + log cleaner; None: one on demand
 
 
 class BrokerMetrics:

@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
 from partitions.replication.fetcher_state import FETCHING, TRUNCATING, LeaderFetchState, truncation_step
+
+if TYPE_CHECKING:
+    from partitions.replication.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,28 @@ REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
 REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_BACKOFF_MS = 200
 TRUNCATION_ROUNDS_MAX = 50
+
+
+class FetchedPartition(Protocol):
+    """One partition of a replica fetch answer (http_api.replica_client.PartitionData)."""
+
+    topic: str
+    partition: int
+    records: bytes | memoryview
+    high_watermark: int
+    log_start_offset: int
+    error: KraftlogError | None
+
+
+class ReplicaTransport(Protocol):
+    """How a follower reaches its leaders (http_api.replica_client.ReplicaClient; the wire
+    documents are the `partitions` dicts of API.md's internal replication routes)."""
+
+    async def fetch(self, leader_url: str, replica_id: int, broker_epoch: int, partitions: list[dict], *,
+                    max_bytes: int, partition_max_bytes: int, max_wait_ms: int) -> Sequence[FetchedPartition]: ...
+
+    async def epoch_end_offsets(self, leader_url: str, replica_id: int, partitions: list[dict]
+                                ) -> Sequence[tuple[str, int, int, int, KraftlogError | None]]: ...
 
 
 def _retrieve(task: asyncio.Future) -> None:
@@ -238,7 +263,7 @@ class _LeaderFetcher:
 class ReplicaFetcherManager:
     """Keeps one `_LeaderFetcher` per leader broker (see module docstring)."""
 
-    def __init__(self, replica_manager: Any, transport: Any, broker_id: int, *,
+    def __init__(self, replica_manager: ReplicaManager, transport: ReplicaTransport, broker_id: int, *,
                  broker_epoch: Callable[[], int] = lambda: -1,
                  fetch_max_bytes: int = REPLICA_FETCH_MAX_BYTES,
                  partition_max_bytes: int = REPLICA_FETCH_PARTITION_MAX_BYTES,

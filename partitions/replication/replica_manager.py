@@ -24,10 +24,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
+from partitions.log.config import LogConfig
+from partitions.log.protocols import LogDirectory, PartitionLog
 from partitions.replication.partition import Partition, effective_min_insync_replicas
 
 log = logging.getLogger(__name__)
@@ -76,9 +78,9 @@ class FetchResult:
 class ReplicaManager:
     """Holds the local Partitions and their Logs; see the module docstring."""
 
-    def __init__(self, broker_id: int, log_manager: Any, *, min_insync_replicas: int = 1,
+    def __init__(self, broker_id: int, log_manager: LogDirectory, *, min_insync_replicas: int = 1,
                  request_timeout_ms: int = 30_000, max_concurrent_long_polls: int = 1024,
-                 default_log_config_factory: Callable[[dict], Any] | None = None,
+                 default_log_config_factory: Callable[[dict], LogConfig | None] | None = None,
                  executor=None, clock_ms: Callable[[], int] | None = None,
                  topic_ids_path: str | None = None, incarnation_id: str | None = None) -> None:
         self.broker_id = broker_id
@@ -90,7 +92,7 @@ class ReplicaManager:
         self._executor = executor
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.partitions: dict[tuple[str, int], Partition] = {}
-        self.logs: dict[tuple[str, int], Any] = {}
+        self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._topic_ids: dict[str, str] = {}
         self._topic_configs: dict[str, dict] = {}
         self._fetch_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
@@ -113,10 +115,9 @@ class ReplicaManager:
     async def _run_blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _log_config(self, configs: dict):
+    def _log_config(self, configs: dict) -> LogConfig | None:
         if self._config_factory is not None:
             return self._config_factory(configs)
-        from partitions.log.config import LogConfig
         return LogConfig.from_topic_configs(configs)
 
     def topic_config(self, topic: str) -> dict:
@@ -153,12 +154,10 @@ class ReplicaManager:
             self._topic_ids[name] = topic.topic_id
             configs = dict(topic.configs)
             if name in self._topic_configs and self._topic_configs[name] != configs:
-                update = getattr(self.log_manager, "update_config", None)
-                if update is not None:
-                    try:
-                        update(name, self._log_config(configs))
-                    except (ValueError, KeyError):
-                        log.exception("topic %s has invalid configs %s; keeping the old ones", name, configs)
+                try:
+                    self.log_manager.update_config(name, self._log_config(configs))
+                except (ValueError, KeyError):
+                    log.exception("topic %s has invalid configs %s; keeping the old ones", name, configs)
             self._topic_configs[name] = configs
             for p, reg in list(topic.partitions.items()):
                 if self.broker_id not in reg.replicas:
@@ -291,7 +290,7 @@ class ReplicaManager:
                     "unclean.leader.election.enable=true elects another replica (committed records may be lost)")
         return f"{topic}-{partition} has no leader right now; retry shortly"
 
-    def leader_partition(self, topic: str, partition: int) -> tuple[Partition, Any]:
+    def leader_partition(self, topic: str, partition: int) -> tuple[Partition, PartitionLog]:
         """The local leader replica, else UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER."""
         key = (topic, partition)
         part = self.partitions.get(key)
@@ -347,13 +346,10 @@ class ReplicaManager:
         if part.update_local_log_end_offset(lg.log_end_offset):
             self._sync_high_watermark(key, part, lg)
         self._wake_fetchers(key)  # followers care about the LEO too
-        needs_flush = getattr(lg, "needs_flush", None)
-        if needs_flush is not None and needs_flush():
+        if lg.needs_flush():
             await self._flush(key, lg, info.last_offset + 1)
-        duplicate = bool(getattr(info, "duplicate", False))
-        result = AppendResult(info.first_offset, info.last_offset,
-                              getattr(info, "log_append_time_ms", -1) or -1, lg.log_start_offset,
-                              duplicate)
+        result = AppendResult(info.first_offset, info.last_offset, info.log_append_time_ms or -1,
+                              lg.log_start_offset, info.duplicate)
         # a duplicate with unknown offsets was appended somewhere below the log end
         wait_for = info.last_offset if info.last_offset >= 0 else lg.log_end_offset - 1
         if acks == ACKS_ALL and part.high_watermark <= wait_for:
@@ -650,7 +646,7 @@ class ReplicaManager:
 
     # ---- replication: follower side ----------------------------------------------------
 
-    def follower_partition(self, topic: str, partition: int, leader_epoch: int) -> tuple[Partition, Any]:
+    def follower_partition(self, topic: str, partition: int, leader_epoch: int) -> tuple[Partition, PartitionLog]:
         """The local follower replica still following under `leader_epoch`, else a
         retriable error (the fetcher stops; metadata will restart it)."""
         part = self.partitions.get((topic, partition))
@@ -679,8 +675,7 @@ class ReplicaManager:
         every ISR member, as on the leader. Off the event loop, one fsync at a time."""
         key = (topic, partition)
         lg = self.logs.get(key)
-        needs_flush = getattr(lg, "needs_flush", None)
-        if needs_flush is not None and needs_flush():
+        if lg is not None and lg.needs_flush():
             await self._flush(key, lg, lg.log_end_offset)
 
     def follower_truncate(self, topic: str, partition: int, leader_epoch: int, offset: int) -> int:
@@ -717,10 +712,9 @@ class ReplicaManager:
         found = lg.offset_for_timestamp(timestamp_ms)
         if found is None:
             return part.high_watermark
-        off = found if isinstance(found, int) else getattr(found, "offset", found[0] if isinstance(found, tuple) else found)
-        if off is None or off < 0 or off > part.high_watermark:
+        if found < 0 or found > part.high_watermark:
             return part.high_watermark
-        return off
+        return found
 
     async def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
         """Advance the log start offset to before_offset (-1 = the high watermark)."""
