@@ -39,3 +39,38 @@ def batch_reader(spark, url: str, **options):
     for k, v in options.items():
         r = r.option(k, v)
     return r.load()
+
+
+def stored_records(cluster, topic: str, partitions: int) -> list:
+    """Every committed record of `topic` as (partition, offset, key, value, batch header),
+    fetched as raw batches from each partition's leader up to its high watermark."""
+    out = []
+    for p in range(partitions):
+        offset = 0
+        _, hw = cluster.offsets(topic, p)
+        while offset < hw:
+            got = cluster.fetch(topic, p, offset, 1 << 20)
+            for header, view in rb.iter_batches(got["batches"]):
+                for r in rb.decode_records(bytes(view)):
+                    if r.offset >= offset:
+                        out.append((p, r.offset, r.key, r.value, header))
+            offset = max(offset, got["next_offset"])
+    return out
+
+
+def checkpoint_batch_ids(checkpoint_dir: str, log: str) -> list:
+    """Batch ids Spark has written to `<checkpoint>/<log>` ("offsets": planned, "commits": done);
+    each file appears by an atomic rename, so a listed id is complete."""
+    import os
+    path = os.path.join(checkpoint_dir, log)
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+
+
+def checkpoint_end_offsets(checkpoint_dir: str, batch_id: int) -> dict:
+    """The source end offsets `{"topic": {"partition": next_offset}}` of micro-batch `batch_id`."""
+    import json
+    import os
+    with open(os.path.join(checkpoint_dir, "offsets", str(batch_id))) as f:
+        return json.loads(f.read().splitlines()[-1])

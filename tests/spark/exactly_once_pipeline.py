@@ -1,0 +1,97 @@
+"""The processing process of tests/spark/test_spark_exactly_once_cluster.py: a Structured
+Streaming copy-and-transform job from one topic to another with the kraftlog source and
+sink (idempotent by default), run in its own process so the test can kill -9 it.
+
+    python tests/spark/exactly_once_pipeline.py --bootstrap URL,URL --input in --output out \
+        --checkpoint DIR [--max-offsets-per-trigger 300] [--slow-partition 2 --slow-s 1.5]
+
+The query reads `input` from earliest with `trigger(availableNow=True)` (bounded micro-batches
+of `--max-offsets-per-trigger` records), maps each record (key kept, value -> "out:" + value)
+and writes it to `output`, checkpointing in `--checkpoint`; started again on the same
+checkpoint it resumes there. `--slow-partition P` makes the task with Spark partition id P
+wait `--slow-s` seconds before passing its rows on (a testing knob: the other tasks of the
+micro-batch have written their output by then, so the test can kill this process while a
+micro-batch is half written). The transformation is deterministic, as the sink's
+exactly-once promise requires. On success it prints one line `PROGRESS <json>` with the
+batch ids and input row counts of the micro-batches it ran, and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bootstrap", required=True, help="comma-separated broker URLs")
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--max-offsets-per-trigger", type=int, default=300)
+    ap.add_argument("--slow-partition", type=int, default=-1)
+    ap.add_argument("--slow-s", type=float, default=0.0)
+    ap.add_argument("--master", default="local[2,4]")
+    ap.add_argument("--timeout-s", type=float, default=300.0)
+    args = ap.parse_args(argv)
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import pipelines
+
+    spark = (SparkSession.builder.master(args.master).appName("kraftlog-exactly-once-cluster")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "512m")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("WARN")
+    pipelines.register(spark)
+
+    slow_partition, slow_s = args.slow_partition, args.slow_s
+
+    def slow_down(batches):
+        import time
+
+        from pyspark import TaskContext
+        if slow_s > 0 and TaskContext.get().partitionId() == slow_partition:
+            time.sleep(slow_s)
+        yield from batches
+
+    query = (spark.readStream.format("kraftlog")
+             .option("kraftlog.bootstrap.servers", args.bootstrap)
+             .option("subscribe", args.input)
+             .option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+             .load()
+             .selectExpr("key", "value")
+             .mapInArrow(slow_down, "key binary, value binary")
+             .selectExpr("key", "concat(CAST('out:' AS BINARY), value) AS value")
+             .writeStream.format("kraftlog")
+             .option("kraftlog.bootstrap.servers", args.bootstrap)
+             .option("topic", args.output)
+             .option("checkpointLocation", args.checkpoint)
+             .trigger(availableNow=True)
+             .start())
+    try:
+        finished = query.awaitTermination(args.timeout_s)
+        if not finished:
+            print(f"query still running after {args.timeout_s} s", flush=True)
+            return 2
+        if query.exception() is not None:
+            print(f"query failed: {query.exception()}", flush=True)
+            return 1
+        progress = [{"batchId": p["batchId"], "numInputRows": p["numInputRows"]} for p in query.recentProgress]
+        print("PROGRESS " + json.dumps(progress), flush=True)
+        return 0
+    finally:
+        query.stop()
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
