@@ -30,7 +30,10 @@ from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
 from partitions.log.config import LogConfig
 from partitions.log.protocols import LogDirectory, PartitionLog
-from partitions.replication.partition import Partition, effective_min_insync_replicas
+from partitions.log.protocols import TopicPartition
+from partitions.replication.partition import Partition
+from partitions.replication.replica_state import (Effects, FetchResult, ReplicaFetchRequest, ReplicaState,
+                                                  check_leader_epoch, leader_and_isr)
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +67,10 @@ class AppendResult:
     duplicate: bool = False  # an idempotent retry: nothing appended, offsets -1 when unknown
 
 
-@dataclass
-class FetchResult:
-    """Committed batches read from `fetch_offset` (whole batches; the first may start below it)."""
-
-    records: bytes
-    fetch_offset: int
-    high_watermark: int
-    log_start_offset: int
-    log_end_offset: int
-
-
 class ReplicaManager:
-    """Holds the local Partitions and their Logs; see the module docstring."""
+    """The asyncio shell over the broker's `ReplicaState` (see the module docstring): it
+    owns the futures, the event loop, the executor and the files; every replication
+    decision is the core's, and the `Effects` it returns are carried out here."""
 
     def __init__(self, broker_id: int, log_manager: LogDirectory, *, min_insync_replicas: int = 1,
                  request_timeout_ms: int = 30_000, max_concurrent_long_polls: int = 1024,
@@ -91,12 +85,13 @@ class ReplicaManager:
         self._config_factory = default_log_config_factory
         self._executor = executor
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
-        self.partitions: dict[tuple[str, int], Partition] = {}
-        self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self.core = ReplicaState(broker_id, min_isr_for=self.min_isr_for)
+        # the core's maps (read-only here): (topic, partition) -> Partition / its log
+        self.partitions: dict[TopicPartition, Partition] = self.core.partitions
+        self.logs: dict[TopicPartition, PartitionLog] = self.core.logs
         self._topic_ids: dict[str, str] = {}
         self._topic_configs: dict[str, dict] = {}
         self._fetch_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
-        self._produce_waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
         self._long_polls = 0
         self.replica_fetches_waiting = 0   # follower long polls parked here (metrics)
         self._closing = False
@@ -173,37 +168,17 @@ class ReplicaManager:
                         await self._run_blocking(self.log_manager.delete_log, name, p)
                     cfg = self._log_config(dict(topic.configs))
                     lg = await self._run_blocking(self.log_manager.get_or_create, name, p, cfg)
-                    self.logs[key] = lg
+                    self.core.add_replica(TopicPartition(name, p), lg)
                     if recorded != topic.topic_id:
                         self._log_topic_ids[f"{name}-{p}"] = topic.topic_id
                         ids_changed = True
-                part = self.partitions.get(key)
-                if part is None:
-                    part = self.partitions[key] = Partition(name, p, self.broker_id,
-                                                            high_watermark=lg.high_watermark)
-                was_leader = part.is_leader
-                old_epoch = part.leader_epoch
-                part.min_insync_replicas = effective_min_insync_replicas(self.min_isr_for(name), len(reg.replicas))
-                if reg.leader == self.broker_id and not self._registered_in(image):
-                    # our previous incarnation's leadership (we restarted, maybe with a shorter
-                    # log): never serve it; the controller moves it away when it applies our
-                    # registration, in the same batch
-                    continue
-                if reg.leader == self.broker_id:
-                    changed = part.make_leader(
-                        replicas=list(reg.replicas), isr=list(reg.isr), leader_epoch=reg.leader_epoch,
-                        partition_epoch=reg.partition_epoch, log_end_offset=lg.log_end_offset,
-                        high_watermark=max(part.high_watermark, lg.high_watermark), now_ms=now)
-                else:
-                    changed = part.make_follower(
-                        replicas=list(reg.replicas), isr=list(reg.isr), leader_id=reg.leader,
-                        leader_epoch=reg.leader_epoch, partition_epoch=reg.partition_epoch,
-                        log_end_offset=lg.log_end_offset, high_watermark=lg.high_watermark)
-                if changed:
-                    self._sync_high_watermark(key, part, lg)
-                    if was_leader and (not part.is_leader or part.leader_epoch != old_epoch):
-                        self._fail_produce_waiters(key, part)
-                    self._wake_fetchers(key)
+                if key not in self.partitions:
+                    self.core.add_replica(TopicPartition(name, p), lg)
+                # a leadership in metadata without our registration is our previous
+                # incarnation's (we restarted, maybe with a shorter log): the core never takes
+                # it up; the controller moves it away when it applies our registration
+                self._carry_out(self.core.apply_leader_and_isr(
+                    TopicPartition(name, p), leader_and_isr(reg), now_ms=now, registered=self._registered_in(image)))
         # replicas no longer hosted here (topic deleted or replica moved away)
         for key in [k for k in self.logs if k not in wanted]:
             await self._delete_partition_local(key)
@@ -252,11 +227,7 @@ class ReplicaManager:
             await self._delete_partition_local(key)
 
     async def _delete_partition_local(self, key: tuple[str, int]) -> None:
-        part = self.partitions.pop(key, None)
-        self.logs.pop(key, None)
-        if part is not None:
-            self._fail_produce_waiters(key, part, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        self._wake_fetchers(key)
+        self._carry_out(self.core.remove_replica(key))
         try:
             await self._run_blocking(self.log_manager.delete_log, key[0], key[1])
         except Exception:  # already gone is fine; anything else is logged, not fatal
@@ -319,33 +290,10 @@ class ReplicaManager:
                      timeout_ms: int | None = None) -> AppendResult:
         """Append validated raw batches as leader; with acks=all wait for the high watermark."""
         part, lg = self.leader_partition(topic, partition)
-        key = (topic, partition)
-        if acks == ACKS_ALL:
-            part.check_enough_replicas(self.min_isr_for(topic))
-        try:
-            info = lg.append_as_leader(batches, part.leader_epoch)
-        except log_errors.RecordTooLargeError as e:
-            raise KraftlogError(ErrorCode.MESSAGE_TOO_LARGE, str(e)) from None
-        except log_errors.InvalidRecordError as e:  # e.g. no key on a compacted topic
-            raise KraftlogError(ErrorCode.INVALID_RECORD, str(e)) from None
-        except log_errors.CorruptRecordError as e:
-            raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
-        except log_errors.OutOfOrderSequenceError as e:
-            raise KraftlogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, str(e)) from None
-        except log_errors.InvalidProducerEpochError as e:
-            raise KraftlogError(ErrorCode.INVALID_PRODUCER_EPOCH, str(e)) from None
-        except log_errors.FencedLeaderEpochError as e:  # a newer leader epoch is in the log: we were deposed
-            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                f"{topic}-{partition}: {e}; refresh metadata and retry") from None
-        except log_errors.LogClosedError as e:
-            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                f"{topic}-{partition} is closing: {e}; refresh metadata and retry") from None
-        except OSError as e:
-            raise KraftlogError(ErrorCode.KAFKA_STORAGE_ERROR,
-                                f"writing {topic}-{partition} failed: {e}; check the broker's log dir") from None
-        if part.update_local_log_end_offset(lg.log_end_offset):
-            self._sync_high_watermark(key, part, lg)
-        self._wake_fetchers(key)  # followers care about the LEO too
+        key = TopicPartition(topic, partition)
+        info, effects = self.core.append_as_leader(
+            key, batches, required_min_isr=self.min_isr_for(topic) if acks == ACKS_ALL else None)
+        self._carry_out(effects)
         if lg.needs_flush():
             await self._flush(key, lg, info.last_offset + 1)
         result = AppendResult(info.first_offset, info.last_offset, info.log_append_time_ms or -1,
@@ -374,10 +322,9 @@ class ReplicaManager:
             if lg.closed:
                 return
 
-    async def _await_high_watermark(self, key, last_offset: int, timeout_ms: int | None) -> None:
+    async def _await_high_watermark(self, key: TopicPartition, last_offset: int, timeout_ms: int | None) -> None:
         fut = asyncio.get_running_loop().create_future()
-        waiters = self._produce_waiters.setdefault(key, [])
-        waiters.append((last_offset, fut))
+        self._carry_out(self.core.add_ack_waiter(key, fut, last_offset))
         timeout = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
         try:
             await asyncio.wait_for(fut, timeout)
@@ -388,63 +335,26 @@ class ReplicaManager:
                 f"within {timeout * 1000:.0f} ms; the records are written on the leader and may "
                 "still be committed; retry (idempotently) or use acks=1") from None
         finally:
-            lst = self._produce_waiters.get(key)
-            if lst is not None:
-                lst[:] = [w for w in lst if w[1] is not fut]
-                if not lst:
-                    self._produce_waiters.pop(key, None)
+            self.core.remove_ack_waiter(key, fut)
 
-    def _sync_high_watermark(self, key, part: Partition, lg) -> None:
-        """Push the partition's HW into the log and release produce waiters it passed."""
-        if part.high_watermark > lg.high_watermark:
-            lg.update_high_watermark(part.high_watermark)
-        waiters = self._produce_waiters.get(key)
-        if waiters:
-            hw = part.high_watermark
-            min_isr = self.min_isr_for(key[0])
-            keep = []
-            for offset, fut in waiters:
-                if offset < hw:
-                    if fut.done():
-                        continue
-                    if len(part.isr) >= min_isr:
-                        fut.set_result(None)
-                    else:  # committed, but the ISR shrank below min.insync.replicas meanwhile (Kafka)
-                        fut.set_exception(KraftlogError(
-                            ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                            f"{key[0]}-{key[1]}: written, but only {len(part.isr)} in-sync replicas "
-                            f"{sorted(part.isr)} remain (min.insync.replicas={min_isr}); retry "
-                            "idempotently once the ISR has grown back"))
-                elif part.is_leader and len(part.isr) < part.min_insync_replicas:
-                    # the HW stays put while the ISR is below min.insync.replicas (KIP-966):
-                    # answer now rather than at the request timeout
-                    if not fut.done():
-                        fut.set_exception(KraftlogError(
-                            ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                            f"{key[0]}-{key[1]}: written on the leader, but the ISR {sorted(part.isr)} "
-                            f"shrank below min.insync.replicas={part.min_insync_replicas} before it was "
-                            "committed; retry idempotently once the ISR has grown back"))
-                else:
-                    keep.append((offset, fut))
-            waiters[:] = keep
-
-    def _fail_produce_waiters(self, key, part: Partition,
-                              code: ErrorCode = ErrorCode.NOT_LEADER_OR_FOLLOWER) -> None:
-        for _, fut in self._produce_waiters.pop(key, []):
+    def _carry_out(self, effects: Effects) -> None:
+        """Do what the core decided: answer acks=all waiters, wake parked fetches."""
+        for fut in effects.completed:
             if not fut.done():
-                fut.set_exception(KraftlogError(
-                    code, f"{key[0]}-{key[1]}: leadership changed before the write was committed, so its "
-                          "outcome is unknown (the new leader may still hold it); refresh metadata and retry "
-                          "with the idempotent producer (a plain retry may write it twice)"))
+                fut.set_result(None)
+        for fut, error in effects.failed:
+            if not fut.done():
+                fut.set_exception(error)
+        for key in effects.wake_fetches:
+            self._wake_fetchers(key)
 
     def follower_fetched(self, topic: str, partition: int, replica_id: int, fetch_offset: int,
                          broker_epoch: int = -1) -> None:
         """A follower (registration `broker_epoch`) fetched at `fetch_offset`: update its
         LEO; the HW may move."""
-        part, lg = self.leader_partition(topic, partition)
-        if part.update_follower_fetch(replica_id, fetch_offset, self._clock_ms(), broker_epoch):
-            self._sync_high_watermark((topic, partition), part, lg)
-            self._wake_fetchers((topic, partition))
+        self.leader_partition(topic, partition)
+        self._carry_out(self.core.follower_fetched(TopicPartition(topic, partition), replica_id, fetch_offset,
+                                                   self._clock_ms(), broker_epoch))
 
     # ---- fetch -------------------------------------------------------------------------
 
@@ -467,27 +377,8 @@ class ReplicaManager:
                     fut.set_result(None)
 
     def _read_committed(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
-        part, lg = self.leader_partition(topic, partition)
-        hw = part.high_watermark
-        lso = lg.log_start_offset
-        if hw < offset <= lg.log_end_offset:
-            # written but not committed yet (e.g. a new leader whose HW still catches up
-            # with what the consumer read from the old one): nothing yet, not an error
-            return FetchResult(b"", offset, hw, lso, lg.log_end_offset)
-        if offset < lso or offset > hw:
-            raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
-                                f"offset {offset} is outside [{lso}, {hw}] (log start offset, high "
-                                f"watermark) of {topic}-{partition}; seek to one of those",
-                                log_start_offset=lso, high_watermark=hw)
-        data = b""
-        if offset < hw:
-            try:
-                info = lg.read(offset, max_bytes, max_offset=hw, min_one_message=True)
-            except log_errors.OffsetOutOfRangeError as e:  # retention raced with us
-                raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE, str(e),
-                                    log_start_offset=lg.log_start_offset, high_watermark=hw) from None
-            data = info.records
-        return FetchResult(bytes(data), offset, hw, lg.log_start_offset, lg.log_end_offset)
+        self.leader_partition(topic, partition)
+        return self.core.read_committed(TopicPartition(topic, partition), offset, max_bytes)
 
     async def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int,
                     min_bytes: int = 1, max_wait_ms: int = 0) -> FetchResult:
@@ -526,49 +417,27 @@ class ReplicaManager:
 
     # ---- replication: leader side ------------------------------------------------------
 
-    def _check_leader_epoch(self, part: Partition, leader_epoch: int) -> None:
-        if leader_epoch < part.leader_epoch:
-            raise KraftlogError(ErrorCode.FENCED_LEADER_EPOCH,
-                                f"{part.topic}-{part.partition}: leader epoch {leader_epoch} is older than "
-                                f"{part.leader_epoch}; refresh metadata")
-        if leader_epoch > part.leader_epoch:
-            raise KraftlogError(ErrorCode.UNKNOWN_LEADER_EPOCH,
-                                f"{part.topic}-{part.partition}: leader epoch {leader_epoch} is newer than "
-                                f"this leader's {part.leader_epoch}; retry once it has caught up")
-
     def _replica_read(self, topic: str, partition: int, *, replica_id: int, offset: int, leader_epoch: int,
                       max_bytes: int, record: bool, broker_epoch: int = -1) -> FetchResult:
-        """One partition of a replica fetch: checks the follower is a replica fetching
-        under the current leader epoch, records its progress (`record`), reads from
-        `offset` up to the log end offset (not only below the HW: followers copy all)."""
-        part, lg = self.leader_partition(topic, partition)
-        self._check_leader_epoch(part, leader_epoch)
-        if replica_id not in part.replicas or replica_id == self.broker_id:
-            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                f"broker {replica_id} is not a follower replica of {topic}-{partition} "
-                                f"(replicas {part.replicas}); refresh metadata")
-        if offset < lg.log_start_offset or offset > lg.log_end_offset:
-            raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
-                                f"replica fetch offset {offset} is outside [{lg.log_start_offset}, "
-                                f"{lg.log_end_offset}] of {topic}-{partition}",
-                                log_start_offset=lg.log_start_offset, log_end_offset=lg.log_end_offset)
-        if record:
-            self.follower_fetched(topic, partition, replica_id, offset, broker_epoch)
-        data = b""
-        if offset < lg.log_end_offset and max_bytes > 0:
-            data = lg.read(offset, max_bytes, max_offset=None, min_one_message=True).records
-        return FetchResult(data, offset, part.high_watermark, lg.log_start_offset, lg.log_end_offset)
+        """One partition of a replica fetch (see ReplicaState.replica_read)."""
+        self.leader_partition(topic, partition)
+        result, effects = self.core.replica_read(
+            TopicPartition(topic, partition), replica_id=replica_id, offset=offset, leader_epoch=leader_epoch,
+            max_bytes=max_bytes, now_ms=self._clock_ms(), broker_epoch=broker_epoch, record=record)
+        self._carry_out(effects)
+        return result
 
-    async def replica_fetch(self, replica_id: int, requests: list[tuple[str, int, int, int, int]], *,
+    async def replica_fetch(self, replica_id: int, requests: list[ReplicaFetchRequest], *,
                             max_bytes: int, partition_max_bytes: int, max_wait_ms: int = 0,
                             broker_epoch: int = -1) -> list[FetchResult | KraftlogError]:
         """A follower's fetch for every partition it follows from this leader, in one long
-        poll. `requests` = (topic, partition, fetch offset, leader epoch, follower's HW).
+        poll (one `ReplicaFetchRequest` per partition).
         The fetch offset is the follower's LEO, which acknowledges everything below it, so
         the HW may move (completing acks=all produces). Answers at once when some
         partition has data (or an error), else waits up to max_wait_ms for an append on any
         of them; the answer always carries the current HW (how followers learn it). One entry per request: the
         result or the partition's error (FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...)."""
+        requests = [ReplicaFetchRequest(*r) for r in requests]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         record = True
@@ -576,10 +445,11 @@ class ReplicaManager:
             out: list[FetchResult | KraftlogError] = []
             budget = max_bytes
             news = False
-            for topic, partition, offset, epoch, follower_hw in requests:
+            for req in requests:
                 try:
-                    res = self._replica_read(topic, partition, replica_id=replica_id, offset=offset,
-                                             leader_epoch=epoch, max_bytes=min(partition_max_bytes, budget),
+                    res = self._replica_read(req.topic, req.partition, replica_id=replica_id,
+                                             offset=req.fetch_offset, leader_epoch=req.leader_epoch,
+                                             max_bytes=min(partition_max_bytes, budget),
                                              record=record, broker_epoch=broker_epoch)
                     budget -= len(res.records)
                     # only data answers early (Kafka's replica.fetch.min.bytes=1): answering a HW
@@ -599,7 +469,7 @@ class ReplicaManager:
             if news or remaining <= 0 or self._closing or not requests:
                 return out
             fut = loop.create_future()
-            keys = [(t, p) for t, p, *_ in requests]
+            keys = [TopicPartition(r.topic, r.partition) for r in requests]
             for key in keys:
                 self._fetch_waiters.setdefault(key, []).append(fut)
             handle = loop.call_later(remaining, _resolve, fut)
@@ -620,7 +490,7 @@ class ReplicaManager:
         `leader_epoch` = the epoch the follower follows under (stale: FENCED_LEADER_EPOCH)."""
         part, lg = self.leader_partition(topic, partition)
         if leader_epoch is not None:
-            self._check_leader_epoch(part, leader_epoch)
+            check_leader_epoch(part, leader_epoch)
         return lg.end_offset_for_epoch(epoch)
 
     def replica_lag_time_max_ms(self, topic: str, default_ms: int) -> int:
@@ -636,38 +506,21 @@ class ReplicaManager:
         followers) or expand (caught-up replicas); the caller sends AlterPartition with
         `part.broker_epochs(new_isr)` (KIP-903).
         `replica_lag_time_max_ms` is the broker default; a topic config overrides it."""
-        now = self._clock_ms()
-        out = []
-        for part in self.partitions.values():
-            new_isr = part.propose_isr_change(now, self.replica_lag_time_max_ms(part.topic, replica_lag_time_max_ms))
-            if new_isr is not None:
-                out.append((part, new_isr))
-        return out
+        return self.core.isr_changes(self._clock_ms(),
+                                     lambda topic: self.replica_lag_time_max_ms(topic, replica_lag_time_max_ms))
 
     # ---- replication: follower side ----------------------------------------------------
 
     def follower_partition(self, topic: str, partition: int, leader_epoch: int) -> tuple[Partition, PartitionLog]:
         """The local follower replica still following under `leader_epoch`, else a
         retriable error (the fetcher stops; metadata will restart it)."""
-        part = self.partitions.get((topic, partition))
-        if part is None or part.is_leader or part.leader_epoch != leader_epoch:
-            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                f"{topic}-{partition} is no longer a follower in epoch {leader_epoch}")
-        return part, self.logs[(topic, partition)]
+        return self.core.follower(TopicPartition(topic, partition), leader_epoch)
 
     def follower_append(self, topic: str, partition: int, leader_epoch: int, data: bytes,
                         leader_high_watermark: int, leader_log_start_offset: int) -> int:
         """Append the leader's batches (offsets kept); adopt its HW. Returns the new LEO."""
-        part, lg = self.follower_partition(topic, partition, leader_epoch)
-        if data:
-            lg.append_as_follower(data)
-        if leader_log_start_offset > lg.log_start_offset and leader_log_start_offset <= lg.log_end_offset:
-            lg.delete_records(leader_log_start_offset)
-        part.local_log_end_offset = lg.log_end_offset
-        part.set_follower_high_watermark(leader_high_watermark)
-        if part.high_watermark > lg.high_watermark:
-            lg.update_high_watermark(part.high_watermark)
-        return lg.log_end_offset
+        return self.core.follower_append(TopicPartition(topic, partition), leader_epoch, data,
+                                         leader_high_watermark, leader_log_start_offset)
 
     async def follower_flush_if_needed(self, topic: str, partition: int) -> None:
         """A follower honours the topic's flush policy (flush.messages / flush.ms) before its
@@ -680,25 +533,15 @@ class ReplicaManager:
 
     def follower_truncate(self, topic: str, partition: int, leader_epoch: int, offset: int) -> int:
         """Truncate to the divergence point the leader gave (never to our own HW)."""
-        part, lg = self.follower_partition(topic, partition, leader_epoch)
-        if offset < lg.log_end_offset:
-            lg.truncate_to(offset)
-        part.local_log_end_offset = lg.log_end_offset
-        part.high_watermark = min(part.high_watermark, lg.log_end_offset)
-        return lg.log_end_offset
+        return self.core.follower_truncate(TopicPartition(topic, partition), leader_epoch, offset)
 
     def follower_reset(self, topic: str, partition: int, leader_epoch: int, start_offset: int) -> int:
         """Our log is below the leader's log start: start over empty at `start_offset`."""
-        part, lg = self.follower_partition(topic, partition, leader_epoch)
-        lg.truncate_fully_and_start_at(start_offset)
-        part.local_log_end_offset = lg.log_end_offset
-        part.high_watermark = lg.log_end_offset
-        return lg.log_end_offset
+        return self.core.follower_reset(TopicPartition(topic, partition), leader_epoch, start_offset)
 
     def followed_partitions(self) -> list[tuple[str, int, int, int]]:
         """(topic, partition, leader_id, leader_epoch) of every local follower with a leader."""
-        return [(p.topic, p.partition, p.leader_id, p.leader_epoch) for p in self.partitions.values()
-                if not p.is_leader and p.leader_id >= 0]
+        return self.core.followed_partitions()
 
     # ---- offsets & admin ---------------------------------------------------------------
 

@@ -1,0 +1,469 @@
+"""ReplicaState: the pure replica core of one broker (no event loop, no futures, no sockets).
+
+It holds every local partition replica (`Partition`: role, epochs, ISR, follower progress,
+high watermark) with its log, and makes every replication decision:
+
+- role changes: `apply_leader_and_isr` makes a replica leader or follower from the
+  partition's registration in the metadata (stale epochs ignored; a restarted broker
+  never takes up the leadership of its previous incarnation);
+- leader bookkeeping: appends (`append_as_leader`), followers' fetch positions
+  (`replica_read`, `follower_fetched`), ISR proposals (`isr_changes`), acks=all waiters;
+- follower bookkeeping: appending the leader's batches, adopting its HW, truncating.
+
+The high watermark has one owner: `Partition.high_watermark`, moved only by the rules in
+partition.py. The log keeps a copy (reads below the HW, retention, the log cleaner and the
+replication-offset checkpoint use it) that only this core writes, in one place
+(`_publish_high_watermark`), right after every change.
+
+What the IO shell must do as a consequence comes back as data (`Effects`): which acks=all
+waiters to complete or fail (with which error), which partitions' parked fetches to wake,
+which followers must find their divergence point before fetching. The waiters are opaque
+tokens here (the replica manager's futures, the simulation's produce operations): this
+module never calls them. `ReplicaManager` (asyncio shell) and `tests/sim/cluster_sim.py`
+drive this very code.
+
+Invariants: log_start_offset <= HW <= log_end_offset after every mutation, and a leader's HW
+never goes backwards within its leader epoch (checked by `invariant`, also under -O).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Iterable, NamedTuple
+
+from partitions.errors import ErrorCode, KraftlogError
+from partitions.log import errors as log_errors
+from partitions.log.protocols import AppendedBatches, PartitionLog, TopicPartition
+from partitions.replication.partition import Partition, effective_min_insync_replicas
+
+
+
+def invariant(condition: bool, message: str) -> None:
+    """Raise when `condition` is false, also under `python -O` (unlike assert)."""
+    if not condition:
+        raise AssertionError(message)
+
+
+Waiter = Hashable   # an acks=all request waiting for the HW (opaque to the core)
+
+
+class LeaderAndIsr(NamedTuple):
+    """A partition's leadership as the metadata registers it."""
+
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    partition_epoch: int
+
+
+class ReplicaFetchRequest(NamedTuple):
+    """One partition of a follower's fetch: from `fetch_offset` (its log end offset, which
+    acknowledges everything below it) under `leader_epoch`; `high_watermark` is its own."""
+
+    topic: str
+    partition: int
+    fetch_offset: int
+    leader_epoch: int
+    high_watermark: int = -1
+
+
+@dataclass
+class FetchResult:
+    """Batches read from `fetch_offset` (whole batches; the first may start below it);
+    `next_offset` is where the next fetch starts (`fetch_offset` when nothing was read)."""
+
+    records: bytes
+    fetch_offset: int
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    next_offset: int
+
+
+@dataclass
+class Effects:
+    """What the IO shell must do after a call into the core.
+
+    completed: acks=all waiters whose records are committed: answer success.
+    failed: (waiter, error) to answer with that error.
+    wake_fetches: partitions whose parked fetches should look again (data, HW or role moved).
+    start_truncation: partitions that became follower under a new leader epoch: find the
+        divergence point with the leader (OffsetsForLeaderEpoch) before fetching.
+    """
+
+    completed: list[Waiter] = field(default_factory=list)
+    failed: list[tuple[Waiter, KraftlogError]] = field(default_factory=list)
+    wake_fetches: list[TopicPartition] = field(default_factory=list)
+    start_truncation: list[TopicPartition] = field(default_factory=list)
+
+    def wake(self, tp: TopicPartition) -> None:
+        if tp not in self.wake_fetches:
+            self.wake_fetches.append(tp)
+
+    def merge(self, other: "Effects") -> "Effects":
+        self.completed += other.completed
+        self.failed += other.failed
+        for tp in other.wake_fetches:
+            self.wake(tp)
+        self.start_truncation += [tp for tp in other.start_truncation if tp not in self.start_truncation]
+        return self
+
+
+def check_leader_epoch(part: Partition, leader_epoch: int) -> None:
+    """A request made under another leader epoch than this leader's is refused (fenced)."""
+    if leader_epoch < part.leader_epoch:
+        raise KraftlogError(ErrorCode.FENCED_LEADER_EPOCH,
+                            f"{part.topic}-{part.partition}: leader epoch {leader_epoch} is older than "
+                            f"{part.leader_epoch}; refresh metadata")
+    if leader_epoch > part.leader_epoch:
+        raise KraftlogError(ErrorCode.UNKNOWN_LEADER_EPOCH,
+                            f"{part.topic}-{part.partition}: leader epoch {leader_epoch} is newer than "
+                            f"this leader's {part.leader_epoch}; retry once it has caught up")
+
+
+class ReplicaState:
+    """Every local partition replica of one broker and the rules that move them (see the
+    module docstring). `min_isr_for(topic)` is the topic's configured min.insync.replicas."""
+
+    def __init__(self, broker_id: int, *, min_isr_for: Callable[[str], int] = lambda topic: 1) -> None:
+        self.broker_id = broker_id
+        self.min_isr_for = min_isr_for
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.logs: dict[TopicPartition, PartitionLog] = {}
+        self._ack_waiters: dict[TopicPartition, list[tuple[int, Waiter]]] = {}
+        self._hw_floor: dict[TopicPartition, tuple[int, int]] = {}   # leader's (epoch, HW) seen last
+
+    # ---- replicas ----------------------------------------------------------------------
+
+    def add_replica(self, tp: TopicPartition, log: PartitionLog) -> Partition:
+        """Host `tp` with `log` (its HW is where the partition's HW starts)."""
+        tp = TopicPartition(*tp)
+        self.logs[tp] = log
+        part = self.partitions.get(tp)
+        if part is None:
+            part = self.partitions[tp] = Partition(tp.topic, tp.partition, self.broker_id,
+                                                   high_watermark=log.high_watermark)
+        return part
+
+    def remove_replica(self, tp: TopicPartition) -> Effects:
+        """Stop hosting `tp` (topic deleted, replica moved away): its waiters fail."""
+        tp = TopicPartition(*tp)
+        eff = Effects()
+        part = self.partitions.pop(tp, None)
+        self.logs.pop(tp, None)
+        self._hw_floor.pop(tp, None)
+        if part is not None:
+            self._fail_ack_waiters(tp, eff, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        eff.wake(tp)
+        return eff
+
+    def replica(self, tp: TopicPartition) -> tuple[Partition, PartitionLog]:
+        return self.partitions[tp], self.logs[tp]
+
+    # ---- role changes ------------------------------------------------------------------
+
+    def apply_leader_and_isr(self, tp: TopicPartition, state: LeaderAndIsr, *, now_ms: int,
+                             registered: bool = True) -> Effects:
+        """Become leader or follower of `tp` as `state` says. `registered`: the metadata
+        already holds this process's registration; until then a leadership in it is the
+        previous incarnation's (it may have had a longer log) and is not taken up."""
+        tp = TopicPartition(*tp)
+        part, lg = self.partitions[tp], self.logs[tp]
+        eff = Effects()
+        was_leader, old_epoch = part.is_leader, part.leader_epoch
+        part.min_insync_replicas = effective_min_insync_replicas(self.min_isr_for(tp.topic), len(state.replicas))
+        if state.leader == self.broker_id and not registered:
+            return eff
+        if state.leader == self.broker_id:
+            changed = part.make_leader(
+                replicas=list(state.replicas), isr=list(state.isr), leader_epoch=state.leader_epoch,
+                partition_epoch=state.partition_epoch, log_end_offset=lg.log_end_offset,
+                high_watermark=part.high_watermark, now_ms=now_ms)
+        else:
+            changed = part.make_follower(
+                replicas=list(state.replicas), isr=list(state.isr), leader_id=state.leader,
+                leader_epoch=state.leader_epoch, partition_epoch=state.partition_epoch,
+                log_end_offset=lg.log_end_offset, high_watermark=part.high_watermark)
+        if not changed:
+            return eff
+        self._high_watermark_changed(tp, eff)
+        if was_leader and (not part.is_leader or part.leader_epoch != old_epoch):
+            self._fail_ack_waiters(tp, eff, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        if not part.is_leader and part.leader_epoch != old_epoch:
+            eff.start_truncation.append(tp)
+        eff.wake(tp)
+        return eff
+
+    # ---- leader: appends and acks=all ----------------------------------------------------
+
+    def leader(self, tp: TopicPartition) -> tuple[Partition, PartitionLog]:
+        """The leader replica of `tp`, else NOT_LEADER_OR_FOLLOWER."""
+        part = self.partitions.get(tp)
+        if part is None or not part.is_leader:
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"broker {self.broker_id} is not the leader of {tp[0]}-{tp[1]}; refresh metadata")
+        return part, self.logs[tp]
+
+    def append_as_leader(self, tp: TopicPartition, batches: bytes | bytearray | memoryview, *,
+                         required_min_isr: int | None = None) -> tuple[AppendedBatches, Effects]:
+        """Append validated batches under this leader's epoch. `required_min_isr` (acks=all):
+        refuse with NOT_ENOUGH_REPLICAS while the ISR is smaller. The HW may move (an ISR of
+        one), and parked fetches wake (followers care about the LEO too)."""
+        tp = TopicPartition(*tp)
+        part, lg = self.leader(tp)
+        if required_min_isr is not None:
+            part.check_enough_replicas(required_min_isr)
+        try:
+            info = lg.append_as_leader(batches, part.leader_epoch)
+        except log_errors.RecordTooLargeError as e:
+            raise KraftlogError(ErrorCode.MESSAGE_TOO_LARGE, str(e)) from None
+        except log_errors.InvalidRecordError as e:  # e.g. no key on a compacted topic
+            raise KraftlogError(ErrorCode.INVALID_RECORD, str(e)) from None
+        except log_errors.CorruptRecordError as e:
+            raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+        except log_errors.OutOfOrderSequenceError as e:
+            raise KraftlogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, str(e)) from None
+        except log_errors.InvalidProducerEpochError as e:
+            raise KraftlogError(ErrorCode.INVALID_PRODUCER_EPOCH, str(e)) from None
+        except log_errors.FencedLeaderEpochError as e:  # a newer leader epoch is in the log: we were deposed
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"{tp}: {e}; refresh metadata and retry") from None
+        except log_errors.LogClosedError as e:
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"{tp} is closing: {e}; refresh metadata and retry") from None
+        except OSError as e:
+            raise KraftlogError(ErrorCode.KAFKA_STORAGE_ERROR,
+                                f"writing {tp} failed: {e}; check the broker's log dir") from None
+        eff = Effects()
+        if part.update_local_log_end_offset(lg.log_end_offset):
+            self._high_watermark_changed(tp, eff)
+        else:
+            self._check_offsets(tp, part, lg)
+        eff.wake(tp)
+        return info, eff
+
+    def add_ack_waiter(self, tp: TopicPartition, waiter: Waiter, last_offset: int) -> Effects:
+        """`waiter` (acks=all) waits until the HW passes `last_offset`; completed at once if it
+        already has."""
+        tp = TopicPartition(*tp)
+        eff = Effects()
+        part = self.partitions.get(tp)
+        if part is not None and part.high_watermark > last_offset:
+            eff.completed.append(waiter)
+        else:
+            self._ack_waiters.setdefault(tp, []).append((last_offset, waiter))
+        return eff
+
+    def remove_ack_waiter(self, tp: TopicPartition, waiter: Waiter) -> None:
+        """Forget `waiter` (answered, or timed out)."""
+        lst = self._ack_waiters.get(tp)
+        if lst is not None:
+            lst[:] = [w for w in lst if w[1] is not waiter]
+            if not lst:
+                self._ack_waiters.pop(tp, None)
+
+    def ack_waiters(self, tp: TopicPartition) -> list[Waiter]:
+        return [w for _, w in self._ack_waiters.get(tp, [])]
+
+    def _release_ack_waiters(self, tp: TopicPartition, eff: Effects) -> None:
+        """Waiters the HW passed complete (or fail with NOT_ENOUGH_REPLICAS_AFTER_APPEND when the
+        ISR shrank below min.insync.replicas meanwhile, as Kafka does); while the ISR is below
+        min.insync.replicas the HW holds (KIP-966), so the others fail now rather than at
+        their timeout."""
+        waiters = self._ack_waiters.get(tp)
+        if not waiters:
+            return
+        part = self.partitions[tp]
+        hw = part.high_watermark
+        min_isr = self.min_isr_for(tp.topic)
+        keep = []
+        for offset, waiter in waiters:
+            if offset < hw:
+                if len(part.isr) >= min_isr:
+                    eff.completed.append(waiter)
+                else:
+                    eff.failed.append((waiter, KraftlogError(
+                        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                        f"{tp}: written, but only {len(part.isr)} in-sync replicas "
+                        f"{sorted(part.isr)} remain (min.insync.replicas={min_isr}); retry "
+                        "idempotently once the ISR has grown back")))
+            elif part.is_leader and len(part.isr) < part.min_insync_replicas:
+                eff.failed.append((waiter, KraftlogError(
+                    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                    f"{tp}: written on the leader, but the ISR {sorted(part.isr)} "
+                    f"shrank below min.insync.replicas={part.min_insync_replicas} before it was "
+                    "committed; retry idempotently once the ISR has grown back")))
+            else:
+                keep.append((offset, waiter))
+        waiters[:] = keep
+
+    def _fail_ack_waiters(self, tp: TopicPartition, eff: Effects, code: ErrorCode) -> None:
+        for _, waiter in self._ack_waiters.pop(tp, []):
+            eff.failed.append((waiter, KraftlogError(
+                code, f"{tp}: leadership changed before the write was committed, so its "
+                      "outcome is unknown (the new leader may still hold it); refresh metadata and retry "
+                      "with the idempotent producer (a plain retry may write it twice)")))
+
+    # ---- leader: reads ----------------------------------------------------------------
+
+    def read_committed(self, tp: TopicPartition, offset: int, max_bytes: int) -> FetchResult:
+        """A consumer's read: committed batches (below the HW) from `offset`."""
+        part, lg = self.leader(tp)
+        hw = part.high_watermark
+        lso = lg.log_start_offset
+        if hw < offset <= lg.log_end_offset:
+            # written but not committed yet (e.g. a new leader whose HW still catches up
+            # with what the consumer read from the old one): nothing yet, not an error
+            return FetchResult(b"", offset, hw, lso, lg.log_end_offset, offset)
+        if offset < lso or offset > hw:
+            raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                f"offset {offset} is outside [{lso}, {hw}] (log start offset, high "
+                                f"watermark) of {tp[0]}-{tp[1]}; seek to one of those",
+                                log_start_offset=lso, high_watermark=hw)
+        data, next_offset = b"", offset
+        if offset < hw:
+            try:
+                info = lg.read(offset, max_bytes, max_offset=hw, min_one_message=True)
+            except log_errors.OffsetOutOfRangeError as e:  # retention raced with us
+                raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE, str(e),
+                                    log_start_offset=lg.log_start_offset, high_watermark=hw) from None
+            data, next_offset = info.records, max(info.next_offset, offset)
+        return FetchResult(bytes(data), offset, hw, lg.log_start_offset, lg.log_end_offset, next_offset)
+
+    def replica_read(self, tp: TopicPartition, *, replica_id: int, offset: int, leader_epoch: int,
+                     max_bytes: int, now_ms: int, broker_epoch: int = -1,
+                     record: bool = True) -> tuple[FetchResult, Effects]:
+        """One partition of a replica fetch: the follower must be a replica fetching under the
+        current leader epoch; its progress is recorded (`record`; the HW may move); batches
+        are read from `offset` up to the log end (followers copy everything, not only
+        committed data)."""
+        tp = TopicPartition(*tp)
+        part, lg = self.leader(tp)
+        check_leader_epoch(part, leader_epoch)
+        if replica_id not in part.replicas or replica_id == self.broker_id:
+            raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"broker {replica_id} is not a follower replica of {tp} "
+                                f"(replicas {part.replicas}); refresh metadata")
+        if offset < lg.log_start_offset or offset > lg.log_end_offset:
+            raise KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                f"replica fetch offset {offset} is outside [{lg.log_start_offset}, "
+                                f"{lg.log_end_offset}] of {tp}",
+                                log_start_offset=lg.log_start_offset, log_end_offset=lg.log_end_offset)
+        eff = self.follower_fetched(tp, replica_id, offset, now_ms, broker_epoch) if record else Effects()
+        data, next_offset = b"", offset
+        if offset < lg.log_end_offset and max_bytes > 0:
+            info = lg.read(offset, max_bytes, max_offset=None, min_one_message=True)
+            data, next_offset = info.records, max(info.next_offset, offset)
+        return FetchResult(data, offset, part.high_watermark, lg.log_start_offset, lg.log_end_offset,
+                           next_offset), eff
+
+    def follower_fetched(self, tp: TopicPartition, replica_id: int, fetch_offset: int, now_ms: int,
+                         broker_epoch: int = -1) -> Effects:
+        """A follower (registration `broker_epoch`) fetched at `fetch_offset`, its LEO: the HW
+        may move (acks=all waiters complete, parked fetches wake)."""
+        tp = TopicPartition(*tp)
+        part, _ = self.leader(tp)
+        eff = Effects()
+        if part.update_follower_fetch(replica_id, fetch_offset, now_ms, broker_epoch):
+            self._high_watermark_changed(tp, eff)
+            eff.wake(tp)
+        return eff
+
+    def isr_changes(self, now_ms: int, replica_lag_time_max_ms: Callable[[str], int]
+                    ) -> list[tuple[Partition, list[int]]]:
+        """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
+        followers) or expand (caught-up replicas): the shell sends AlterPartition with
+        `part.broker_epochs(new_isr)` (KIP-903). Proposed additions hold the HW back from now on."""
+        out = []
+        for part in self.partitions.values():
+            new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic))
+            if new_isr is not None:
+                out.append((part, new_isr))
+        return out
+
+    # ---- follower ---------------------------------------------------------------------
+
+    def follower(self, tp: TopicPartition, leader_epoch: int) -> tuple[Partition, PartitionLog]:
+        """The local follower replica still following under `leader_epoch`, else a retriable
+        NOT_LEADER_OR_FOLLOWER (the fetcher stops; metadata restarts it)."""
+        part = self.partitions.get(tp)
+        if part is None or part.is_leader or part.leader_epoch != leader_epoch:
+            raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"{tp[0]}-{tp[1]} is no longer a follower in epoch {leader_epoch}")
+        return part, self.logs[tp]
+
+    def followed_partitions(self) -> list[tuple[str, int, int, int]]:
+        """(topic, partition, leader_id, leader_epoch) of every local follower with a leader."""
+        return [(p.topic, p.partition, p.leader_id, p.leader_epoch) for p in self.partitions.values()
+                if not p.is_leader and p.leader_id >= 0]
+
+    def follower_append(self, tp: TopicPartition, leader_epoch: int, data: bytes | memoryview,
+                        leader_high_watermark: int, leader_log_start_offset: int = -1) -> int:
+        """Append the leader's batches (offsets kept), follow its log start, adopt its HW.
+        Returns the new LEO. Batches that do not continue the log raise OffsetMismatchError /
+        CorruptRecordError (the follower truncates again)."""
+        tp = TopicPartition(*tp)
+        part, lg = self.follower(tp, leader_epoch)
+        if data:
+            lg.append_as_follower(data)
+        if lg.log_start_offset < leader_log_start_offset <= lg.log_end_offset:
+            lg.delete_records(leader_log_start_offset)
+        part.local_log_end_offset = lg.log_end_offset
+        part.set_follower_high_watermark(leader_high_watermark)
+        self._publish_high_watermark(tp, part, lg)
+        return lg.log_end_offset
+
+    def follower_truncate(self, tp: TopicPartition, leader_epoch: int, offset: int) -> int:
+        """Truncate to the divergence point the leader gave (never to our own HW)."""
+        tp = TopicPartition(*tp)
+        part, lg = self.follower(tp, leader_epoch)
+        if offset < lg.log_end_offset:
+            lg.truncate_to(offset)
+        part.local_log_end_offset = lg.log_end_offset
+        part.high_watermark = min(part.high_watermark, lg.log_end_offset)
+        self._publish_high_watermark(tp, part, lg)
+        return lg.log_end_offset
+
+    def follower_reset(self, tp: TopicPartition, leader_epoch: int, start_offset: int) -> int:
+        """Our log is below the leader's log start: start over empty at `start_offset`."""
+        tp = TopicPartition(*tp)
+        part, lg = self.follower(tp, leader_epoch)
+        lg.truncate_fully_and_start_at(start_offset)
+        part.local_log_end_offset = lg.log_end_offset
+        part.high_watermark = lg.log_end_offset
+        self._publish_high_watermark(tp, part, lg)
+        return lg.log_end_offset
+
+    # ---- the high watermark -------------------------------------------------------------
+
+    def _high_watermark_changed(self, tp: TopicPartition, eff: Effects) -> None:
+        part, lg = self.partitions[tp], self.logs[tp]
+        self._publish_high_watermark(tp, part, lg)
+        self._release_ack_waiters(tp, eff)
+
+    def _publish_high_watermark(self, tp: TopicPartition, part: Partition, lg: PartitionLog) -> None:
+        """The one place the log's copy of the HW is written (see the module docstring)."""
+        if part.high_watermark > lg.high_watermark:
+            lg.update_high_watermark(part.high_watermark)
+        self._check_offsets(tp, part, lg)
+
+    def _check_offsets(self, tp: TopicPartition, part: Partition, lg: PartitionLog) -> None:
+        hw = part.high_watermark
+        invariant(lg.log_start_offset <= hw <= lg.log_end_offset,
+                  f"{tp}: high watermark {hw} outside [log start {lg.log_start_offset}, "
+                  f"log end {lg.log_end_offset}]")
+        if part.is_leader:
+            epoch, floor = self._hw_floor.get(tp, (part.leader_epoch, hw))
+            invariant(epoch != part.leader_epoch or hw >= floor,
+                      f"{tp}: leader high watermark went back from {floor} to {hw} in leader epoch {epoch}")
+            self._hw_floor[tp] = (part.leader_epoch, hw)
+
+
+def leader_and_isr(registration) -> LeaderAndIsr:
+    """The LeaderAndIsr of a metadata PartitionRegistration."""
+    return LeaderAndIsr(registration.leader, registration.leader_epoch, tuple(registration.replicas),
+                        tuple(registration.isr), registration.partition_epoch)
+
+
+def topic_partitions(keys: Iterable[tuple[str, int]]) -> list[TopicPartition]:
+    return [TopicPartition(*k) for k in keys]
