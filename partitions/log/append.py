@@ -8,6 +8,20 @@ live here, below `log.py`, so that the modules `Log` uses can name them without 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class BatchEntry(NamedTuple):
+    """One batch of an append, as the log placed it: where it starts within the appended
+    bytes, the offsets it was given ([base_offset, next_offset)), its size in bytes
+    (offset and length prefix included) and its max timestamp (the append time for
+    LogAppendTime topics)."""
+
+    position: int
+    base_offset: int
+    next_offset: int
+    size: int
+    max_timestamp: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,4 +39,4 @@ class AppendInfo:
     duplicate: bool = False
 
 
-__all__ = ["AppendInfo"]
+__all__ = ["AppendInfo", "BatchEntry"]

@@ -45,9 +45,11 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .append import BatchEntry
 from .cleaner_checkpoint import (
     CLEANER_CHECKPOINT,
     TOMBSTONE_HORIZONS,
+    TombstoneHorizon,
     read_cleaner_checkpoint,
     read_tombstone_horizons,
     truncate_cleaner_state,
@@ -126,7 +128,7 @@ class CleaningPlan:
     first_dirty: int
     end: int
     now_ms: int
-    horizons: tuple[tuple[int, int], ...]
+    horizons: tuple[TombstoneHorizon, ...]
     producer_last_offsets: frozenset = frozenset()
     dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
     max_map_keys: int | None = None
@@ -165,8 +167,8 @@ class CleanerWorker:
         self.plan = plan
         self.offset_map: dict[bytes, int] = {}
         self.end = plan.end
-        self._h_ends = [e for e, _ in plan.horizons]
-        self._h_times = [t for _, t in plan.horizons]
+        self._h_ends = [h.end_offset for h in plan.horizons]
+        self._h_times = [h.time_ms for h in plan.horizons]
         self.throttler = Throttler(plan.io_max_bytes_per_second)
 
     def _open(self, ref: SegmentRef) -> LogSegment:
@@ -345,7 +347,7 @@ class CleanerWorker:
 
 
 def _append(seg: LogSegment, raw: bytes, header: BatchHeader) -> None:
-    seg.append(raw, [(0, header.base_offset, header.next_offset, header.size, header.max_timestamp)])
+    seg.append(raw, [BatchEntry(0, header.base_offset, header.next_offset, header.size, header.max_timestamp)])
 
 
 class LocalCleanerRunner:
@@ -414,12 +416,12 @@ class LogCleaner:
         total = clean + dirty
         return dirty / total if total else 0.0
 
-    def _horizons(self, lg: Log, first_dirty: int, now: int) -> list[tuple[int, int]]:
+    def _horizons(self, lg: Log, first_dirty: int, now: int) -> list[TombstoneHorizon]:
         horizons = read_tombstone_horizons(lg.dir)
         if horizons is None:
             # cleaned before horizons were recorded: treat the clean part as passed now
             cp = read_cleaner_checkpoint(lg.dir)
-            horizons = [(first_dirty, now)] if cp is not None and first_dirty > lg.log_start_offset else []
+            horizons = [TombstoneHorizon(first_dirty, now)] if cp is not None and first_dirty > lg.log_start_offset else []
         return horizons
 
     def tombstones_due(self, lg: Log, now_ms: int | None = None) -> bool:
@@ -427,7 +429,7 @@ class LogCleaner:
         now = self._time_ms() if now_ms is None else now_ms
         horizons = read_tombstone_horizons(lg.dir) or []
         retention = lg.config.delete_retention_ms
-        return any(t + retention <= now for _, t in horizons)
+        return any(h.time_ms + retention <= now for h in horizons)
 
     def needs_cleaning(self, lg: Log, now_ms: int | None = None) -> bool:
         """Compacted topic with a dirty ratio >= min.cleanable.dirty.ratio, or a dirty
@@ -460,7 +462,7 @@ class LogCleaner:
             first_dirty, end = self.cleanable_range(lg, now)
             horizons = self._horizons(lg, first_dirty, now)
             retention = lg.config.delete_retention_ms
-            if first_dirty >= end and not any(t + retention <= now for _, t in horizons):
+            if first_dirty >= end and not any(h.time_ms + retention <= now for h in horizons):
                 return None
             segments = [s for s in lg.segments[:-1] if s.base_offset < end]
             if not segments:
@@ -535,13 +537,13 @@ class LogCleaner:
                         stats.aborted = True
                     else:
                         retention = plan.config.delete_retention_ms
-                        horizons = [(e, t) for e, t in plan.horizons if t + retention > plan.now_ms]
+                        horizons = [h for h in plan.horizons if h.time_ms + retention > plan.now_ms]
                         if kept_dirty_tombstones:
                             # bound the file: a recent entry's tombstones take the new, later
                             # time (kept at most 1% of delete.retention.ms longer, never shorter)
-                            while horizons and plan.now_ms - horizons[-1][1] < max(1, retention // 100):
+                            while horizons and plan.now_ms - horizons[-1].time_ms < max(1, retention // 100):
                                 horizons.pop()
-                            horizons.append((stats.end_offset, plan.now_ms))
+                            horizons.append(TombstoneHorizon(stats.end_offset, plan.now_ms))
                         if horizons != list(plan.horizons) or read_tombstone_horizons(lg.dir) is None:
                             write_tombstone_horizons(lg.dir, horizons)
                         write_cleaner_checkpoint(lg.dir, stats.end_offset)

@@ -9,11 +9,20 @@ itself (`truncate_cleaner_state`), so this module sits below both `log.py` and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from .leader_epoch_cache import write_checkpoint_file
 
 CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 TOMBSTONE_HORIZONS = "cleaner-tombstone-horizons"
+
+
+class TombstoneHorizon(NamedTuple):
+    """A cleaning pass that kept tombstones below `end_offset`, at `time_ms`: they may go
+    once `time_ms` is delete.retention.ms old."""
+
+    end_offset: int
+    time_ms: int
 
 
 def read_cleaner_checkpoint(log_dir: Path) -> int | None:
@@ -30,8 +39,8 @@ def write_cleaner_checkpoint(log_dir: Path, offset: int) -> None:
     write_checkpoint_file(Path(log_dir) / CLEANER_CHECKPOINT, ["0", str(offset)])
 
 
-def read_tombstone_horizons(log_dir: Path) -> list[tuple[int, int]] | None:
-    """[(end offset, pass time ms)], ascending; None if the file is missing or unreadable."""
+def read_tombstone_horizons(log_dir: Path) -> list[TombstoneHorizon] | None:
+    """The passes' horizons, ascending; None if the file is missing or unreadable."""
     try:
         lines = (Path(log_dir) / TOMBSTONE_HORIZONS).read_text().split("\n")
         if lines[0] != "0":
@@ -40,13 +49,13 @@ def read_tombstone_horizons(log_dir: Path) -> list[tuple[int, int]] | None:
         out = []
         for line in lines[2 : 2 + count]:
             end, t = line.split()
-            out.append((int(end), int(t)))
+            out.append(TombstoneHorizon(int(end), int(t)))
         return out if len(out) == count else None
     except (OSError, ValueError, IndexError):
         return None
 
 
-def write_tombstone_horizons(log_dir: Path, entries: list[tuple[int, int]]) -> None:
+def write_tombstone_horizons(log_dir: Path, entries: list[TombstoneHorizon]) -> None:
     write_checkpoint_file(
         Path(log_dir) / TOMBSTONE_HORIZONS, ["0", str(len(entries))] + [f"{e} {t}" for e, t in entries]
     )
@@ -64,17 +73,18 @@ def truncate_cleaner_state(log_dir: Path, log_end_offset: int | None) -> None:
     if cp is not None and cp > log_end_offset:
         write_cleaner_checkpoint(log_dir, log_end_offset)
     horizons = read_tombstone_horizons(log_dir)
-    if horizons and horizons[-1][0] > log_end_offset:
-        kept = [(e, t) for e, t in horizons if e <= log_end_offset]
-        nxt = next(((e, t) for e, t in horizons if e > log_end_offset), None)
-        if nxt is not None and (not kept or kept[-1][0] < log_end_offset):
-            kept.append((log_end_offset, nxt[1]))
+    if horizons and horizons[-1].end_offset > log_end_offset:
+        kept = [h for h in horizons if h.end_offset <= log_end_offset]
+        nxt = next((h for h in horizons if h.end_offset > log_end_offset), None)
+        if nxt is not None and (not kept or kept[-1].end_offset < log_end_offset):
+            kept.append(TombstoneHorizon(log_end_offset, nxt.time_ms))
         write_tombstone_horizons(log_dir, kept)
 
 
 __all__ = [
     "CLEANER_CHECKPOINT",
     "TOMBSTONE_HORIZONS",
+    "TombstoneHorizon",
     "read_cleaner_checkpoint",
     "write_cleaner_checkpoint",
     "read_tombstone_horizons",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .append import AppendInfo
+from .append import AppendInfo, BatchEntry
 from .cleaner_checkpoint import truncate_cleaner_state
 from .config import LogConfig
 from .errors import (
@@ -416,7 +416,7 @@ class Log:
                 raise FencedLeaderEpochError(leader_epoch, latest_epoch)
             now = self._time_ms()
             first_offset = offset = self.log_end_offset
-            entries: list[tuple[int, int, int, int, int]] = []
+            entries: list[BatchEntry] = []
             max_ts = -1
             num_records = 0
             idempotent = False
@@ -445,7 +445,7 @@ class Log:
                     else:
                         ts = h[H_MAX_TIMESTAMP]
                 nxt = offset + h[H_LAST_OFFSET_DELTA] + 1
-                entries.append((pos, offset, nxt, LOG_OVERHEAD + length, ts))
+                entries.append(BatchEntry(pos, offset, nxt, LOG_OVERHEAD + length, ts))
                 offset = nxt
                 num_records += h[H_RECORD_COUNT]
                 if ts > max_ts:
@@ -475,14 +475,15 @@ class Log:
             data = records if isinstance(records, (bytes, memoryview)) else bytes(records)
             batches = self._validate_all(data, None)
             leo = self.log_end_offset
-            first = batches[0][1][H_BASE_OFFSET]
+            _, first_header = batches[0]
+            first = first_header[H_BASE_OFFSET]
             if first != leo and not (self._config.compact and first > leo):
                 raise OffsetMismatchError(leo, first)
             gaps = first != leo
             prev_next = leo
             max_ts = -1
             num_records = 0
-            entries: list[tuple[int, int, int, int, int]] = []
+            entries: list[BatchEntry] = []
             changed = False
             cache = self.leader_epoch_cache
             for pos, h in batches:
@@ -494,7 +495,7 @@ class Log:
                 gaps = gaps or base != prev_next
                 nxt = base + h[H_LAST_OFFSET_DELTA] + 1
                 ts = h[H_MAX_TIMESTAMP]
-                entries.append((pos, base, nxt, LOG_OVERHEAD + h[H_BATCH_LENGTH], ts))
+                entries.append(BatchEntry(pos, base, nxt, LOG_OVERHEAD + h[H_BATCH_LENGTH], ts))
                 prev_next = nxt
                 num_records += h[H_RECORD_COUNT]
                 if ts > max_ts:
@@ -513,9 +514,9 @@ class Log:
                 self.producer_state.update(batches, entries, now)
             return AppendInfo(first, prev_next - 1, max_ts, -1, num_records, len(data))
 
-    def _append(self, data, entries: list[tuple[int, int, int, int, int]], max_ts: int, num_records: int,
-                now: int, nbytes: int) -> None:
-        last_offset = entries[-1][2] - 1
+    def _append(self, data, entries: list[BatchEntry], max_ts: int, num_records: int, now: int,
+                nbytes: int) -> None:
+        last_offset = entries[-1].next_offset - 1
         if self._segments[-1].should_roll(nbytes, max_ts, last_offset, now):
             self._roll(now)
         self._segments[-1].append(data, entries)

@@ -29,9 +29,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
-from .append import AppendInfo
+from .append import AppendInfo, BatchEntry
 from .errors import CorruptRecordError, InvalidProducerEpochError, OutOfOrderSequenceError
 from .leader_epoch_cache import write_checkpoint_file
 from .record_batch import (
@@ -60,10 +60,20 @@ def in_sequence(last_seq: int, next_seq: int) -> bool:
     return next_seq == ((last_seq + 1) & _SEQ_MASK)
 
 
+class BatchMetadata(NamedTuple):
+    """What producer state remembers of one appended batch (Kafka's BatchMetadata); the
+    offsets are -1 for a duplicate older than the cached batches (offsets unknown)."""
+
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
 @dataclass(slots=True)
 class ProducerStateEntry:
-    """One producer id: epoch and its last batches (first_seq, last_seq, first_offset,
-    last_offset, max_timestamp), oldest first."""
+    """One producer id: its epoch and its last batches, oldest first."""
 
     producer_id: int
     producer_epoch: int = -1
@@ -72,25 +82,26 @@ class ProducerStateEntry:
 
     @property
     def last_seq(self) -> int:
-        return self.batches[-1][1] if self.batches else -1
+        return self.batches[-1].last_seq if self.batches else -1
 
     @property
     def last_offset(self) -> int:
-        return self.batches[-1][3] if self.batches else -1
+        return self.batches[-1].last_offset if self.batches else -1
 
-    def find_duplicate(self, first_seq: int, last_seq: int):
+    def find_duplicate(self, first_seq: int, last_seq: int) -> BatchMetadata | None:
         for batch in self.batches:
-            if batch[0] == first_seq and batch[1] == last_seq:
+            if batch.first_seq == first_seq and batch.last_seq == last_seq:
                 return batch
         return None
 
 
-def _duplicate_info(duplicates: list, num_records: int) -> AppendInfo:
+def _duplicate_info(duplicates: list[BatchMetadata], num_records: int) -> AppendInfo:
     """AppendInfo answering a request whose batches were all appended before: the cached
     offsets when every batch is in the window and they are contiguous, else -1 (unknown)."""
-    first, last, max_ts = duplicates[0][2], duplicates[-1][3], max(d[4] for d in duplicates)
-    known = all(d[2] >= 0 for d in duplicates) and all(
-        a[3] + 1 == b[2] for a, b in zip(duplicates, duplicates[1:]))
+    first, last = duplicates[0].first_offset, duplicates[-1].last_offset
+    max_ts = max(d.max_timestamp for d in duplicates)
+    known = all(d.first_offset >= 0 for d in duplicates) and all(
+        a.last_offset + 1 == b.first_offset for a, b in zip(duplicates, duplicates[1:]))
     if not known:
         first = last = -1
     return AppendInfo(first, last, max_ts, -1, num_records, 0, duplicate=True)
@@ -142,7 +153,7 @@ class ProducerStateManager:
             for pid, epoch, last_ts, batches in data["producers"]:
                 entry = ProducerStateEntry(int(pid), int(epoch), last_timestamp=int(last_ts))
                 for b in batches:
-                    entry.batches.append(tuple(int(x) for x in b))
+                    entry.batches.append(BatchMetadata(*(int(x) for x in b)))
                 producers[entry.producer_id] = entry
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring unreadable producer state snapshot %s: %s", self.path, exc)
@@ -165,7 +176,7 @@ class ProducerStateManager:
                 found = seg.translate_offset(start_offset)
                 if found is None:
                     continue
-                position = found[0]
+                position, _ = found
             try:
                 for _, header in seg.scan_batches(position):
                     if header.producer_id >= 0 and header.base_sequence >= 0 and not header.is_control:
@@ -183,12 +194,12 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------------ appends
 
-    def check(self, batches: list, entries: list) -> AppendInfo | None:
-        """Validate the sequence numbers of a leader append (raw header tuples and
-        (pos, base, next, size, max_ts) entries). Returns the original AppendInfo for a
+    def check(self, batches: list, entries: list[BatchEntry]) -> AppendInfo | None:
+        """Validate the sequence numbers of a leader append ((position, raw header tuple)
+        per batch, and the entries the log gave them). Returns the original AppendInfo for a
         duplicate, None to go ahead; raises for out-of-order or fenced producers."""
         pending: dict[int, tuple[int, int]] = {}
-        duplicates: list = []
+        duplicates: list[BatchMetadata] = []
         plain = False  # a batch without producer id / sequence in this request
         for (_, h), entry in zip(batches, entries):
             pid = h[H_PRODUCER_ID]
@@ -227,7 +238,7 @@ class ProducerStateManager:
             if pid not in pending and known is not None:
                 dup = known.find_duplicate(seq, last_seq)
                 if dup is None and known.batches and seq <= last_seq <= known.last_seq:
-                    dup = (seq, last_seq, -1, -1, -1)  # appended before the cached window
+                    dup = BatchMetadata(seq, last_seq, -1, -1, -1)  # appended before the cached window
                 if dup is not None:
                     duplicates.append(dup)
                     continue
@@ -247,17 +258,17 @@ class ProducerStateManager:
             raise OutOfOrderSequenceError(
                 "a request mixes already-appended idempotent batches with new ones: "
                 "resend each request exactly as it was first sent")
-        return _duplicate_info(duplicates, sum(d[1] - d[0] + 1 for d in duplicates))
+        return _duplicate_info(duplicates, sum(d.last_seq - d.first_seq + 1 for d in duplicates))
 
-    def update(self, batches: list, entries: list, now_ms: int) -> None:
+    def update(self, batches: list, entries: list[BatchEntry], now_ms: int) -> None:
         """Record the appended batches (leader or follower append)."""
-        for (_, h), (_, base, nxt, _, max_ts) in zip(batches, entries):
+        for (_, h), entry in zip(batches, entries):
             pid = h[H_PRODUCER_ID]
             seq = h[H_BASE_SEQUENCE]
             if pid < 0 or seq < 0 or h[H_ATTRIBUTES] & CONTROL_MASK:
                 continue
-            self._apply(pid, h[H_PRODUCER_EPOCH], seq, last_sequence(seq, h[H_LAST_OFFSET_DELTA]), base, nxt - 1,
-                        max_ts)
+            self._apply(pid, h[H_PRODUCER_EPOCH], seq, last_sequence(seq, h[H_LAST_OFFSET_DELTA]), entry.base_offset,
+                        entry.next_offset - 1, entry.max_timestamp)
 
     def _apply(self, pid: int, epoch: int, first_seq: int, last_seq: int, first_offset: int, last_offset: int,
                max_ts: int) -> None:
@@ -267,7 +278,7 @@ class ProducerStateManager:
         elif epoch != entry.producer_epoch:
             entry.producer_epoch = epoch
             entry.batches.clear()
-        entry.batches.append((first_seq, last_seq, first_offset, last_offset, max_ts))
+        entry.batches.append(BatchMetadata(first_seq, last_seq, first_offset, last_offset, max_ts))
         entry.last_timestamp = max_ts
 
     # ------------------------------------------------------------------ queries, lifecycle
@@ -303,4 +314,4 @@ class ProducerStateManager:
             self.write_snapshot(log_end_offset)
 
 
-__all__ = ["ProducerStateManager", "ProducerStateEntry", "PRODUCER_STATE_SNAPSHOT", "last_sequence", "in_sequence"]
+__all__ = ["ProducerStateManager", "ProducerStateEntry", "BatchMetadata", "PRODUCER_STATE_SNAPSHOT", "last_sequence", "in_sequence"]

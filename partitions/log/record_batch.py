@@ -58,11 +58,22 @@ from crc32c import crc32c as _crc32c
 from .errors import CorruptRecordError, RecordTooLargeError
 
 MAGIC = 2
+# Byte offsets of the header fields within a batch (Kafka's DefaultRecordBatch names).
+BASE_OFFSET_OFFSET = 0
+BATCH_LENGTH_OFFSET = 8
+PARTITION_LEADER_EPOCH_OFFSET = 12
+MAGIC_OFFSET = 16
+CRC_OFFSET = 17
+ATTRIBUTES_OFFSET = 21  # the CRC covers [ATTRIBUTES_OFFSET, end)
+LAST_OFFSET_DELTA_OFFSET = 23
+FIRST_TIMESTAMP_OFFSET = 27
+MAX_TIMESTAMP_OFFSET = 35
+PRODUCER_ID_OFFSET = 43
+PRODUCER_EPOCH_OFFSET = 51
+BASE_SEQUENCE_OFFSET = 53
+RECORD_COUNT_OFFSET = 57
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base_offset + batch_length: bytes that batch_length does not count
-_CRC_OFFSET = 17
-_ATTRIBUTES_OFFSET = 21  # CRC covers [21, end)
-_MAX_TIMESTAMP_OFFSET = 35
 _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -95,6 +106,12 @@ __all__ = [
     "MAGIC",
     "HEADER_SIZE",
     "LOG_OVERHEAD",
+    "BATCH_LENGTH_OFFSET",
+    "PARTITION_LEADER_EPOCH_OFFSET",
+    "CRC_OFFSET",
+    "ATTRIBUTES_OFFSET",
+    "LAST_OFFSET_DELTA_OFFSET",
+    "MAX_TIMESTAMP_OFFSET",
     "Compression",
     "Record",
     "BatchHeader",
@@ -446,7 +463,7 @@ def build_batch(
         n,
     )
     buf[HEADER_SIZE:] = payload
-    _UI.pack_into(buf, _CRC_OFFSET, _crc32c(memoryview(buf)[_ATTRIBUTES_OFFSET:]))
+    _UI.pack_into(buf, CRC_OFFSET, _crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]))
     return bytes(buf)
 
 
@@ -472,7 +489,7 @@ def build_empty_batch(
         base_sequence, 0,
     )
     buf[HEADER_SIZE:] = section
-    _UI.pack_into(buf, _CRC_OFFSET, _crc32c(memoryview(buf)[_ATTRIBUTES_OFFSET:]))
+    _UI.pack_into(buf, CRC_OFFSET, _crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]))
     return bytes(buf)
 
 
@@ -496,7 +513,7 @@ def validate_batch_raw(buf, pos: int = 0, max_batch_bytes: int | None = None) ->
             f"batch at position {pos} is truncated: {available} bytes left, a header needs {HEADER_SIZE}"
         )
     h = _HEADER.unpack_from(buf, pos)
-    batch_length = h[1]
+    batch_length = h[H_BATCH_LENGTH]
     size = LOG_OVERHEAD + batch_length
     if batch_length < _MIN_BATCH_LENGTH:
         raise CorruptRecordError(
@@ -511,17 +528,17 @@ def validate_batch_raw(buf, pos: int = 0, max_batch_bytes: int | None = None) ->
         raise CorruptRecordError(
             f"batch at position {pos} is truncated: batch_length says {size} bytes, only {available} present"
         )
-    if h[3] != MAGIC:
-        raise CorruptRecordError(f"batch at position {pos} has magic {h[3]}, only magic {MAGIC} is supported")
-    crc = _crc32c(memoryview(buf)[pos + _ATTRIBUTES_OFFSET : pos + size])
-    if crc != h[4]:
+    if h[H_MAGIC] != MAGIC:
+        raise CorruptRecordError(f"batch at position {pos} has magic {h[H_MAGIC]}, only magic {MAGIC} is supported")
+    crc = _crc32c(memoryview(buf)[pos + ATTRIBUTES_OFFSET : pos + size])
+    if crc != h[H_CRC]:
         raise CorruptRecordError(
-            f"batch at position {pos} (base offset {h[0]}) fails its CRC-32C check: "
-            f"stored {h[4]:#010x}, computed {crc:#010x}"
+            f"batch at position {pos} (base offset {h[H_BASE_OFFSET]}) fails its CRC-32C check: "
+            f"stored {h[H_CRC]:#010x}, computed {crc:#010x}"
         )
-    if h[5] & CODEC_MASK not in _VALID_CODECS:
-        raise CorruptRecordError(f"batch at position {pos} uses unknown compression codec {h[5] & CODEC_MASK}")
-    count, last_delta = h[12], h[6]
+    if h[H_ATTRIBUTES] & CODEC_MASK not in _VALID_CODECS:
+        raise CorruptRecordError(f"batch at position {pos} uses unknown compression codec {h[H_ATTRIBUTES] & CODEC_MASK}")
+    count, last_delta = h[H_RECORD_COUNT], h[H_LAST_OFFSET_DELTA]
     if count < 0 or last_delta < 0 or count > last_delta + 1:
         raise CorruptRecordError(
             f"batch at position {pos} has record_count {count} inconsistent with last_offset_delta {last_delta}"
@@ -571,8 +588,8 @@ def batch_base_offset(buf, pos: int = 0) -> int:
 def stamp_batch(batch: bytearray, base_offset: int, partition_leader_epoch: int, pos: int = 0) -> None:
     """Set base offset and leader epoch in place. Both precede the CRC: no re-encoding and
     the CRC stays valid."""
-    _Q.pack_into(batch, pos, base_offset)
-    _I.pack_into(batch, pos + 12, partition_leader_epoch)
+    _Q.pack_into(batch, pos + BASE_OFFSET_OFFSET, base_offset)
+    _I.pack_into(batch, pos + PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
 
 
 def set_log_append_time(batch: bytearray, timestamp_ms: int, pos: int = 0) -> None:
@@ -581,12 +598,12 @@ def set_log_append_time(batch: bytearray, timestamp_ms: int, pos: int = 0) -> No
     attributes and max_timestamp are covered by the CRC, so this recomputes the CRC
     (one CRC-32C pass over the batch; the records are not re-encoded). Decoding then
     reports `timestamp_ms` as every record's timestamp."""
-    (batch_length,) = _I.unpack_from(batch, pos + 8)
-    (attributes,) = _H.unpack_from(batch, pos + _ATTRIBUTES_OFFSET)
-    _H.pack_into(batch, pos + _ATTRIBUTES_OFFSET, attributes | TIMESTAMP_TYPE_MASK)
-    _Q.pack_into(batch, pos + _MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    (batch_length,) = _I.unpack_from(batch, pos + BATCH_LENGTH_OFFSET)
+    (attributes,) = _H.unpack_from(batch, pos + ATTRIBUTES_OFFSET)
+    _H.pack_into(batch, pos + ATTRIBUTES_OFFSET, attributes | TIMESTAMP_TYPE_MASK)
+    _Q.pack_into(batch, pos + MAX_TIMESTAMP_OFFSET, timestamp_ms)
     end = pos + LOG_OVERHEAD + batch_length
-    _UI.pack_into(batch, pos + _CRC_OFFSET, _crc32c(memoryview(batch)[pos + _ATTRIBUTES_OFFSET : end]))
+    _UI.pack_into(batch, pos + CRC_OFFSET, _crc32c(memoryview(batch)[pos + ATTRIBUTES_OFFSET : end]))
 
 
 # ---------------------------------------------------------------- decoding

@@ -30,7 +30,20 @@ from typing import Callable, Iterator
 from .config import LogConfig
 from .errors import CorruptRecordError, LogClosedError
 from .index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, OffsetIndex, TimeIndex
-from .record_batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, decode_records, validate_batch_raw
+from .append import BatchEntry
+from .record_batch import (
+    H_BASE_OFFSET,
+    H_BATCH_LENGTH,
+    H_LAST_OFFSET_DELTA,
+    H_LEADER_EPOCH,
+    H_MAX_TIMESTAMP,
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_OVERHEAD,
+    BatchHeader,
+    decode_records,
+    validate_batch_raw,
+)
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +192,7 @@ class LogSegment:
         if offsets:
             # the last entry must point at a batch starting at that offset
             head = os.pread(self._fd, LOG_OVERHEAD, positions[-1])
-            if len(head) < LOG_OVERHEAD or _LENGTH.unpack(head)[0] != self.base_offset + offsets[-1]:
+            if len(head) < LOG_OVERHEAD or _LENGTH.unpack(head)[H_BASE_OFFSET] != self.base_offset + offsets[-1]:
                 return "offset index last entry does not point at its batch"
         if self.time_index.relative_offsets:
             rel = self.time_index.relative_offsets[-1]
@@ -193,7 +206,7 @@ class LogSegment:
         tail does not parse as whole batches)."""
         _, position = self.offset_index.last_entry()
         next_offset = self.base_offset
-        max_ts = self.time_index.last_entry()[0]
+        max_ts, _ = self.time_index.last_entry()
         for _, header in self.scan_batches(position):
             next_offset = header.next_offset
             if header.max_timestamp > max_ts:
@@ -267,7 +280,7 @@ class LogSegment:
                 h = validate_batch_raw(buf, rel)
             else:
                 h = unpack_header(buf, rel)
-            base = h[0]
+            base = h[H_BASE_OFFSET]
             if base < seg_base or (expected is not None and base < expected):
                 raise CorruptRecordError(
                     f"batch at position {pos} has base offset {base}, expected >= "
@@ -275,11 +288,11 @@ class LogSegment:
                 )
             if contiguous and expected is not None and base != expected:
                 raise CorruptRecordError(f"batch at position {pos} has base offset {base}, expected {expected}")
-            expected = base + h[6] + 1
+            expected = base + h[H_LAST_OFFSET_DELTA] + 1
             if expected - 1 - seg_base > _MAX_RELATIVE_OFFSET:
                 raise CorruptRecordError(f"batch at position {pos} overflows the segment's relative offsets")
             if validate:
-                epoch = h[2]
+                epoch = h[H_LEADER_EPOCH]
                 if epoch < last_epoch:
                     raise CorruptRecordError(
                         f"batch at position {pos} has leader epoch {epoch}, below the previous batch's {last_epoch}"
@@ -305,9 +318,10 @@ class LogSegment:
         valid_end = 0
         try:
             for pos, h in self.scan_raw(0, validate=True, contiguous=contiguous):
-                size = LOG_OVERHEAD + h[1]
-                self._index_batch(pos, h[0], size, h[8])
-                self.next_offset = h[0] + h[6] + 1
+                base = h[H_BASE_OFFSET]
+                size = LOG_OVERHEAD + h[H_BATCH_LENGTH]
+                self._index_batch(pos, base, size, h[H_MAX_TIMESTAMP])
+                self.next_offset = base + h[H_LAST_OFFSET_DELTA] + 1
                 valid_end = pos + size
                 if on_batch is not None:
                     on_batch(h)
@@ -340,10 +354,10 @@ class LogSegment:
             self._bytes_since_last_index_entry = 0
         self._bytes_since_last_index_entry += size
 
-    def append(self, data, batches: list[tuple[int, int, int, int, int]]) -> None:
+    def append(self, data, batches: list[BatchEntry]) -> None:
         """Append validated, offset-stamped batches: `data` is one buffer, or a list of
-        buffers written with writev. `batches` has one tuple per batch, in order:
-        (position within the data, base offset, next offset, size, max timestamp)."""
+        buffers written with writev. `batches` has one entry per batch, in order (its
+        position is within `data`)."""
         fd = self._require_open()
         start = self.size
         if isinstance(data, list):
@@ -368,15 +382,15 @@ class LogSegment:
                 self._index_batch(start + rel_pos, base, size, max_ts)
         else:  # no index entry can be due: only the bookkeeping
             self._bytes_since_last_index_entry += total
-            max_ts = max(b[4] for b in batches)
+            max_ts = max(b.max_timestamp for b in batches)
             if max_ts > self._max_timestamp_so_far:
                 self._max_timestamp_so_far = max_ts
         self.size = start + total
-        self.next_offset = batches[-1][2]
+        self.next_offset = batches[-1].next_offset
         if self._max_timestamp_so_far > self.largest_timestamp:
             self.largest_timestamp = self._max_timestamp_so_far
         if self.rolling_timestamp is None:
-            self.rolling_timestamp = batches[0][4]
+            self.rolling_timestamp = batches[0].max_timestamp
 
     def _reserve(self, fd: int, end: int) -> None:
         """Reserve blocks from the reserved end to past `end` (see module docstring)."""
@@ -452,7 +466,7 @@ class LogSegment:
             size = LOG_OVERHEAD + length
             if end + size > n or (max_offset is not None and base >= max_offset):
                 break
-            next_offset = base + _LAST_DELTA.unpack_from(buf, end + 23)[0] + 1
+            next_offset = base + _LAST_DELTA.unpack_from(buf, end + LAST_OFFSET_DELTA_OFFSET)[0] + 1
             end += size
         if end == 0:
             if not min_one_message:
@@ -472,8 +486,9 @@ class LogSegment:
         if rel >= 0:
             _, position = self.offset_index.lookup(rel)
         found = self.translate_offset(max(start_offset, self.base_offset))
-        if found is not None and found[0] > position:
-            position = found[0]
+        if found is not None:
+            found_position, _ = found
+            position = max(position, found_position)
         try:
             for pos, header in self.scan_batches(position):
                 if header.max_timestamp < timestamp or header.last_offset < start_offset:

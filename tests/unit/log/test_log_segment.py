@@ -5,18 +5,17 @@ import os
 
 from logtest_helpers import make_batch
 
+from partitions.log.append import BatchEntry
 from partitions.log.config import LogConfig
-from partitions.log.record_batch import BatchHeader, decode_batches, iter_batches
+from partitions.log.record_batch import BatchHeader, decode_batches, iter_batches, stamp_batch
 from partitions.log.segment import LogSegment
 
 
 def _append(seg, raw: bytes, base: int) -> BatchHeader:
     data = bytearray(raw)
-    from partitions.log.record_batch import stamp_batch
-
     stamp_batch(data, base, 0)
     h = BatchHeader.parse(data)
-    seg.append(data, [(0, h.base_offset, h.next_offset, h.size, h.max_timestamp)])
+    seg.append(data, [BatchEntry(0, h.base_offset, h.next_offset, h.size, h.max_timestamp)])
     return h
 
 
