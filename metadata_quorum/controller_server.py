@@ -38,7 +38,9 @@ from http_api.errors import http_status
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.image import MetadataImage
-from metadata_quorum.records import LeaderChangeRecord, record_to_dict
+from metadata_quorum.records import (BrokerRegistrationChangeRecord, FenceBrokerRecord, LeaderChangeRecord,
+                                     PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
+                                     record_to_dict)
 from metadata_quorum.state_machine import MetadataStateMachine
 from raft.log import NotLeaderError, OutcomeUnknownError
 
@@ -252,10 +254,12 @@ class ControllerServer:
 
     # ------------------------------------------------------------------ writes
     async def write(self, decide: Callable[[MetadataImage], list], request_id: Optional[str] = None,
-                    attempts: int = 8) -> dict:
+                    attempts: int = 8, reason: "str | Callable[[list], str] | None" = None) -> dict:
         """Decide against the committed image and propose atomically; re-decide when the
         batch lost a race (conflict). Returns the state machine result, or {"noop": True}
-        when there was nothing to write, or {"duplicate": True} for a replayed request id."""
+        when there was nothing to write, or {"duplicate": True} for a replayed request id.
+        Committed fencing, unfencing and ISR/leader changes are logged at INFO with `reason`
+        (a string, or a function of the committed records)."""
         for _ in range(attempts):
             self._require_active()
             if request_id is not None and self.sm.seen_request(request_id):
@@ -263,6 +267,7 @@ class ControllerServer:
             with self.sm.lock:
                 records = decide(self.sm.image)
                 epoch = self.sm.image.controller_epoch
+                before = _partitions_before(self.sm.image, records)
             if not records:
                 return {"ok": True, "noop": True}
             entry = {"request_id": request_id, "controller_epoch": epoch,
@@ -278,6 +283,7 @@ class ControllerServer:
                 ) from None
             self.writes += 1
             if result.get("ok"):
+                _log_decisions(records, before, reason(records) if callable(reason) else reason)
                 return result
             if result.get("stale_epoch"):
                 raise self._not_controller()
@@ -296,11 +302,22 @@ class ControllerServer:
             if rebalance:
                 self._last_rebalance_ms = now
             try:
-                await self.write(lambda img: self.controller.maintenance(img, now, rebalance))
+                await self.write(lambda img: self.controller.maintenance(img, now, rebalance),
+                                 reason=lambda records: self._maintenance_reason(records, now))
             except KraftlogError as exc:
                 log.info("maintenance write failed: %s", exc)
             except Exception:
                 log.exception("maintenance failed")
+
+    def _maintenance_reason(self, records: list, now_ms: int) -> str:
+        """Why the maintenance loop wrote `records` (for the INFO log of fencing decisions)."""
+        fenced = [r.broker_id for r in records if isinstance(r, FenceBrokerRecord)]
+        if fenced:
+            last = self.controller.sessions.get(fenced[0])
+            silent = f"{now_ms - last} ms" if last is not None else "too long"
+            return (f"session expired: no heartbeat from broker {fenced[0]} for {silent} "
+                    f"(broker_session_timeout_ms={self.config.broker_session_timeout_ms})")
+        return "maintenance: leader election for leaderless partitions or preferred leaders"
 
     # ------------------------------------------------------------------ app
     def build_app(self) -> web.Application:
@@ -393,7 +410,9 @@ class ControllerServer:
         wall_ms = int(time.time() * 1000)
         await self.write(lambda img: self.controller.register_broker(
             img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now, wall_ms,
-            clean_shutdown=body.get("clean_shutdown", True)))
+            clean_shutdown=body.get("clean_shutdown", True)),
+            reason=f"broker {broker_id} registered a new process (clean_shutdown="
+                   f"{body.get('clean_shutdown', True)})")
         b = self.sm.image.brokers.get(broker_id)
         if b is None or b.incarnation_id != body.get("incarnation_id"):
             raise KraftlogError(ErrorCode.DUPLICATE_BROKER_REGISTRATION,
@@ -429,7 +448,8 @@ class ControllerServer:
         want_shutdown = bool(body.get("want_shutdown", False))
         await self.write(lambda img: self.controller.heartbeat(
             img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, want_shutdown,
-            log_reports=body.get("log_reports")))
+            log_reports=body.get("log_reports")),
+            reason=lambda records: _heartbeat_reason(records, broker_id, body.get("metadata_offset", 0)))
         return web.json_response(self._broker_state(broker_id))
 
     async def h_controlled_shutdown(self, request: web.Request) -> web.Response:
@@ -437,7 +457,8 @@ class ControllerServer:
         broker_id = body.get("broker_id")
         now = self.clock_ms()
         await self.write(lambda img: self.controller.heartbeat(
-            img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, True))
+            img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, True),
+            reason=f"controlled shutdown requested by broker {broker_id}")
         return web.json_response(self._broker_state(broker_id))
 
     async def h_broker_unreachable(self, request: web.Request) -> web.Response:
@@ -468,7 +489,8 @@ class ControllerServer:
         if gone:
             log.warning("broker %s at %s refuses connections (reported by broker %s): fencing it", target,
                         b.url, reporter)
-            await self.write(lambda img: self.controller.fence_unreachable(img, target, epoch))
+            await self.write(lambda img: self.controller.fence_unreachable(img, target, epoch),
+                             reason=f"broker {reporter} reported it unreachable and the probe of {b.url} was refused")
         return web.json_response({"target_id": target, "fenced": gone})
 
     async def h_alter_partition(self, request: web.Request) -> web.Response:
@@ -477,7 +499,8 @@ class ControllerServer:
         await self.write(lambda img: self.controller.alter_partition(
             img, body.get("broker_id"), body.get("broker_epoch"), topic, partition,
             body.get("leader_epoch"), body.get("partition_epoch"), body.get("new_isr"),
-            new_isr_broker_epochs=body.get("new_isr_broker_epochs")), _request_id(request, body))
+            new_isr_broker_epochs=body.get("new_isr_broker_epochs")), _request_id(request, body),
+            reason=f"AlterPartition from leader {body.get('broker_id')}")
         p = self.sm.image.partition(topic, partition)
         if p is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"partition {topic}-{partition} was deleted")
@@ -556,8 +579,55 @@ class ControllerServer:
             elected[:] = [{"topic": r.topic, "partition": r.partition, "leader": r.leader} for r in records]
             return records
 
-        await self.write(decide)
+        await self.write(decide, reason="elect-leaders request (preferred leader election)")
         return web.json_response({"elected": elected})
+
+
+# ---------------------------------------------------------------------- decision log
+def _partitions_before(image: MetadataImage, records: list) -> dict:
+    """(topic, partition) -> (leader, isr, elr) before `records`, for the partitions they change."""
+    out = {}
+    for r in records:
+        if isinstance(r, PartitionChangeRecord):
+            p = image.partition(r.topic, r.partition)
+            if p is not None:
+                out[(r.topic, r.partition)] = (p.leader, tuple(p.isr), tuple(p.elr))
+    return out
+
+
+def _heartbeat_reason(records: list, broker_id: Any, metadata_offset: Any) -> str:
+    if any(isinstance(r, FenceBrokerRecord) for r in records):
+        return f"controlled shutdown of broker {broker_id}"
+    if any(isinstance(r, UnfenceBrokerRecord) for r in records):
+        return f"broker {broker_id} heartbeats and caught up with metadata (offset {metadata_offset})"
+    return f"heartbeat of broker {broker_id}: log reports allow electing a leader"
+
+
+def _log_decisions(records: list, before: dict, reason: Optional[str]) -> None:
+    """One INFO line per committed fence, unfence, registration and ISR/leader change, with
+    the reason the controller decided it (issue 24: fencing must be readable from the log)."""
+    why = reason or "controller decision"
+    for r in records:
+        if isinstance(r, FenceBrokerRecord):
+            log.info("fenced broker %s (epoch %s): %s", r.broker_id, r.broker_epoch, why)
+        elif isinstance(r, UnfenceBrokerRecord):
+            log.info("unfenced broker %s (epoch %s): %s", r.broker_id, r.broker_epoch, why)
+        elif isinstance(r, RegisterBrokerRecord):
+            log.info("registered broker %s (incarnation %s, fenced until it catches up): %s",
+                     r.broker_id, r.incarnation_id, why)
+        elif isinstance(r, BrokerRegistrationChangeRecord) and r.in_controlled_shutdown:
+            log.info("broker %s (epoch %s) is in controlled shutdown: %s", r.broker_id, r.broker_epoch, why)
+        elif isinstance(r, PartitionChangeRecord):
+            leader, isr, elr = before.get((r.topic, r.partition), (None, None, None))
+            parts = []
+            if leader != r.leader:
+                parts.append(f"leader {leader} -> {r.leader} (leader epoch {r.leader_epoch})")
+            if isr != tuple(r.isr):
+                parts.append(f"isr {list(isr) if isr is not None else '?'} -> {list(r.isr)}")
+            if elr != tuple(r.elr):
+                parts.append(f"elr {list(elr) if elr is not None else '?'} -> {list(r.elr)}")
+            if parts:
+                log.info("%s-%s: %s: %s", r.topic, r.partition, ", ".join(parts), why)
 
 
 # ---------------------------------------------------------------------- helpers
