@@ -253,6 +253,10 @@ def leftover_namespaces(run_id: str) -> list[str]:
 HTTP_PORT, CONTROLLER_PORT, RAFT_PORT = 8082, 9093, 9193   # the same on every host (own namespaces)
 
 
+class NodeExited(RuntimeError):
+    """A node process of the rig's cluster exited (its log tail is in the message)."""
+
+
 class NetnsKraftlogCluster:
     """One combined-mode node (controller + broker) per rig host, configured as on separate
     machines (docs/OPERATIONS.md): one TOML file per host, every node lists the same voters."""
@@ -305,11 +309,20 @@ class NetnsKraftlogCluster:
         os.makedirs(self.base_dir, exist_ok=True)
         for i in self.rig.hosts:
             self.start_node(i)
-        self.wait_for(lambda: all(http("GET", u + "/healthz", timeout=2)[0] == 200 for u in self.urls),
+        self.wait_for(lambda: self._check_running() and all(http("GET", u + "/healthz", timeout=2)[0] == 200
+                                                            for u in self.urls),
                       timeout, "every broker healthy")
         self.wait_for(lambda: self.active_controller() is not None, timeout, "an active controller")
         self.wait_for(self._all_unfenced, timeout, "every broker registered and unfenced")
         return self
+
+    def _check_running(self) -> bool:
+        for i, p in self.procs.items():
+            if p.poll() is not None:
+                with open(self.log_path(i), errors="replace") as f:
+                    tail = "".join(f.readlines()[-15:])
+                raise NodeExited(f"node {i} exited with code {p.returncode}; {self.log_path(i)} ends:\n{tail}")
+        return True
 
     def _all_unfenced(self) -> bool:
         doc = self.controller_metadata()
@@ -325,6 +338,8 @@ class NetnsKraftlogCluster:
         while time.monotonic() < deadline:
             try:
                 last = pred()
+            except NodeExited:
+                raise
             except Exception as e:  # noqa: BLE001 - transient while nodes start or move
                 last = e
             if last and not isinstance(last, Exception):
