@@ -45,6 +45,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..clock import SYSTEM_CLOCK, Clock
 from .append import BatchEntry
 from .cleaner_checkpoint import (
     CLEANER_CHECKPOINT,
@@ -75,10 +76,6 @@ CLEANED_SUFFIX = ".cleaned"
 MiB = 1 << 20
 DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * MiB  # Kafka's log.cleaner.dedupe.buffer.size
 MAP_ENTRY_OVERHEAD_BYTES = 100  # dict slot + bytes and int objects, per key (CPython, measured ~95)
-
-
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -370,14 +367,15 @@ class LogCleaner:
         *,
         dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
         max_map_keys: int | None = None,
-        time_ms: Callable[[], int] = _wall_clock_ms,
+        clock: Clock = SYSTEM_CLOCK,
         runner=None,
         io_max_bytes_per_second: float = -1,
     ):
         self.io_max_bytes_per_second = io_max_bytes_per_second   # Kafka's log.cleaner.io.max.bytes.per.second
         self.dedupe_buffer_size_bytes = max(1, dedupe_buffer_size_bytes)
         self.max_map_keys = None if max_map_keys is None else max(1, max_map_keys)
-        self._time_ms = time_ms
+        self._clock = clock
+        self._time_ms = clock.now_ms
         self.runner = runner or LocalCleanerRunner()
 
     # ------------------------------------------------------------------ planning

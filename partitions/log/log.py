@@ -17,12 +17,11 @@ import os
 import shutil
 import struct
 import threading
-import time
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+from ..clock import SYSTEM_CLOCK, Clock
 from .append import AppendInfo, BatchEntry
 from .cleaner_checkpoint import truncate_cleaner_state
 from .config import LogConfig
@@ -69,10 +68,6 @@ LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned", ".swap")
 OFFSET_GAPS_MARKER = "log-has-offset-gaps"
 
 
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def parse_topic_partition(name: str) -> tuple[str, int]:
     """`orders-3` -> ("orders", 3). Raises ValueError for anything else."""
     topic, sep, part = name.rpartition("-")
@@ -113,7 +108,7 @@ class Log:
         log_start_offset: int | None = None,
         high_watermark: int = 0,
         clean_shutdown: bool = False,
-        time_ms: Callable[[], int] = _wall_clock_ms,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> "Log":
         """Load (and, unless clean_shutdown, recover) the log in `dir`, creating it if
         missing. Corrupt or torn data is truncated with a warning, never raised."""
@@ -125,7 +120,8 @@ class Log:
         except ValueError:
             self._topic, self._partition = self._dir.name, -1
         self._config = config
-        self._time_ms = time_ms
+        self._clock = clock
+        self._time_ms = clock.now_ms
         self._lock = threading.RLock()
         self._flush_lock = threading.RLock()
         # held while the cleaner's checkpoint files change (cleaner.py); truncation takes it
@@ -136,7 +132,7 @@ class Log:
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
         self._unflushed_messages = 0
-        self._last_flush_ms = time_ms()
+        self._last_flush_ms = clock.now_ms()
         self.producer_state = None
         self._load(recovery_point, log_start_offset, high_watermark, clean_shutdown)
         return self

@@ -21,8 +21,8 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
+from ..clock import SYSTEM_CLOCK, Clock
 from .cleaner import LogCleaner
 from .config import LogConfig
 from .leader_epoch_cache import fsync_dir, write_checkpoint_file
@@ -37,10 +37,6 @@ CLEAN_SHUTDOWN_MARKER = ".kraftlog_cleanshutdown"
 DELETE_SUFFIX = "-delete"
 
 TopicPartition = tuple[str, int]
-
-
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def read_offset_checkpoint(path: Path) -> dict[TopicPartition, int]:
@@ -82,7 +78,7 @@ class LogManager:
         default_config: LogConfig,
         *,
         recovery_threads: int = 2,
-        time_ms: Callable[[], int] = _wall_clock_ms,
+        clock: Clock = SYSTEM_CLOCK,
     ):
         if not log_dirs:
             raise ValueError("log_dirs is empty: configure at least one log directory")
@@ -91,7 +87,8 @@ class LogManager:
             d.mkdir(parents=True, exist_ok=True)
         self.default_config = default_config
         self.recovery_threads = max(1, recovery_threads)
-        self._time_ms = time_ms
+        self._clock = clock
+        self._time_ms = clock.now_ms
         self._logs: dict[TopicPartition, Log] = {}
         self._topic_configs: dict[str, LogConfig] = {}
         self._lock = threading.RLock()
@@ -139,7 +136,7 @@ class LogManager:
                 log_start_offset=ls,
                 high_watermark=hw,
                 clean_shutdown=clean,
-                time_ms=self._time_ms,
+                clock=self._clock,
             )
             log.debug("opened %s in %.1f ms", lg, (time.monotonic() - started) * 1000)
             return tp, lg
@@ -192,7 +189,7 @@ class LogManager:
                 path,
                 config or self.config_for(topic),
                 clean_shutdown=not path.exists(),  # a dir we did not open ourselves is recovered
-                time_ms=self._time_ms,
+                clock=self._clock,
             )
             fsync_dir(target)
             self._logs[(topic, partition)] = lg
@@ -251,7 +248,7 @@ class LogManager:
     def run_cleaner(self, cleaner=None, now_ms: int | None = None) -> int:
         """One compaction pass over every compacted log that needs it (cleaner.py);
         returns the number of logs cleaned. Meant for a worker thread."""
-        cleaner = cleaner or LogCleaner(time_ms=self._time_ms)
+        cleaner = cleaner or LogCleaner(clock=self._clock)
         cleaned = 0
         for lg in self.all_logs():
             if not lg.closed and cleaner.needs_cleaning(lg, now_ms):

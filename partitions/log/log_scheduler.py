@@ -31,8 +31,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Callable
 
+from ..clock import SYSTEM_CLOCK, Clock
 from .cleaner import (
     DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
     CleanerStats,
@@ -45,10 +45,6 @@ from .cleaner import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ---------------------------------------------------------------------- cleaner processes
@@ -224,7 +220,7 @@ class LogScheduler:
         retention_check_interval_ms: int = 300_000,
         dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
         io_max_bytes_per_second: float = -1,
-        time_ms: Callable[[], int] = _wall_clock_ms,
+        clock: Clock = SYSTEM_CLOCK,
     ):
         self.log_manager = log_manager
         self.cleaner_enable = cleaner_enable
@@ -234,7 +230,8 @@ class LogScheduler:
         self.retention_check_interval_ms = retention_check_interval_ms
         self.dedupe_buffer_size_bytes = dedupe_buffer_size_bytes
         self.io_max_bytes_per_second = io_max_bytes_per_second   # per cleaner thread
-        self._time_ms = time_ms
+        self._clock = clock
+        self._time_ms = clock.now_ms
         self.metrics = CleanerMetrics()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -244,7 +241,7 @@ class LogScheduler:
         # the cleaner used by run_once (planning in the calling thread; the work in a
         # process of its own if cleaner_process)
         self._local_runner = ProcessCleanerRunner() if cleaner_process else None
-        self._local_cleaner = LogCleaner(dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, time_ms=time_ms,
+        self._local_cleaner = LogCleaner(dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, clock=clock,
                                          runner=self._local_runner, io_max_bytes_per_second=io_max_bytes_per_second)
 
     # ------------------------------------------------------------------ lifecycle
@@ -260,7 +257,7 @@ class LogScheduler:
                 runner = ProcessCleanerRunner() if self.cleaner_process else None
                 self._runners.append(runner)
                 cleaner = LogCleaner(
-                    dedupe_buffer_size_bytes=self.dedupe_buffer_size_bytes, time_ms=self._time_ms, runner=runner,
+                    dedupe_buffer_size_bytes=self.dedupe_buffer_size_bytes, clock=self._clock, runner=runner,
                     io_max_bytes_per_second=self.io_max_bytes_per_second,
                 )
                 self._threads.append(

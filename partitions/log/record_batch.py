@@ -45,7 +45,6 @@ import enum
 import struct
 import sys
 import threading
-import time
 import zlib
 from array import array
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from typing import Iterable, Iterator, Sequence
 
 from crc32c import crc32c as _crc32c
 
+from ..clock import SYSTEM_CLOCK
 from .errors import CorruptRecordError, RecordTooLargeError
 
 MAGIC = 2
@@ -418,7 +418,7 @@ def build_batch(
     codec = Compression.from_name(compression) if isinstance(compression, str) else Compression(compression)
     timestamps = list(map(_get_ts, records))
     if None in timestamps:
-        now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+        now = SYSTEM_CLOCK.now_ms() if now_ms is None else int(now_ms)
         timestamps = [now if t is None else t for t in timestamps]
     first_ts = timestamps[0]
     max_ts = max(timestamps)

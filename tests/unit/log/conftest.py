@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import pytest
-from logtest_helpers import FakeClock
+
+from partitions.clock import ManualClock
 
 
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return ManualClock()
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,3 @@ from partitions.log.record_batch import Record, build_batch
 def make_batch(n: int = 1, *, value: bytes = b"v", ts: int = 1000, key: bytes | None = None, **kw) -> bytes:
     """A batch of `n` records (values value+index, timestamps ts..ts+n-1)."""
     return build_batch([Record(key, value + b"%d" % i, timestamp=ts + i) for i in range(n)], **kw)
-
-
-class FakeClock:
-    """A settable millisecond clock for Log(time_ms=...)."""
-
-    def __init__(self, now: int = 1_000_000):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now

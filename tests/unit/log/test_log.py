@@ -4,8 +4,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from logtest_helpers import FakeClock, make_batch
+from logtest_helpers import make_batch
 
+from partitions.clock import ManualClock
 from partitions.log.config import LogConfig
 from partitions.log.errors import (
     CorruptRecordError,
@@ -20,7 +21,7 @@ from partitions.log.record_batch import BatchHeader, decode_batches, iter_batche
 
 
 def _open(tmp_path, clock=None, name="orders-3", **cfg):
-    return Log.open(tmp_path / name, LogConfig(**cfg), time_ms=clock or FakeClock())
+    return Log.open(tmp_path / name, LogConfig(**cfg), clock=clock or ManualClock())
 
 
 def _fill(lg, batches=10, per=2, epoch=0, ts=1000):
@@ -72,7 +73,7 @@ def test_leader_append_refuses_an_older_epoch(tmp_path):
 
 
 def test_log_append_time_topic(tmp_path):
-    clock = FakeClock(777_000)
+    clock = ManualClock(777_000)
     lg = _open(tmp_path, clock, message_timestamp_type="LogAppendTime")
     info = lg.append_as_leader(make_batch(2, ts=5), 0)
     assert info.log_append_time_ms == 777_000 and info.max_timestamp == 777_000
@@ -187,7 +188,7 @@ def test_delete_records_up_to_log_end_rolls_the_active_segment(tmp_path):
 
 
 def test_retention_by_time_rolls_and_deletes_an_expired_active_segment(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path, clock, segment_bytes=300, retention_ms=1000)
     _fill(lg, batches=10, per=2, ts=1000)  # ts 1000..1091
     lg.update_high_watermark(lg.log_end_offset)
@@ -257,7 +258,7 @@ def test_offset_for_timestamp(tmp_path):
 
 
 def test_flush_policy_and_recovery_point(tmp_path, clock):
-    lg = Log.open(tmp_path / "t-0", LogConfig(flush_messages=5, flush_ms=1000), time_ms=clock)
+    lg = Log.open(tmp_path / "t-0", LogConfig(flush_messages=5, flush_ms=1000), clock=clock)
     lg.append_as_leader(make_batch(3), 0)
     assert not lg.needs_flush() and lg.unflushed_messages == 3
     lg.append_as_leader(make_batch(2), 0)
@@ -266,7 +267,7 @@ def test_flush_policy_and_recovery_point(tmp_path, clock):
     assert lg.recovery_point == 5 and lg.unflushed_messages == 0 and not lg.needs_flush()
     lg.append_as_leader(make_batch(1), 0)
     assert not lg.needs_flush()
-    clock.now += 1000
+    clock.advance(1000)
     assert lg.needs_flush()
     lg.flush(up_to_offset=5)
     assert lg.recovery_point == 5
@@ -304,7 +305,7 @@ def test_flush_from_another_thread_while_appending(tmp_path):
 
 
 def test_reopen_clean_keeps_everything(tmp_path, clock):
-    lg = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=300), time_ms=clock)
+    lg = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=300), clock=clock)
     _fill(lg, batches=10, per=2, epoch=2)
     lg.update_high_watermark(15)
     data = lg.read(0, 10**6).records
@@ -312,7 +313,7 @@ def test_reopen_clean_keeps_everything(tmp_path, clock):
     with pytest.raises(LogClosedError):
         lg.read(0, 10)
     again = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=300), recovery_point=20, high_watermark=15,
-                     clean_shutdown=True, time_ms=clock)
+                     clean_shutdown=True, clock=clock)
     assert again.read(0, 10**6).records == data
     assert (again.log_end_offset, again.high_watermark, again.recovery_point) == (20, 15, 20)
     assert again.leader_epoch_cache.entries == [(2, 0)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from logtest_helpers import FakeClock
 
+from partitions.clock import ManualClock
 from partitions.log.cleaner import CLEANER_CHECKPOINT, LogCleaner, read_cleaner_checkpoint
 from partitions.log.config import LogConfig
 from partitions.log.log import OFFSET_GAPS_MARKER, Log
@@ -23,7 +23,7 @@ CFG = LogConfig(cleanup_policy="compact", segment_bytes=400, delete_retention_ms
 
 
 def _open(path, clock, cfg=CFG, clean=True):
-    return Log.open(path, cfg, clean_shutdown=clean, time_ms=clock)
+    return Log.open(path, cfg, clean_shutdown=clean, clock=clock)
 
 
 def _put(lg, items, ts):
@@ -48,18 +48,18 @@ def _replay(records):
 
 def _fill(lg, clock, rounds=30):
     for i in range(rounds):
-        _put(lg, [(b"k%d" % (i % 5), b"v%d" % i), (b"k%d" % ((i + 1) % 5), b"w%d" % i)], ts=clock.now)
+        _put(lg, [(b"k%d" % (i % 5), b"v%d" % i), (b"k%d" % ((i + 1) % 5), b"w%d" % i)], ts=clock.now_ms())
     lg.roll()
     lg.update_high_watermark(lg.log_end_offset)
 
 
 def test_compaction_keeps_latest_value_per_key(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path / "c-0", clock)
     _fill(lg, clock)
     before = _all(lg)
     size = lg.size_bytes
-    cleaner = LogCleaner(time_ms=clock)
+    cleaner = LogCleaner(clock=clock)
     assert cleaner.needs_cleaning(lg)
     stats = cleaner.clean(lg)
     assert stats and not stats.aborted and stats.segments_cleaned > 1
@@ -76,10 +76,10 @@ def test_compaction_keeps_latest_value_per_key(tmp_path):
 
 
 def test_reads_across_offset_gaps_and_appends_continue(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path / "c-0", clock)
     _fill(lg, clock)
-    LogCleaner(time_ms=clock).clean(lg)
+    LogCleaner(clock=clock).clean(lg)
     got = lg.read(3, 10**6)
     assert got.records and got.first_offset >= 0
     assert all(r.offset >= 0 for r in decode_batches(got.records))
@@ -92,13 +92,13 @@ def test_reads_across_offset_gaps_and_appends_continue(tmp_path):
 
 
 def test_tombstones_expire_after_delete_retention(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path / "c-0", clock)
     _put(lg, [(b"a", b"1"), (b"b", b"2")], ts=10_000)
     _put(lg, [(b"a", None)], ts=10_000)
     lg.roll()
     lg.update_high_watermark(lg.log_end_offset)
-    cleaner = LogCleaner(time_ms=clock)
+    cleaner = LogCleaner(clock=clock)
     cleaner.clean(lg, now_ms=10_500)  # first pass over it: the tombstone stays
     recs = _all(lg)
     assert [(r.key, r.value) for r in recs] == [(b"b", b"2"), (b"a", None)]
@@ -111,35 +111,35 @@ def test_tombstones_expire_after_delete_retention(tmp_path):
 
 
 def test_active_segment_and_records_above_high_watermark_are_not_cleaned(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path / "c-0", clock)
     for i in range(20):
-        _put(lg, [(b"same", b"%d" % i)], ts=clock.now)
+        _put(lg, [(b"same", b"%d" % i)], ts=clock.now_ms())
     lg.update_high_watermark(5)
-    LogCleaner(time_ms=clock).clean(lg)
+    LogCleaner(clock=clock).clean(lg)
     recs = _all(lg)
     assert [r.offset for r in recs if r.offset >= 5] == list(range(5, 20))
     assert [r.offset for r in recs if r.offset < 5] == [4]
 
 
 def test_min_compaction_lag_protects_recent_segments(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     cfg = LogConfig(cleanup_policy="compact", segment_bytes=400, min_compaction_lag_ms=5000)
     lg = _open(tmp_path / "c-0", clock, cfg)
     _fill(lg, clock)
-    cleaner = LogCleaner(time_ms=clock)
+    cleaner = LogCleaner(clock=clock)
     assert cleaner.cleanable_range(lg) == (0, 0)
     assert cleaner.clean(lg) is None
-    clock.now += 6000
+    clock.advance(6000)
     assert cleaner.clean(lg).segments_cleaned > 0
 
 
 def test_crash_in_the_middle_of_a_swap_keeps_a_consistent_log(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path / "c-0", clock)
     _fill(lg, clock)
     before = _all(lg)
-    cleaner = LogCleaner(time_ms=clock)
+    cleaner = LogCleaner(clock=clock)
     plan, segments = cleaner.plan(lg)
     from partitions.log.cleaner import CleanerWorker
 
@@ -149,7 +149,7 @@ def test_crash_in_the_middle_of_a_swap_keeps_a_consistent_log(tmp_path):
     res = worker.clean_group([r for r in plan.segments if r.base_offset < end])
     from partitions.log.segment import LogSegment
 
-    cleaned = LogSegment(lg.dir, res.base_offset, CFG, clock.now, suffix=".cleaned")
+    cleaned = LogSegment(lg.dir, res.base_offset, CFG, clock.now_ms(), suffix=".cleaned")
     lg.close_without_flush()
     # crash after the cleaned log replaced the first segment, before the rest were deleted
     os.replace(cleaned.log_path, group[0].log_path)
@@ -163,7 +163,7 @@ def test_crash_in_the_middle_of_a_swap_keeps_a_consistent_log(tmp_path):
 
 
 def test_leftover_cleaned_files_are_removed_and_ignored(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path / "c-0", clock)
     _fill(lg, clock, rounds=10)
     data = lg.read(0, 10**8).records
@@ -178,7 +178,7 @@ def test_leftover_cleaned_files_are_removed_and_ignored(tmp_path):
 def test_compacted_topics_refuse_records_without_a_key(tmp_path):
     from partitions.log.errors import InvalidRecordError
 
-    lg = _open(tmp_path / "c-0", FakeClock())
+    lg = _open(tmp_path / "c-0", ManualClock())
     with pytest.raises(InvalidRecordError, match="no key"):
         lg.append_as_leader(build_batch([Record(b"k", b"1"), Record(None, b"2")]), 0)
     assert lg.log_end_offset == 0
@@ -186,7 +186,7 @@ def test_compacted_topics_refuse_records_without_a_key(tmp_path):
 
 
 def test_control_and_keyless_records_are_kept(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lg = _open(tmp_path / "c-0", clock, cfg=LogConfig(segment_bytes=400))
     lg.append_as_leader(build_batch([Record(None, b"keyless")], now_ms=1), 0)  # before the topic was compacted
     lg.update_config(CFG)
@@ -194,7 +194,7 @@ def test_control_and_keyless_records_are_kept(tmp_path):
     _put(lg, [(b"ctl", b"y")], ts=1)
     lg.roll()
     lg.update_high_watermark(lg.log_end_offset)
-    LogCleaner(time_ms=clock).clean(lg)
+    LogCleaner(clock=clock).clean(lg)
     assert [(r.key, r.value) for r in _all(lg)] == [(None, b"keyless"), (b"ctl", b"x"), (b"ctl", b"y")]
 
 
@@ -211,22 +211,22 @@ _op = st.tuples(st.integers(0, 6), st.one_of(st.none(), st.binary(min_size=1, ma
 def test_compaction_matches_dict_replay(batches, clean_after, tombstone_age, reopen_unclean):
     root = Path(tempfile.mkdtemp(prefix="cleanprop"))
     try:
-        clock = FakeClock(10_000)
+        clock = ManualClock(10_000)
         lg = _open(root / "c-0", clock)
-        cleaner = LogCleaner(time_ms=clock, max_map_keys=4)
+        cleaner = LogCleaner(clock=clock, max_map_keys=4)
         written = []
         for i, ops in enumerate(batches):
-            recs = [Record(b"k%d" % k, v, timestamp=clock.now) for k, v in ops]
+            recs = [Record(b"k%d" % k, v, timestamp=clock.now_ms()) for k, v in ops]
             info = lg.append_as_leader(build_batch(recs), 0)
             written.extend((info.first_offset + j, r.key, r.value) for j, r in enumerate(recs))
-            clock.now += 100
+            clock.advance(100)
             lg.update_high_watermark(lg.log_end_offset)
             if i + 1 in clean_after:
                 lg.roll()
-                cleaner.clean(lg, now_ms=clock.now + tombstone_age)
+                cleaner.clean(lg, now_ms=clock.now_ms() + tombstone_age)
         lg.roll()
         lg.update_high_watermark(lg.log_end_offset)
-        cleaner.clean(lg, now_ms=clock.now + tombstone_age)
+        cleaner.clean(lg, now_ms=clock.now_ms() + tombstone_age)
         if reopen_unclean:
             lg.close_without_flush()
             lg = _open(root / "c-0", clock, clean=False)
@@ -254,11 +254,11 @@ def test_compaction_matches_dict_replay(batches, clean_after, tombstone_age, reo
 def test_cleaner_thread_runs_while_the_owner_appends_and_applies_retention(tmp_path):
     import threading
 
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     cfg = LogConfig(cleanup_policy="compact,delete", segment_bytes=400, retention_bytes=2500,
                     min_cleanable_dirty_ratio=0.0)
     lg = _open(tmp_path / "c-0", clock, cfg)
-    cleaner = LogCleaner(time_ms=clock)
+    cleaner = LogCleaner(clock=clock)
     stop = threading.Event()
     errors = []
     passes = []
@@ -279,7 +279,7 @@ def test_cleaner_thread_runs_while_the_owner_appends_and_applies_retention(tmp_p
     try:
         for i in range(400):
             key, value = b"k%d" % (i % 7), b"v%d" % i
-            info = _put(lg, [(key, value)], ts=clock.now)
+            info = _put(lg, [(key, value)], ts=clock.now_ms())
             written.append(Record(key, value, offset=info.first_offset))
             lg.update_high_watermark(lg.log_end_offset)
             if i % 50 == 49:
@@ -302,11 +302,11 @@ def test_cleaner_io_is_throttled_to_io_max_bytes_per_second(tmp_path):
 
     results = {}
     for limit in (-1, 10_000):
-        clock = FakeClock(10_000)
+        clock = ManualClock(10_000)
         lg = _open(tmp_path / f"t{limit}-0", clock)
         _fill(lg, clock, rounds=60)
         t0 = _time.monotonic()
-        stats = LogCleaner(time_ms=clock, io_max_bytes_per_second=limit).clean(lg)
+        stats = LogCleaner(clock=clock, io_max_bytes_per_second=limit).clean(lg)
         results[limit] = (stats, _time.monotonic() - t0)
         assert stats and not stats.aborted and len(_all(lg)) == 5
     free, _ = results[-1]

@@ -10,8 +10,9 @@ import os
 import shutil
 
 import pytest
-from logtest_helpers import FakeClock, make_batch
+from logtest_helpers import make_batch
 
+from partitions.clock import ManualClock
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
 from partitions.log.record_batch import decode_batches, iter_batches
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("no_fsync")
 
 
 def _build_template(path, batches=12, per=2):
-    lg = Log.open(path, CFG, time_ms=FakeClock())
+    lg = Log.open(path, CFG, clock=ManualClock())
     for i in range(batches):
         lg.append_as_leader(make_batch(per, ts=1000 + i, value=b"val%d-" % i), 1 + i // 4)
     data = lg.read(0, 10**7).records
@@ -76,7 +77,7 @@ def test_torn_last_batch_at_every_byte_boundary(template, tmp_path):
         d = tmp_path / f"cut{cut}" / "t-0"
         shutil.copytree(src, d)
         os.truncate(d / seg_name, cut)
-        lg = Log.open(d, CFG, recovery_point=0, clean_shutdown=False, time_ms=FakeClock())
+        lg = Log.open(d, CFG, recovery_point=0, clean_shutdown=False, clock=ManualClock())
         _check_prefix(lg, data, last_base)
         assert lg.leader_epoch_cache.latest_epoch == 99
         lg.close_without_flush()
@@ -88,7 +89,7 @@ def test_torn_tail_is_recovered_from_the_recovery_point_segment(template, tmp_pa
     d = _copy(src, tmp_path)
     last_base = positions[-1][0]
     os.truncate(d / seg_name, seg_size - 3)
-    lg = Log.open(d, CFG, recovery_point=seg_base, clean_shutdown=False, time_ms=FakeClock())
+    lg = Log.open(d, CFG, recovery_point=seg_base, clean_shutdown=False, clock=ManualClock())
     _check_prefix(lg, data, last_base)
 
 
@@ -107,7 +108,7 @@ def test_flipped_bytes_in_last_batch_truncate_exactly_that_batch(template, tmp_p
             b = f.read(1)
             f.seek(last_pos + i)
             f.write(bytes([b[0] ^ 0x10]))
-        lg = Log.open(d, CFG, clean_shutdown=False, time_ms=FakeClock())
+        lg = Log.open(d, CFG, clean_shutdown=False, clock=ManualClock())
         _check_prefix(lg, data, last_base)
         lg.close_without_flush()
         shutil.rmtree(d.parent)
@@ -125,7 +126,7 @@ def test_corruption_in_a_middle_segment_drops_it_and_everything_after(template, 
         b = f.read(1)
         f.seek(40)
         f.write(bytes([b[0] ^ 0xFF]))
-    lg = Log.open(d, CFG, clean_shutdown=False, time_ms=FakeClock())
+    lg = Log.open(d, CFG, clean_shutdown=False, clock=ManualClock())
     assert lg.segment_count == 2
     _check_prefix(lg, data, victim_base)
     assert not (d / segs[2].name).exists()
@@ -136,7 +137,7 @@ def test_clean_shutdown_skips_recovery_but_still_checks_indexes(template, tmp_pa
     d = _copy(src, tmp_path)
     index = d / seg_name.replace(".log", ".index")
     index.write_bytes(b"\xff" * 16)  # nonsense entries
-    lg = Log.open(d, CFG, clean_shutdown=True, recovery_point=positions[-1][1], time_ms=FakeClock())
+    lg = Log.open(d, CFG, clean_shutdown=True, recovery_point=positions[-1][1], clock=ManualClock())
     assert lg.log_end_offset == positions[-1][1]
     assert lg.read(0, 10**7).records == data
     for h_base, _, _ in positions:
@@ -147,13 +148,13 @@ def test_clean_open_of_a_torn_segment_falls_back_to_recovery(template, tmp_path)
     src, data, positions, (seg_name, _, seg_size) = template
     d = _copy(src, tmp_path)
     os.truncate(d / seg_name, seg_size - 1)
-    lg = Log.open(d, CFG, clean_shutdown=True, time_ms=FakeClock())
+    lg = Log.open(d, CFG, clean_shutdown=True, clock=ManualClock())
     _check_prefix(lg, data, positions[-1][0])
 
 
 def test_garbage_files_never_crash_open(tmp_path):
     d = tmp_path / "t-0"
-    lg = Log.open(d, CFG, time_ms=FakeClock())
+    lg = Log.open(d, CFG, clock=ManualClock())
     for i in range(6):
         lg.append_as_leader(make_batch(2), 0)
     data = lg.read(0, 10**6).records
@@ -168,7 +169,7 @@ def test_garbage_files_never_crash_open(tmp_path):
     (d / "leader-epoch-checkpoint.tmp").write_text("0\n")
     (d / "00000000000000000500.log").write_bytes(os.urandom(3000))  # garbage segment after the real one
     (d / "00000000000000000600.log").mkdir()  # a directory with a segment's name
-    lg = Log.open(d, CFG, clean_shutdown=False, time_ms=FakeClock())
+    lg = Log.open(d, CFG, clean_shutdown=False, clock=ManualClock())
     assert lg.read(0, 10**6).records == data
     assert lg.append_as_leader(make_batch(1), 0).first_offset == 12
     names = {p.name for p in d.iterdir()}
@@ -182,6 +183,6 @@ def test_random_garbage_segment_recovers_to_empty(tmp_path):
     (d / "00000000000000000000.log").write_bytes(os.urandom(5000))
     (d / "00000000000000000000.index").write_bytes(os.urandom(64))
     for clean in (False, True):
-        lg = Log.open(d, CFG, clean_shutdown=clean, time_ms=FakeClock())
+        lg = Log.open(d, CFG, clean_shutdown=clean, clock=ManualClock())
         assert lg.log_end_offset == 0 and lg.size_bytes == 0
         lg.close()

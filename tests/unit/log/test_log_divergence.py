@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 import pytest
-from logtest_helpers import FakeClock, make_batch
+from logtest_helpers import make_batch
 
+from partitions.clock import ManualClock
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
 
@@ -38,8 +39,8 @@ def _sync(follower: Log, leader: Log) -> None:
 
 
 def test_follower_with_a_divergent_tail_truncates_and_catches_up(tmp_path):
-    leader = Log.open(tmp_path / "l-0", LogConfig(segment_bytes=300), time_ms=FakeClock())
-    follower = Log.open(tmp_path / "f-0", LogConfig(segment_bytes=300), time_ms=FakeClock())
+    leader = Log.open(tmp_path / "l-0", LogConfig(segment_bytes=300), clock=ManualClock())
+    follower = Log.open(tmp_path / "f-0", LogConfig(segment_bytes=300), clock=ManualClock())
     for _ in range(3):
         leader.append_as_leader(make_batch(2), 1)
     _sync(follower, leader)
@@ -58,8 +59,8 @@ def test_follower_with_a_divergent_tail_truncates_and_catches_up(tmp_path):
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 3), st.booleans()), min_size=1, max_size=25))
 def test_any_history_of_leader_changes_converges(tmp_path_factory, steps):
     root = tmp_path_factory.mktemp("div")
-    a = Log.open(root / "a-0", LogConfig(segment_bytes=300), time_ms=FakeClock())
-    b = Log.open(root / "b-0", LogConfig(segment_bytes=300), time_ms=FakeClock())
+    a = Log.open(root / "a-0", LogConfig(segment_bytes=300), clock=ManualClock())
+    b = Log.open(root / "b-0", LogConfig(segment_bytes=300), clock=ManualClock())
     epoch = 0
     leader, follower = a, b
     for switch, n, replicate in steps:

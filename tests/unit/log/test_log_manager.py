@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 
-from logtest_helpers import FakeClock, make_batch
+from logtest_helpers import make_batch
 
+from partitions.clock import ManualClock
 from partitions.log.config import LogConfig
 from partitions.log.log_manager import (
     CLEAN_SHUTDOWN_MARKER,
@@ -18,7 +19,7 @@ from partitions.log.log_manager import (
 
 
 def _mgr(tmp_path, **cfg):
-    m = LogManager([str(tmp_path / "d1"), str(tmp_path / "d2")], LogConfig(**cfg), time_ms=FakeClock())
+    m = LogManager([str(tmp_path / "d1"), str(tmp_path / "d2")], LogConfig(**cfg), clock=ManualClock())
     m.open_all()
     return m
 

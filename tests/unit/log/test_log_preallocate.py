@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from logtest_helpers import FakeClock, make_batch
+from logtest_helpers import make_batch
 
+from partitions.clock import ManualClock
 import partitions.log.segment as segment_mod
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
@@ -35,7 +36,7 @@ def fs(tmp_path):
 
 
 def _open(path, **cfg):
-    return Log.open(path / "t-0", LogConfig(**cfg), time_ms=FakeClock())
+    return Log.open(path / "t-0", LogConfig(**cfg), clock=ManualClock())
 
 
 def test_active_segment_reserves_blocks_but_keeps_its_length(fs):

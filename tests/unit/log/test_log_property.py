@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from logtest_helpers import FakeClock
 
+from partitions.clock import ManualClock
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
 from partitions.log.record_batch import Record, build_batch, decode_batches
@@ -28,8 +28,8 @@ class LogMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="logprop"))
         self.dir = self.root / "p-0"
-        self.clock = FakeClock()
-        self.log = Log.open(self.dir, CFG, time_ms=self.clock)
+        self.clock = ManualClock()
+        self.log = Log.open(self.dir, CFG, clock=self.clock)
         self.batches: list[tuple[int, int, list[bytes]]] = []  # (base, epoch, values)
         self.start = 0
         self.hw = 0
@@ -109,7 +109,7 @@ class LogMachine(RuleBasedStateMachine):
 
     @rule()
     def retention(self):
-        self.log.apply_retention(now_ms=self.clock())
+        self.log.apply_retention(now_ms=self.clock.now_ms())
         new_start = self.log.log_start_offset
         assert self.start <= new_start <= self.hw
         self.start = new_start
@@ -122,7 +122,7 @@ class LogMachine(RuleBasedStateMachine):
         else:
             self.log.close_without_flush()
         self.log = Log.open(self.dir, CFG, recovery_point=rp, log_start_offset=self.start, high_watermark=self.hw,
-                            clean_shutdown=clean, time_ms=self.clock)
+                            clean_shutdown=clean, clock=self.clock)
 
     @precondition(lambda self: self.batches and self.batches[-1][0] + len(self.batches[-1][2]) > self.start)
     @rule(cut=st.integers(1, 400))
@@ -139,7 +139,7 @@ class LogMachine(RuleBasedStateMachine):
         self.log.close_without_flush()
         os.truncate(path, pos + header.size - cut)
         self.log = Log.open(self.dir, CFG, recovery_point=0, log_start_offset=self.start, high_watermark=self.hw,
-                            clean_shutdown=False, time_ms=self.clock)
+                            clean_shutdown=False, clock=self.clock)
         self.batches.pop()
         if not self.batches:
             self.empty_at = last_base  # the active segment held only that batch

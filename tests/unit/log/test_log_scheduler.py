@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from logtest_helpers import FakeClock
 
+from partitions.clock import ManualClock
 from partitions.log.cleaner import LogCleaner, read_cleaner_checkpoint, read_tombstone_horizons
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
@@ -47,22 +47,22 @@ def _fill(lg, ts, rounds=30, keys=5):
 
 
 def _manager(tmp_path, clock):
-    lm = LogManager([str(tmp_path / "logs")], LogConfig(segment_bytes=400), time_ms=clock)
+    lm = LogManager([str(tmp_path / "logs")], LogConfig(segment_bytes=400), clock=clock)
     lm.open_all()
     return lm
 
 
 def test_each_cleanup_policy_gets_its_jobs(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     lm = _manager(tmp_path, clock)
     logs = {}
     for policy in ("delete", "compact", "compact,delete"):
         name = policy.replace(",", "_")
         lg = lm.get_or_create(name, 0, COMPACT.replace(cleanup_policy=policy))
-        _fill(lg, ts=clock.now)
+        _fill(lg, ts=clock.now_ms())
         logs[policy] = lg
-    sched = LogScheduler(lm, time_ms=clock)
-    clock.now += 5000  # past retention.ms for every closed segment
+    sched = LogScheduler(lm, clock=clock)
+    clock.advance(5000)  # past retention.ms for every closed segment
     done = sched.run_once()
     cleaned = {c["topic"] for c in done["cleaned"]}
     assert cleaned == {"compact", "compact_delete"}
@@ -80,30 +80,30 @@ def test_each_cleanup_policy_gets_its_jobs(tmp_path):
 
 
 def test_dirty_ratio_and_max_compaction_lag_trigger_cleaning(tmp_path):
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     cfg = COMPACT.replace(min_cleanable_dirty_ratio=0.9, max_compaction_lag_ms=60_000)
-    lg = Log.open(tmp_path / "c-0", cfg, time_ms=clock)
-    _fill(lg, ts=clock.now)
-    cleaner = LogCleaner(time_ms=clock)
+    lg = Log.open(tmp_path / "c-0", cfg, clock=clock)
+    _fill(lg, ts=clock.now_ms())
+    cleaner = LogCleaner(clock=clock)
     cleaner.clean(lg)
-    _fill(lg, ts=clock.now, rounds=6)  # a little dirt on a big clean part: ratio < 0.9
+    _fill(lg, ts=clock.now_ms(), rounds=6)  # a little dirt on a big clean part: ratio < 0.9
     assert 0 < cleaner.dirty_ratio(lg) < 0.9
     assert not cleaner.needs_cleaning(lg)
-    clock.now += 61_000  # the dirty segment is now older than max.compaction.lag.ms
+    clock.advance(61_000)  # the dirty segment is now older than max.compaction.lag.ms
     assert cleaner.needs_cleaning(lg)
     lg.update_config(cfg.replace(max_compaction_lag_ms=None, min_cleanable_dirty_ratio=0.1))
     assert cleaner.needs_cleaning(lg)  # and the ratio alone triggers with a low threshold
 
 
 def test_small_dedupe_buffer_cleans_in_several_passes(tmp_path):
-    clock = FakeClock(10_000)
-    lg = Log.open(tmp_path / "c-0", COMPACT.replace(segment_bytes=4000), time_ms=clock)
+    clock = ManualClock(10_000)
+    lg = Log.open(tmp_path / "c-0", COMPACT.replace(segment_bytes=4000), clock=clock)
     for i in range(200):
-        _put(lg, [(b"key-%03d" % (i % 50), b"v%d" % i)], ts=clock.now)
+        _put(lg, [(b"key-%03d" % (i % 50), b"v%d" % i)], ts=clock.now_ms())
     lg.roll()
     lg.update_high_watermark(lg.log_end_offset)
     expected = _view(lg)
-    cleaner = LogCleaner(time_ms=clock, dedupe_buffer_size_bytes=20 * 107)  # ~20 keys of 7 bytes
+    cleaner = LogCleaner(clock=clock, dedupe_buffer_size_bytes=20 * 107)  # ~20 keys of 7 bytes
     passes = []
     while (stats := cleaner.clean(lg)) is not None:
         passes.append(stats)
@@ -114,23 +114,23 @@ def test_small_dedupe_buffer_cleans_in_several_passes(tmp_path):
 
 
 def test_idempotent_producer_state_survives_cleaning(tmp_path):
-    clock = FakeClock(10_000)
-    lg = Log.open(tmp_path / "c-0", COMPACT, time_ms=clock)
+    clock = ManualClock(10_000)
+    lg = Log.open(tmp_path / "c-0", COMPACT, clock=clock)
     pid, epoch = 7, 0
     last = None
     for seq in range(5):
-        last = build_batch([Record(b"k", b"p%d" % seq, timestamp=clock.now)], producer_id=pid,
+        last = build_batch([Record(b"k", b"p%d" % seq, timestamp=clock.now_ms())], producer_id=pid,
                            producer_epoch=epoch, base_sequence=seq)
         lg.append_as_leader(last, 0)
     # other keys overwrite everything the producer wrote
     for i in range(20):
-        _put(lg, [(b"k", b"other%d" % i)], ts=clock.now)
+        _put(lg, [(b"k", b"other%d" % i)], ts=clock.now_ms())
     lg.roll()
     lg.update_high_watermark(lg.log_end_offset)
-    stats = LogCleaner(time_ms=clock).clean(lg)
+    stats = LogCleaner(clock=clock).clean(lg)
     assert stats.segments_cleaned and [r.value for r in _all(lg)] == [b"other19"]
     lg.close_without_flush()
-    lg = Log.open(tmp_path / "c-0", COMPACT, time_ms=clock)  # producer state rebuilt from the log
+    lg = Log.open(tmp_path / "c-0", COMPACT, clock=clock)  # producer state rebuilt from the log
     dup = lg.append_as_leader(last, 0)
     assert dup.duplicate and dup.first_offset == 4  # the retry is recognised
     nxt = lg.append_as_leader(build_batch([Record(b"k", b"p5")], producer_id=pid, producer_epoch=epoch,
@@ -139,29 +139,29 @@ def test_idempotent_producer_state_survives_cleaning(tmp_path):
 
 
 def test_truncation_below_the_checkpoint_makes_new_records_dirty(tmp_path):
-    clock = FakeClock(10_000)
-    lg = Log.open(tmp_path / "c-0", COMPACT.replace(delete_retention_ms=0), time_ms=clock)
-    _put(lg, [(b"a", b"1")], ts=clock.now)
-    _put(lg, [(b"a", None)], ts=clock.now)
-    _fill(lg, ts=clock.now)
-    cleaner = LogCleaner(time_ms=clock)
+    clock = ManualClock(10_000)
+    lg = Log.open(tmp_path / "c-0", COMPACT.replace(delete_retention_ms=0), clock=clock)
+    _put(lg, [(b"a", b"1")], ts=clock.now_ms())
+    _put(lg, [(b"a", None)], ts=clock.now_ms())
+    _fill(lg, ts=clock.now_ms())
+    cleaner = LogCleaner(clock=clock)
     cleaner.clean(lg)
     assert read_cleaner_checkpoint(lg.dir) == 32 and read_tombstone_horizons(lg.dir) == [(32, 10_000)]
     lg.truncate_to(1)  # a follower truncating to its leader's epoch end
     assert read_cleaner_checkpoint(lg.dir) <= 1
     assert all(end <= 1 for end, _ in read_tombstone_horizons(lg.dir))
-    _put(lg, [(b"a", None)], ts=clock.now)  # a new tombstone at offset 1
-    _fill(lg, ts=clock.now, rounds=3)
+    _put(lg, [(b"a", None)], ts=clock.now_ms())  # a new tombstone at offset 1
+    _fill(lg, ts=clock.now_ms(), rounds=3)
     cleaner.clean(lg)
     assert (b"a", None) in [(r.key, r.value) for r in _all(lg)]  # first pass over it: kept
 
 
 def test_a_pass_planned_before_a_truncation_does_not_swap(tmp_path):
-    clock = FakeClock(10_000)
-    lg = Log.open(tmp_path / "c-0", COMPACT, time_ms=clock)
-    _fill(lg, ts=clock.now)
-    _fill(lg, ts=clock.now)
-    cleaner = LogCleaner(time_ms=clock)
+    clock = ManualClock(10_000)
+    lg = Log.open(tmp_path / "c-0", COMPACT, clock=clock)
+    _fill(lg, ts=clock.now_ms())
+    _fill(lg, ts=clock.now_ms())
+    cleaner = LogCleaner(clock=clock)
     plan, segments = cleaner.plan(lg)
     from partitions.log.cleaner import CleanerWorker
     from partitions.log.segment import LogSegment
@@ -170,7 +170,7 @@ def test_a_pass_planned_before_a_truncation_does_not_swap(tmp_path):
     worker.build_offset_map()
     lg.truncate_to(segments[1].next_offset + 1)  # segment 0 untouched, but the log changed
     res = worker.clean_group([plan.segments[0]])
-    new = LogSegment(lg.dir, res.base_offset, COMPACT, clock.now, suffix=".cleaned")
+    new = LogSegment(lg.dir, res.base_offset, COMPACT, clock.now_ms(), suffix=".cleaned")
     new.next_offset = res.next_offset
     assert not lg.replace_segments([segments[0]], new, generation=plan.generation)
     assert not any(p.name.endswith(".cleaned") for p in lg.dir.iterdir())
@@ -207,15 +207,15 @@ def test_background_threads_compact_in_a_cleaner_process(tmp_path):
 
 
 def test_each_tombstone_is_kept_delete_retention_after_its_own_first_pass(tmp_path):
-    clock = FakeClock(10_000)
-    lg = Log.open(tmp_path / "c-0", COMPACT.replace(delete_retention_ms=1000), time_ms=clock)
-    cleaner = LogCleaner(time_ms=clock)
-    _put(lg, [(b"a", b"1"), (b"a", None)], ts=clock.now)
-    _fill(lg, ts=clock.now, rounds=3)
+    clock = ManualClock(10_000)
+    lg = Log.open(tmp_path / "c-0", COMPACT.replace(delete_retention_ms=1000), clock=clock)
+    cleaner = LogCleaner(clock=clock)
+    _put(lg, [(b"a", b"1"), (b"a", None)], ts=clock.now_ms())
+    _fill(lg, ts=clock.now_ms(), rounds=3)
     cleaner.clean(lg)  # first pass over the "a" tombstone at t=10000
-    clock.now = 10_600
-    _put(lg, [(b"b", b"1"), (b"b", None)], ts=clock.now)
-    _fill(lg, ts=clock.now, rounds=3)
+    clock.set_ms(10_600)
+    _put(lg, [(b"b", b"1"), (b"b", None)], ts=clock.now_ms())
+    _fill(lg, ts=clock.now_ms(), rounds=3)
     cleaner.clean(lg)  # first pass over the "b" tombstone at t=10600
     assert [e for e, _ in read_tombstone_horizons(lg.dir)] == [5, 10]
 
@@ -223,13 +223,13 @@ def test_each_tombstone_is_kept_delete_retention_after_its_own_first_pass(tmp_pa
         return sorted(r.key for r in _all(lg) if r.value is None)
 
     assert tombstones() == [b"a", b"b"]
-    clock.now = 11_000  # a's horizon reached, not b's
+    clock.set_ms(11_000)  # a's horizon reached, not b's
     assert cleaner.needs_cleaning(lg)
     stats = cleaner.clean(lg)
     assert stats.tombstones_removed == 1 and tombstones() == [b"b"]
     assert read_tombstone_horizons(lg.dir) == [(10, 10_600)]
-    clock.now = 11_599
+    clock.set_ms(11_599)
     assert not cleaner.needs_cleaning(lg)
-    clock.now = 11_600
+    clock.set_ms(11_600)
     cleaner.clean(lg)
     assert tombstones() == [] and read_tombstone_horizons(lg.dir) == []

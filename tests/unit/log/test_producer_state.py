@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from logtest_helpers import FakeClock, make_batch
+from logtest_helpers import make_batch
 
+from partitions.clock import ManualClock
 from partitions.log.config import LogConfig
 from partitions.log.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from partitions.log.log import Log
@@ -11,7 +12,7 @@ from partitions.log.producer_state import PRODUCER_STATE_SNAPSHOT, in_sequence, 
 
 
 def _open(tmp_path, clean=False):
-    return Log.open(tmp_path / "t-0", LogConfig(segment_bytes=500), clean_shutdown=clean, time_ms=FakeClock())
+    return Log.open(tmp_path / "t-0", LogConfig(segment_bytes=500), clean_shutdown=clean, clock=ManualClock())
 
 
 def _pb(seq, n=2, pid=7, epoch=0):
@@ -159,9 +160,9 @@ def test_truncation_forgets_truncated_batches(tmp_path):
 
 
 def test_follower_appends_update_state(tmp_path):
-    leader = Log.open(tmp_path / "l-0", LogConfig(), time_ms=FakeClock())
+    leader = Log.open(tmp_path / "l-0", LogConfig(), clock=ManualClock())
     leader.append_as_leader(_pb(0), 0)
-    follower = Log.open(tmp_path / "f-0", LogConfig(), time_ms=FakeClock())
+    follower = Log.open(tmp_path / "f-0", LogConfig(), clock=ManualClock())
     follower.append_as_follower(leader.read(0, 10**6).records)
     assert follower.producer_state.last_entry(7).last_offset == 1
     assert follower.append_as_leader(_pb(0), 1).duplicate  # after becoming leader
