@@ -74,14 +74,14 @@ def node_configs(state: dict) -> list[NodeConfig]:
                       for i in range(1, n + 1))
     out = []
     for i in range(1, n + 1):
-        out.append(NodeConfig(
+        out.append(NodeConfig.from_dict(dict(
             node_id=i, data_dir=os.path.join(state["data_dir"], f"node-{i}"), http_port=base + i - 1,
             controller_port=base + CONTROLLER_PORT_OFFSET + i - 1, raft_port=base + RAFT_PORT_OFFSET + i - 1,
             cluster_id=state["cluster_id"], controller_quorum_voters=voters, password=state["password"],
             # replicated by default: topics created without a replication factor get min(3, N)
             # replicas, and acks=all needs two of them in sync once there are 3 or more
             default_replication_factor=min(3, n), min_insync_replicas=2 if n >= 3 else 1,
-            log_level="INFO"))
+            log_level="INFO"), source="cluster up"))
     return out
 
 

@@ -1,7 +1,7 @@
 """Node configuration for `kraftlog serve`: named defaults, a config file, CLI overrides.
 
 Precedence: built-in defaults < `--config FILE` (TOML, INI `[kraftlog]` section, or JSON;
-keys are the field names below, `-` and `.` accepted for `_`) < command-line flags.
+keys are the flat names of `NodeConfig.setting_names()`, `-` and `.` accepted for `_`) < command-line flags.
 """
 from __future__ import annotations
 
@@ -13,60 +13,94 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from http_api.config import BrokerConfig
+from http_api.config import GROUPS, BrokerConfig, ListenerConfig, renamed
+from metadata_quorum.controller import ControllerSettings
 
-MiB = 1024 * 1024
+PROCESS_ROLES = ("broker", "controller")
+# BrokerConfig fields the node derives from its own settings (not keys of the node config)
+DERIVED_BROKER_SETTINGS = {
+    "broker_id": "node_id", "state_dir": "data_dir", "controller_urls": "controller_quorum_voters",
+    "advertised_url": "advertised_host", "cluster_secret": "password",
+}
+# ControllerSettings a node config sets (each reaches the controller process as a flag);
+# min_insync_replicas is the broker's, copied
+CONTROLLER_SETTINGS = ("broker_session_timeout_ms", "broker_heartbeat_interval_ms",
+                       "leader_imbalance_check_interval_ms")
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeConfig:
-    """One node in combined mode: a controller and a broker with the same node id."""
+    """One node in combined mode: a controller and a broker with the same node id.
+
+    Node-level settings, then `broker` (BrokerConfig) and `controller` (ControllerSettings).
+    Invariants (`__post_init__`): `broker` carries this node's identity (broker id, listeners,
+    state dir, controller URLs; log dirs default under the data dir) and
+    `controller.min_insync_replicas == broker.min_insync_replicas`.
+    """
 
     node_id: int = 1
+    process_roles: tuple[str, ...] = PROCESS_ROLES   # Kafka process.roles; combined mode only
     data_dir: str = "./data"
-    http_host: str = "127.0.0.1"
-    http_port: int = 8082                 # broker public API
-    controller_port: int = 9093           # controller HTTP API
-    raft_port: int = 9193                 # pysyncobj
-    raft_bind_host: str | None = None     # interface raft listens on (default: all)
-    advertised_host: str | None = None    # host in URLs handed to others (default http_host)
-    cluster_id: str = "kraftlog-local"
     # "id@host:raft_port:controller_port,..."; default: this node alone
     controller_quorum_voters: str | None = None
-    password: str | None = None           # raft port password; default: derived from cluster_id + data dir
-    log_dirs: list[str] = field(default_factory=list)   # default: <data_dir>/broker-<id>/logs
-    rack: str | None = None
-    # broker limits (see http_api/config.py for meanings)
-    max_request_bytes: int = 8 * MiB
-    max_records_per_request: int = 100_000
-    max_message_bytes: int = 1 * MiB + 12
-    fetch_max_bytes: int = 8 * MiB
-    fetch_max_wait_ms: int = 30_000
-    max_concurrent_long_polls: int = 1024
-    request_timeout_ms: int = 30_000
-    auto_create_topics_enable: bool = True
-    num_partitions: int = 1
-    default_replication_factor: int = 1
-    min_insync_replicas: int = 1
-    replica_lag_time_max_ms: int = 30_000   # a follower not caught up for this long leaves the ISR
-    log_retention_check_interval_ms: int = 300_000
-    log_cleaner_enable: bool = True         # compaction of cleanup.policy=compact topics
-    log_cleaner_threads: int = 1
-    log_cleaner_dedupe_buffer_size_bytes: int = 128 * MiB
-    log_cleaner_io_max_bytes_per_second: float = -1   # read + write IO of the cleaner; -1: no limit
-    # consumer groups (offsets.topic.num.partitions, group.min.session.timeout.ms, ...)
-    offsets_topic_num_partitions: int = 10
-    offsets_topic_replication_factor: int = 3
-    group_min_session_timeout_ms: int = 1_000
-    group_max_session_timeout_ms: int = 300_000
-    offsets_retention_minutes: int = 10_080   # committed offsets of groups without members kept this long
+    password: str | None = None           # raft port password; default: generated in the data dir
     log_level: str = "INFO"
+    listeners: ListenerConfig = field(default_factory=ListenerConfig)
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+
+    def __post_init__(self) -> None:
+        self.validate()
+        b = self.broker
+        state = self.broker_state_dir()
+        log_dirs = b.log_dirs
+        if b.state_dir != state and log_dirs == [os.path.join(b.state_dir, "logs")]:
+            log_dirs = [os.path.join(state, "logs")]   # still the default: under this node's data dir
+        object.__setattr__(self, "broker", dataclasses.replace(
+            b, broker_id=self.node_id, listeners=self.listeners, state_dir=state, log_dirs=list(log_dirs),
+            controller_urls=self.controller_urls()))
+        if self.controller.min_insync_replicas != self.broker.min_insync_replicas:
+            object.__setattr__(self, "controller", dataclasses.replace(
+                self.controller, min_insync_replicas=self.broker.min_insync_replicas))
+
+    def validate(self) -> None:
+        if self.node_id < 0:
+            raise ValueError(f"node_id must be >= 0, got {self.node_id}; fix node_id in the config")
+        if tuple(sorted(self.process_roles)) != PROCESS_ROLES:
+            raise ValueError(f"process_roles must be broker,controller (combined mode), got "
+                             f"{','.join(self.process_roles)}; kraftlog serve runs both roles")
+        if not self.data_dir:
+            raise ValueError("data_dir must be a directory; set data_dir or --data-dir")
 
     # ---- derived ----------------------------------------------------------------------
 
     @property
+    def http_host(self) -> str:
+        return self.listeners.http_host
+
+    @property
+    def http_port(self) -> int:
+        return self.listeners.http_port
+
+    @property
+    def controller_port(self) -> int:
+        return self.listeners.controller_port
+
+    @property
+    def raft_port(self) -> int:
+        return self.listeners.raft_port
+
+    @property
+    def raft_bind_host(self) -> str | None:
+        return self.listeners.raft_bind_host
+
+    @property
+    def cluster_id(self) -> str:
+        return self.broker.cluster_id
+
+    @property
     def host(self) -> str:
-        return self.advertised_host or self.http_host
+        return self.listeners.host
 
     @property
     def broker_url(self) -> str:
@@ -100,59 +134,84 @@ class NodeConfig:
         return os.path.join(self.data_dir, f"broker-{self.node_id}")
 
     def broker_config(self) -> BrokerConfig:
-        state = self.broker_state_dir()
-        return BrokerConfig(
-            broker_id=self.node_id, cluster_id=self.cluster_id, http_host=self.http_host,
-            http_port=self.http_port, advertised_url=self.broker_url, rack=self.rack,
-            log_dirs=list(self.log_dirs) or [os.path.join(state, "logs")], state_dir=state,
-            controller_urls=self.controller_urls(), max_request_bytes=self.max_request_bytes,
-            max_records_per_request=self.max_records_per_request, max_message_bytes=self.max_message_bytes,
-            fetch_max_bytes=self.fetch_max_bytes, fetch_max_wait_ms=self.fetch_max_wait_ms,
-            max_concurrent_long_polls=self.max_concurrent_long_polls,
-            request_timeout_ms=self.request_timeout_ms,
-            auto_create_topics_enable=self.auto_create_topics_enable, num_partitions=self.num_partitions,
-            default_replication_factor=self.default_replication_factor,
-            min_insync_replicas=self.min_insync_replicas,
-            replica_lag_time_max_ms=self.replica_lag_time_max_ms,
-            log_retention_check_interval_ms=self.log_retention_check_interval_ms,
-            log_cleaner_enable=self.log_cleaner_enable, log_cleaner_threads=self.log_cleaner_threads,
-            log_cleaner_dedupe_buffer_size_bytes=self.log_cleaner_dedupe_buffer_size_bytes,
-            log_cleaner_io_max_bytes_per_second=self.log_cleaner_io_max_bytes_per_second,
-            offsets_retention_minutes=self.offsets_retention_minutes,
-            offsets_topic_num_partitions=self.offsets_topic_num_partitions,
-            offsets_topic_replication_factor=self.offsets_topic_replication_factor,
-            group_min_session_timeout_ms=self.group_min_session_timeout_ms,
-            group_max_session_timeout_ms=self.group_max_session_timeout_ms,
-        )
+        """The broker's config (`self.broker`)."""
+        return self.broker
 
     # ---- loading ----------------------------------------------------------------------
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """Every key a config file or flag may set (flat names)."""
+        node = [f.name for f in dataclasses.fields(cls) if f.name not in ("listeners", "broker", "controller")]
+        listeners = [f.name for f in dataclasses.fields(ListenerConfig)]
+        broker = [n for n in BrokerConfig.setting_names() if n not in DERIVED_BROKER_SETTINGS and n not in listeners]
+        return node + listeners + broker + list(CONTROLLER_SETTINGS)
 
     @classmethod
     def load(cls, path: str | None = None, overrides: dict[str, Any] | None = None) -> "NodeConfig":
         """Defaults, then the file at `path`, then non-None `overrides`."""
         values: dict[str, Any] = {}
         if path:
-            values.update(read_config_file(path))
-        for k, v in (overrides or {}).items():
+            values.update(_normalized(read_config_file(path), path))
+        for k, v in _normalized(overrides or {}, "command line").items():
             if v is not None:
                 values[k] = v
         return cls.from_dict(values, source=path or "command line")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "NodeConfig":
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for raw_key, raw in values.items():
-            key = raw_key.replace("-", "_").replace(".", "_")
-            if key not in fields:
+        """Flat settings (keys as in `setting_names()`, `-` and `.` accepted for `_`, old names
+        accepted with a DeprecatedSettingWarning) -> the node with its broker and controller."""
+        node_fields = {f.name: f for f in dataclasses.fields(cls)}
+        listener_fields = {f.name: f for f in dataclasses.fields(ListenerConfig)}
+        broker_fields = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+        for g, group_cls in GROUPS.items():
+            broker_fields.update({f.name: f for f in dataclasses.fields(group_cls)})
+        controller_fields = {f.name: f for f in dataclasses.fields(ControllerSettings)}
+        node: dict[str, Any] = {}
+        listeners: dict[str, Any] = {}
+        broker: dict[str, Any] = {}
+        controller: dict[str, Any] = {}
+        for raw_key, raw in _normalized(values, source).items():
+            key = raw_key
+            if key in ("listeners", "broker", "controller") or key in GROUPS:
+                raise ValueError(f"{source}: {raw_key!r} is a group; give its settings as flat keys "
+                                 f"(e.g. http_port, fetch_max_bytes)")
+            if key in node_fields:
+                node[key] = _coerce(node_fields[key], raw, source, raw_key)
+            elif key in listener_fields:
+                listeners[key] = _coerce(listener_fields[key], raw, source, raw_key)
+            elif key in DERIVED_BROKER_SETTINGS:
+                raise ValueError(f"{source}: {raw_key!r} is derived from the node config; set "
+                                 f"{DERIVED_BROKER_SETTINGS[key]!r} instead")
+            elif key in CONTROLLER_SETTINGS:
+                controller[key] = _coerce(controller_fields[key], raw, source, raw_key)
+            elif key in broker_fields and key not in GROUPS:
+                broker[key] = _coerce(broker_fields[key], raw, source, raw_key)
+            else:
                 raise ValueError(f"{source}: unknown setting {raw_key!r}; known settings: "
-                                 f"{', '.join(sorted(fields))}")
-            kwargs[key] = _coerce(fields[key], raw, source, raw_key)
-        return cls(**kwargs)
+                                 f"{', '.join(sorted(cls.setting_names()))}")
+        node_id = node.get("node_id", node_fields["node_id"].default)
+        data_dir = node.get("data_dir", node_fields["data_dir"].default)
+        state = os.path.join(data_dir, f"broker-{node_id}")
+        broker.setdefault("log_dirs", [])
+        if not broker["log_dirs"]:
+            broker["log_dirs"] = [os.path.join(state, "logs")]
+        return cls(**node, listeners=ListenerConfig(**listeners),
+                   broker=BrokerConfig(state_dir=state, **broker), controller=ControllerSettings(**controller))
+
+
+def _normalized(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """Keys with `-` and `.` read as `_`, old names replaced by the new ones (with a warning)."""
+    out: dict[str, Any] = {}
+    for raw_key, v in values.items():
+        key = raw_key.replace("-", "_").replace(".", "_")
+        out[renamed(key, source)] = v
+    return out
 
 
 def _coerce(f: dataclasses.Field, raw: Any, source: str, key: str) -> Any:
-    t = str(f.type)
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     try:
         if t.startswith("int"):
             if isinstance(raw, bool):
@@ -171,6 +230,9 @@ def _coerce(f: dataclasses.Field, raw: Any, source: str, key: str) -> Any:
             if s in ("false", "0", "no", "off"):
                 return False
             raise ValueError
+        if t.startswith("tuple"):
+            parts = raw.split(",") if isinstance(raw, str) else raw
+            return tuple(str(p).strip() for p in parts if str(p).strip())
         if t.startswith("list"):
             if isinstance(raw, str):
                 return [p.strip() for p in raw.split(",") if p.strip()]

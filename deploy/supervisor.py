@@ -7,7 +7,6 @@ PR_SET_PDEATHSIG=SIGTERM on Linux, so it dies with the supervisor even on kill -
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import secrets
@@ -77,17 +76,22 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def controller_command(cfg: NodeConfig) -> list[str]:
+    """The controller process of `cfg`: its listeners, the quorum and `cfg.controller` as flags."""
+    c = cfg.controller
     return [sys.executable, "-m", "metadata_quorum.controller_server", "--node-id", str(cfg.node_id),
             "--data-dir", cfg.controller_data_dir(), "--http-host", cfg.http_host,
             "--http-port", str(cfg.controller_port), "--raft-port", str(cfg.raft_port),
             "--voters", cfg.voters, "--cluster-id", cfg.cluster_id, "--log-level", cfg.log_level,
-            "--min-insync-replicas", str(cfg.min_insync_replicas)] + \
+            "--min-insync-replicas", str(c.min_insync_replicas),
+            "--broker-session-timeout-ms", str(c.broker_session_timeout_ms),
+            "--broker-heartbeat-interval-ms", str(c.broker_heartbeat_interval_ms),
+            "--leader-imbalance-check-interval-ms", str(c.leader_imbalance_check_interval_ms)] + \
         (["--raft-bind-host", cfg.raft_bind_host] if cfg.raft_bind_host else [])
 
 
 def broker_command(cfg: NodeConfig) -> list[str]:
-    bc = dataclasses.asdict(cfg.broker_config())
-    return [sys.executable, "-m", "http_api.broker_server", "--config-json", json.dumps(bc),
+    """The broker process of `cfg`: `cfg.broker` as flat JSON settings."""
+    return [sys.executable, "-m", "http_api.broker_server", "--config-json", json.dumps(cfg.broker.to_dict()),
             "--log-level", cfg.log_level]
 
 

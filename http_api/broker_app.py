@@ -192,16 +192,16 @@ class BrokerApp:
     # ---- body ---------------------------------------------------------------------------
 
     async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.config.max_request_bytes
+        limit = self.config.socket_request_max_bytes
         if request.content_length is not None and request.content_length > limit:
             raise KraftlogError(ErrorCode.RECORD_LIST_TOO_LARGE,
-                                f"request body of {request.content_length} bytes exceeds max_request_bytes="
+                                f"request body of {request.content_length} bytes exceeds socket_request_max_bytes="
                                 f"{limit}; split it into smaller requests")
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise KraftlogError(ErrorCode.RECORD_LIST_TOO_LARGE,
-                                f"request body exceeds max_request_bytes={limit}; split it into smaller "
+                                f"request body exceeds socket_request_max_bytes={limit}; split it into smaller "
                                 "requests") from None
 
     async def _read_document(self, request: web.Request) -> Any:
@@ -399,7 +399,7 @@ class BrokerApp:
                                 "raw batches carry no partition: send them to "
                                 f"/v1/topics/{name}/partitions/{{p}}/records, or send JSON/CBOR records here")
         body = await self._read_body(request)
-        records = codecs.parse_produce_body(ct, body, max_records=self.config.max_records_per_request)
+        records = codecs.parse_produce_body(ct, body, max_records=self.config.request_max_records)
         topic = await self._ensure_topic(name)
         n_parts = len(topic.partitions)
         # assign partitions (validate all before storing anything)
@@ -443,9 +443,9 @@ class BrokerApp:
     def _max_message_bytes(self, topic: str) -> int:
         raw = self.rm.topic_config(topic).get("max.message.bytes")
         try:
-            return int(raw) if raw is not None else self.config.max_message_bytes
+            return int(raw) if raw is not None else self.config.message_max_bytes
         except ValueError:
-            return self.config.max_message_bytes
+            return self.config.message_max_bytes
 
     async def _append_anywhere(self, topic: str, partition: int, batches: list[bytes], acks: int):
         """Append on the local leader or forward to the remote leader. Returns the first
@@ -534,12 +534,12 @@ class BrokerApp:
         if mt == RAW_BATCH:
             # framing, sizes and counts here; the log checks every CRC before writing anything
             headers = codecs.validate_raw_batches(body, max_message_bytes=max_msg,
-                                                  max_records=self.config.max_records_per_request,
+                                                  max_records=self.config.request_max_records,
                                                   check_crc=False)
             n_records = sum(h.record_count for h in headers)
             payload = body
         else:
-            records = codecs.parse_produce_body(ct, body, max_records=self.config.max_records_per_request)
+            records = codecs.parse_produce_body(ct, body, max_records=self.config.request_max_records)
             for i, r in enumerate(records):
                 if r.partition is not None and r.partition != partition:
                     raise KraftlogError(ErrorCode.INVALID_RECORD,
@@ -764,7 +764,7 @@ async def _error_middleware(request: web.Request, handler):
 
 def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     """The broker aiohttp app; `deps` are injected (real in broker_server.py, fakes in tests)."""
-    app = web.Application(middlewares=[_error_middleware], client_max_size=config.max_request_bytes)
+    app = web.Application(middlewares=[_error_middleware], client_max_size=config.socket_request_max_bytes)
     h = BrokerApp(config, deps)
     app[BROKER_KEY] = h
     r = app.router

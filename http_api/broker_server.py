@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -92,7 +91,7 @@ class Broker:
         self.lifecycle_incarnation = uuid.uuid4().hex
         self.rm = ReplicaManager(cfg.broker_id, self.log_manager, min_insync_replicas=cfg.min_insync_replicas,
                                  request_timeout_ms=cfg.request_timeout_ms,
-                                 max_concurrent_long_polls=cfg.max_concurrent_long_polls, executor=self.executor,
+                                 max_concurrent_long_polls=cfg.long_poll_max_requests, executor=self.executor,
                                  topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"),
                                  incarnation_id=self.lifecycle_incarnation)
         self.view = MetadataView(self.rm)
@@ -382,13 +381,13 @@ def main(argv: Optional[list] = None) -> None:
         v = getattr(args, name)
         if v is not None:
             values[name] = v
-    known = {f.name for f in dataclasses.fields(BrokerConfig)}
-    unknown = set(values) - known
-    if unknown:
-        raise SystemExit(f"unknown broker settings {sorted(unknown)}; known: {sorted(known)}")
     if values.get("cluster_secret") is None and os.environ.get(CLUSTER_SECRET_ENV):
         values["cluster_secret"] = os.environ[CLUSTER_SECRET_ENV]
-    run_broker(BrokerConfig(**values))
+    try:
+        config = BrokerConfig.from_dict(values)  # flat or nested by group; old names warn
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    run_broker(config)
 
 
 if __name__ == "__main__":

@@ -63,12 +63,18 @@ def _validate_topic_configs(configs: dict) -> None:
     validate_topic_configs(configs)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ControllerSettings:
-    """Named limits of the controller logic (unit last)."""
+    """Settings of the controller role (Kafka's names, unit last); `validate()` on construction.
+
+    A node config nests it as `NodeConfig.controller`; `min_insync_replicas` there is always
+    the broker's (one key, both roles).
+    """
 
     broker_session_timeout_ms: int = 9000
     broker_heartbeat_interval_ms: int = 2000
+    # how often leadership moves back to preferred replicas (the controller server's maintenance loop)
+    leader_imbalance_check_interval_ms: int = 30_000
     producer_id_block_size: int = 1000
     # one create is one atomic batch applied on the raft thread: 10,000 partitions take
     # ~60 ms there; 20,000 keeps that stall far below raft_min_timeout_s (0.3 s)
@@ -78,6 +84,18 @@ class ControllerSettings:
     # default of the topic config min.insync.replicas: must equal the brokers' (the ELR rule
     # relies on brokers holding the high watermark below it)
     min_insync_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """ValueError naming the setting when one is out of range."""
+        for name in ("broker_session_timeout_ms", "broker_heartbeat_interval_ms", "leader_imbalance_check_interval_ms",
+                     "producer_id_block_size", "partitions_per_request_max", "replication_factor_max",
+                     "min_insync_replicas"):
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
+                raise ValueError(f"{name} must be an integer > 0, got {value!r}; fix {name} in the config")
 
 
 def _unclean_election_enabled(t) -> bool:

@@ -135,6 +135,7 @@ class ControllerConfig:
         return ControllerSettings(
             broker_session_timeout_ms=self.broker_session_timeout_ms,
             broker_heartbeat_interval_ms=self.broker_heartbeat_interval_ms,
+            leader_imbalance_check_interval_ms=self.leader_imbalance_check_interval_ms,
             auto_leader_rebalance_enable=self.auto_leader_rebalance_enable,
             min_insync_replicas=self.min_insync_replicas,
         )

@@ -55,7 +55,7 @@ async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: in
     lm, factory = make_log_manager(cfg.log_dirs[0])
     rm = ReplicaManager(broker_id, lm, min_insync_replicas=cfg.min_insync_replicas,
                         request_timeout_ms=cfg.request_timeout_ms,
-                        max_concurrent_long_polls=cfg.max_concurrent_long_polls,
+                        max_concurrent_long_polls=cfg.long_poll_max_requests,
                         default_log_config_factory=factory)
     view = MetadataView(rm)
     fetcher = ReplicaFetcherManager(rm, ReplicaTransport(internal_token=internal_token(cfg.cluster_secret)),

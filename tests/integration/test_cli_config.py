@@ -23,8 +23,8 @@ def test_file_then_flags(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
     c = NodeConfig.load(str(path), {"node_id": 4, "http_port": None})
-    assert c.http_port == 9000 and c.num_partitions == 3 and c.auto_create_topics_enable is False
-    assert c.log_dirs == ["/a", "/b"] and c.node_id == 4
+    assert c.http_port == 9000 and c.broker.num_partitions == 3 and c.broker.auto_create_topics_enable is False
+    assert c.broker.log_dirs == ["/a", "/b"] and c.node_id == 4 and c.broker.broker_id == 4
     c = NodeConfig.load(str(path), {"http_port": 9100})
     assert c.http_port == 9100
     bc = c.broker_config()
