@@ -7,6 +7,7 @@ directories have a conftest.py and `from conftest import ...` picks whichever lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -50,34 +51,65 @@ class BrokerHarness:
 
 
 async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: int = 1, **overrides):
+    """One broker in-process; whatever it had opened is closed again if it fails to start."""
     cfg = BrokerConfig(broker_id=broker_id, log_dirs=[str(tmp_path / f"b{broker_id}" / "logs")],
                        state_dir=str(tmp_path / f"b{broker_id}"), **overrides)
     lm, factory = make_log_manager(cfg.log_dirs[0])
-    rm = ReplicaManager(broker_id, lm, min_insync_replicas=cfg.min_insync_replicas,
-                        request_timeout_ms=cfg.request_timeout_ms,
-                        max_concurrent_long_polls=cfg.long_poll_max_requests,
-                        default_log_config_factory=factory)
-    view = MetadataView(rm)
-    fetcher = ReplicaFetcherManager(rm, ReplicaTransport(internal_token=internal_token(cfg.cluster_secret)),
-                                    broker_id, fetch_wait_max_ms=200,
-                                    backoff_ms=20)
-    view.add_listener(fetcher.sync)
-    controller.views.append(view)
-    deps = BrokerDeps(replica_manager=rm, metadata=view, controller=controller,
-                      groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")))
-    app = create_app(cfg, deps)
-    server = TestServer(app)
-    client = TestClient(server)
-    await client.start_server()
-    cfg.advertised_url = str(server.make_url("")).rstrip("/")
-    await controller.add_broker(broker_id, cfg.url)
-    return BrokerHarness(client, cfg, rm, view, controller, lm, fetcher)
+    h = BrokerHarness(None, cfg, None, None, controller, lm)
+    try:
+        rm = ReplicaManager(broker_id, lm, min_insync_replicas=cfg.min_insync_replicas,
+                            request_timeout_ms=cfg.request_timeout_ms,
+                            max_concurrent_long_polls=cfg.max_concurrent_long_polls,
+                            default_log_config_factory=factory)
+        h.rm = rm
+        view = MetadataView(rm)
+        h.view = view
+        h.fetcher = ReplicaFetcherManager(rm, ReplicaTransport(internal_token=internal_token(cfg.cluster_secret)),
+                                          broker_id, fetch_wait_max_ms=200,
+                                          backoff_ms=20)
+        view.add_listener(h.fetcher.sync)
+        controller.views.append(view)
+        deps = BrokerDeps(replica_manager=rm, metadata=view, controller=controller,
+                          groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")))
+        app = create_app(cfg, deps)
+        server = TestServer(app)
+        h.client = TestClient(server)
+        await h.client.start_server()
+        cfg.advertised_url = str(server.make_url("")).rstrip("/")
+        await controller.add_broker(broker_id, cfg.url)
+    except BaseException:
+        await stop_broker(h)
+        raise
+    return h
 
 
 async def stop_broker(h) -> None:
+    """Closes the fetchers, the HTTP server and client, and the logs; every step runs even
+    when an earlier one fails (the first error is raised at the end)."""
+    steps = []
     if h.fetcher is not None:
-        await h.fetcher.close()
-        await h.fetcher.transport.close()
-    await h.client.close()
-    if hasattr(h.log_manager, "close"):
+        steps += [h.fetcher.close, h.fetcher.transport.close]
+    if h.client is not None:
+        steps.append(h.client.close)
+    error: BaseException | None = None
+    for step in steps:
+        try:
+            await step()
+        except BaseException as e:  # noqa: BLE001 - close the rest first
+            error = error or e
+    try:
         h.log_manager.close()
+    except BaseException as e:  # noqa: BLE001
+        error = error or e
+    if error is not None:
+        raise error
+
+
+@contextlib.asynccontextmanager
+async def running_broker(tmp_path, controller: FakeControllerClient, broker_id: int = 1, **overrides):
+    """`async with running_broker(...) as h:` -- stopped on the way out, also on failure."""
+    h = await start_broker(tmp_path, controller, broker_id, **overrides)
+    try:
+        yield h
+    finally:
+        await stop_broker(h)

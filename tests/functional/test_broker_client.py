@@ -100,7 +100,7 @@ async def test_producer_auto_creates_only_when_the_broker_allows(broker, tmp_pat
         assert "born-on-send" in await admin.list_topics()
 
     # auto.create.topics.enable=false: the producer must not create it behind the broker's back
-    from broker_harness import start_broker
+    from broker_harness import start_broker, stop_broker
     from fake_controller import FakeControllerClient
     from http_api.errors import ErrorCode, KraftlogError
     h = await start_broker(tmp_path / "off", FakeControllerClient(), auto_create_topics_enable=False)
@@ -115,4 +115,4 @@ async def test_producer_auto_creates_only_when_the_broker_allows(broker, tmp_pat
         r = await h.client.get("/v1/topics")
         assert (await r.json()) == {"topics": []}
     finally:
-        await h.client.close()
+        await stop_broker(h)

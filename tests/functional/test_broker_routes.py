@@ -275,18 +275,18 @@ async def test_auto_create_on_first_produce(broker):
 
 
 async def test_auto_create_disabled(tmp_path):
-    from broker_harness import start_broker
+    from broker_harness import start_broker, stop_broker
     from fake_controller import FakeControllerClient
     h = await start_broker(tmp_path, FakeControllerClient(), auto_create_topics_enable=False)
     try:
         r = await h.client.post("/v1/topics/fresh/records", json={"records": [{"value": "x"}]})
         assert r.status == 404 and (await r.json())["error_code"] == "UNKNOWN_TOPIC_OR_PARTITION"
     finally:
-        await h.client.close()
+        await stop_broker(h)
 
 
 async def test_limits(tmp_path):
-    from broker_harness import start_broker
+    from broker_harness import start_broker, stop_broker
     from fake_controller import FakeControllerClient
     h = await start_broker(tmp_path, FakeControllerClient(), max_request_bytes=2000,
                            max_records_per_request=5, max_message_bytes=600)
@@ -308,7 +308,7 @@ async def test_limits(tmp_path):
         r = await c.get("/v1/topics/l/partitions/0/offsets")
         assert (await r.json())["high_watermark"] == 4
     finally:
-        await c.close()
+        await stop_broker(h)
 
 
 async def test_acks_param_and_acks_zero(broker):
@@ -361,7 +361,7 @@ async def test_create_partitions_and_alter_configs(broker):
 
 
 async def test_too_many_long_polls_is_429(tmp_path):
-    from broker_harness import start_broker
+    from broker_harness import start_broker, stop_broker
     from fake_controller import FakeControllerClient
     h = await start_broker(tmp_path, FakeControllerClient(), max_concurrent_long_polls=1)
     c = h.client
@@ -379,7 +379,7 @@ async def test_too_many_long_polls_is_429(tmp_path):
         await c.post("/v1/topics/lp/records", json={"records": [{"value": "x"}]})
         assert (await first).status == 200
     finally:
-        await c.close()
+        await stop_broker(h)
 
 
 async def test_group_offsets_survive_a_broker_restart(tmp_path):

@@ -1,7 +1,7 @@
 """Broker-to-broker routes with a cluster secret: strangers get 401 CLUSTER_AUTHORIZATION_FAILED,
 brokers of the cluster replicate and list groups with the token."""
 import pytest
-from broker_harness import start_broker, stop_broker
+from broker_harness import running_broker
 from fake_controller import FakeControllerClient
 
 from http_api.internal_auth import INTERNAL_TOKEN_HEADER, internal_token
@@ -12,11 +12,9 @@ SECRET = "s3cret-of-the-cluster"
 @pytest.fixture
 async def secured(tmp_path):
     controller = FakeControllerClient()
-    b1 = await start_broker(tmp_path, controller, 1, cluster_secret=SECRET)
-    b2 = await start_broker(tmp_path, controller, 2, cluster_secret=SECRET)
-    yield b1, b2
-    for h in (b1, b2):
-        await stop_broker(h)
+    async with running_broker(tmp_path, controller, 1, cluster_secret=SECRET) as b1, \
+            running_broker(tmp_path, controller, 2, cluster_secret=SECRET) as b2:
+        yield b1, b2
 
 
 @pytest.mark.parametrize("method, path, body", [

@@ -60,12 +60,18 @@ class ReplicatedCluster:
         return [self.url(i) for i in self.ports]
 
     def start(self, timeout: float = 60.0) -> "ReplicatedCluster":
-        self.controllers.start_all()
-        self.controllers.wait_active(timeout)
-        for i in self.ports:
-            self.start_broker(i, wait=False)
-        for i in self.ports:
-            self.wait_broker_ready(i, timeout)
+        """Controllers, then brokers; if any of them fails to come up, every process started
+        so far is killed before the error propagates (`with` never reaches `__exit__` then)."""
+        try:
+            self.controllers.start_all()
+            self.controllers.wait_active(timeout)
+            for i in self.ports:
+                self.start_broker(i, wait=False)
+            for i in self.ports:
+                self.wait_broker_ready(i, timeout)
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def start_broker(self, broker_id: int, wait: bool = True, timeout: float = 60.0) -> None:
@@ -124,16 +130,16 @@ class ReplicatedCluster:
             raise
 
     def close(self) -> None:
-        for i, p in list(self.procs.items()):
-            if p.poll() is None:
-                try:
-                    p.send_signal(signal.SIGCONT)
-                except OSError:
-                    pass
-                p.kill()
+        """kill -9 every broker (paused ones too) and every controller; never stops half way."""
+        try:
+            for p in self.procs.values():
+                if p.poll() is None:
+                    p.kill()   # SIGKILL also ends a SIGSTOPped process
+            for p in self.procs.values():
                 p.wait(10)
-        self.procs.clear()
-        self.controllers.stop_all(signal.SIGKILL)
+        finally:
+            self.procs.clear()
+            self.controllers.stop_all(signal.SIGKILL)
 
     def __enter__(self) -> "ReplicatedCluster":
         return self.start()

@@ -64,15 +64,31 @@ class ControllerCluster:
         for nid in self.voters:
             self.start(nid)
 
-    def kill(self, node_id: int, sig: int = signal.SIGKILL) -> None:
+    def kill(self, node_id: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        """Send `sig` and wait for the exit; a process that outlives `timeout` is killed -9
+        (and the timeout raised), so a forgotten controller never outlives its test."""
         p = self.procs.pop(node_id, None)
-        if p is not None and p.poll() is None:
+        if p is None:
+            return
+        if p.poll() is None:
             p.send_signal(sig)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
             p.wait(10)
+            raise
 
     def stop_all(self, sig: int = signal.SIGTERM) -> None:
+        """Stops every controller, even when stopping one of them fails (the first error is raised)."""
+        error: BaseException | None = None
         for nid in list(self.procs):
-            self.kill(nid, sig)
+            try:
+                self.kill(nid, sig)
+            except BaseException as e:  # noqa: BLE001 - stop the others first
+                error = error or e
+        if error is not None:
+            raise error
 
     def status(self, node_id: int) -> Optional[dict]:
         return http_json(self.voters[node_id].url + "/controller/v1/status", timeout=1.0)
