@@ -144,10 +144,27 @@ async def test_follower_copying_a_compacted_leader_converges(two_brokers):
         r = await leader.client.post("/v1/topics/cmp/records?acks=all",
                                      json={"records": [{"key": f"k{i % 6}", "value": v}]})
         assert r.status == 200
+    # k0 and k1 end as tombstones, followed by enough records to close their segment
+    for key, v in [("k0", None), ("k1", None)] + [(f"z{j % 2}", f"z{j}") for j in range(8)]:
+        r = await leader.client.post("/v1/topics/cmp/records?acks=all", json={"records": [{"key": key, "value": v}]})
+        assert r.status == 200
     flog, llog = follower.rm.logs[("cmp", 0)], leader.rm.logs[("cmp", 0)]
     expected = replay(await read_all(leader.client, "cmp"))
-    await run_cleaner(leader.client)
-    await run_cleaner(leader.client)  # tombstones: removed on the pass after the first one
+    assert "k0" not in expected and "k1" not in expected
+
+    def cleaned_tombstones(lg):
+        """Offsets of the tombstones below the active segment (the part the cleaner owns)."""
+        active = lg.active_segment.base_offset
+        return [r.offset for r in rb.decode_batches(lg.read(0, 1 << 24).records)
+                if r.value is None and r.offset < active]
+
+    [first] = (await run_cleaner(leader.client))["cleaned"]
+    kept = cleaned_tombstones(llog)
+    # the first pass over a tombstone keeps it (delete.retention.ms starts then) ...
+    assert kept and first["tombstones_removed"] == 0, (kept, first)
+    # ... and with delete.retention.ms=0 the next pass removes them all
+    [second] = (await run_cleaner(leader.client))["cleaned"]
+    assert second["tombstones_removed"] == len(kept) and cleaned_tombstones(llog) == [], second
     # the follower starts over: it fetches the compacted range, with offset gaps
     flog.truncate_fully_and_start_at(0)
     loop = asyncio.get_running_loop()
