@@ -10,6 +10,7 @@ from tests.chaos.harness.checker import ANOMALY_KINDS, check, unavailability_win
 from tests.chaos.harness.history import History
 
 T = "t"
+C = "c"   # a compacted topic
 
 
 class Builder:
@@ -44,6 +45,36 @@ class Builder:
         op = self.h.invoke("g2", "read_committed", group=group, topic=T, partition=partition)
         self.h.ok(op, offset=offset)
         return op
+
+    def read_committed_final(self, offset, group="g", partition=0):
+        op = self.h.invoke("final-reader", "read_committed", group=group, topic=T, partition=partition, final=True)
+        self.h.ok(op, offset=offset)
+        return op
+
+    # compacted topic: a unique write id per record, keys, tombstones
+    def cproduce(self, wid, key, offset=None, tombstone=False, outcome="ok", partition=0, retention_ms=5000):
+        op = self.h.invoke("c1", "produce", topic=C, partition=partition, values=[wid], keys=[key],
+                           tombstones=[tombstone], idempotent=False, compacted=True,
+                           delete_retention_ms=retention_ms)
+        if outcome == "ok":
+            self.h.ok(op, offsets=[offset])
+        elif outcome == "fail":
+            self.h.fail(op, "NOT_ENOUGH_REPLICAS")
+        else:
+            self.h.info(op, "timeout")
+        return op
+
+    def cfetch(self, records, hw, final=False, partition=0, offset=0):
+        """records: (offset, write id, key, value)."""
+        op = self.h.invoke("c2" if not final else "final-reader", "fetch", topic=C, partition=partition,
+                           offset=offset, final=final, compacted=True)
+        self.h.ok(op, records=[list(r) for r in records], high_watermark=hw)
+        return op
+
+    def wait(self, ticks):
+        """Let `ticks` seconds of history time pass (the planted clock moves one per event)."""
+        for _ in range(ticks):
+            self.h.now()
 
     def check(self):
         return check(self.h)
@@ -197,8 +228,184 @@ def test_unverified_acknowledged_write_without_final_read():
 
 def test_every_kind_is_covered_by_a_planted_history():
     planted = {"lost-write", "value-at-two-offsets", "duplicate", "two-values-at-offset", "non-monotonic-read",
-               "phantom-read", "failed-write-read", "read-above-hw", "committed-offset-regression", "no-final-read"}
+               "phantom-read", "failed-write-read", "read-above-hw", "committed-offset-regression", "no-final-read",
+               "lost-latest-value", "tombstone-removed-early", "final-committed-offset"}
     assert planted == set(ANOMALY_KINDS)
+
+
+# ---------------------------------------------------------------------- compacted topics
+
+def _compacted_history(b, final_records, wait=10):
+    """k1 written three times, k2 twice then a tombstone, k3 once; offsets 0..6."""
+    b.cproduce("w0", "k1", 0)
+    b.cproduce("w1", "k2", 1)
+    b.cproduce("w2", "k1", 2)
+    b.cproduce("w3", "k3", 3)
+    b.cproduce("w4", "k2", 4)
+    b.cproduce("w5", "k1", 5)
+    b.cproduce("w6", "k2", 6, tombstone=True)
+    b.cfetch([(0, "w0", "k1", "a"), (1, "w1", "k2", "b"), (2, "w2", "k1", "c")], hw=3)
+    b.wait(wait)
+    return b.cfetch(final_records, hw=7, final=True)
+
+
+def test_compacted_partition_after_cleaning_is_valid():
+    # superseded writes removed, the latest of k1 and k3 kept, k2's latest (a tombstone
+    # acknowledged 10+ s before the final read, delete.retention.ms 5 s) removed
+    b = Builder()
+    _compacted_history(b, [(3, "w3", "k3", "d"), (5, "w5", "k1", "f")])
+    r = b.check()
+    assert r.valid, r.summary()
+    assert r.stats["compacted_keys_checked"] == 3 and r.stats["compacted_tombstones_expired"] == 1
+    assert r.stats["compacted_superseded_removed"] == 4   # w0, w1, w2, w4: what compaction took
+
+
+def test_compacted_partition_before_cleaning_is_valid_too():
+    b = Builder()
+    recs = [(0, "w0", "k1", "a"), (1, "w1", "k2", "b"), (2, "w2", "k1", "c"), (3, "w3", "k3", "d"),
+            (4, "w4", "k2", "e"), (5, "w5", "k1", "f"), (6, "w6", "k2", None)]
+    _compacted_history(b, recs, wait=0)
+    r = b.check()
+    assert r.valid, r.summary()
+    assert r.stats.get("compacted_superseded_removed", 0) == 0
+
+
+def test_compacted_latest_value_lost_is_reported():
+    # negative control: k1's latest acknowledged value (w5 at 5) is gone, an older one kept
+    b = Builder()
+    _compacted_history(b, [(2, "w2", "k1", "c"), (3, "w3", "k3", "d")])
+    r = b.check()
+    assert kinds(r) == {"lost-latest-value"}
+    [a] = r.anomalies
+    assert "'k1'" in a.message and "'w5'" in a.message and a.topic == C
+
+    b = Builder()   # k3, written once, gone altogether
+    _compacted_history(b, [(5, "w5", "k1", "f")])
+    r = b.check()
+    assert kinds(r) == {"lost-latest-value"} and "'k3'" in r.anomalies[0].message
+
+
+def test_compacted_key_absent_because_of_an_older_tombstone_is_still_lost():
+    # k2's tombstone w6 came after w4; here k2's latest acknowledged write is a value
+    b = Builder()
+    b.cproduce("w0", "k2", 0, tombstone=True)
+    b.cproduce("w1", "k2", 1)
+    b.cproduce("w2", "k9", 2)
+    b.wait(10)
+    b.cfetch([(2, "w2", "k9", "x")], hw=3, final=True)
+    assert kinds(b.check()) == {"lost-latest-value"}
+
+
+def test_compacted_tombstone_removed_before_delete_retention_is_reported():
+    b = Builder()
+    _compacted_history(b, [(3, "w3", "k3", "d"), (5, "w5", "k1", "f")], wait=0)  # 1 s after the tombstone
+    r = b.check()
+    assert kinds(r) == {"tombstone-removed-early"} and "'k2'" in r.anomalies[0].message
+
+
+def test_compacted_later_write_of_unknown_outcome_may_supersede_the_latest_acknowledged():
+    b = Builder()
+    b.cproduce("w0", "k1", 0)
+    b.cproduce("w1", "k1", outcome="info")              # unknown, and it landed at 1
+    b.cproduce("w2", "k2", 2)
+    b.cfetch([(1, "w1", "k1", "b"), (2, "w2", "k2", "c")], hw=3, final=True)
+    assert b.check().valid
+
+    b = Builder()
+    b.cproduce("w0", "k1", 0)
+    b.cproduce("w1", "k1", outcome="info", tombstone=True)  # unknown tombstone, landed, expired
+    b.cproduce("w2", "k2", 2)
+    b.wait(10)
+    b.cfetch([(2, "w2", "k2", "c")], hw=3, final=True)
+    r = b.check()
+    assert r.valid and r.stats["compacted_tombstones_expired"] == 1
+
+    b = Builder()   # a failed (certainly not applied) tombstone explains nothing
+    b.cproduce("w0", "k1", 0)
+    b.cproduce("w1", "k1", outcome="fail", tombstone=True)
+    b.cproduce("w2", "k2", 2)
+    b.wait(10)
+    b.cfetch([(2, "w2", "k2", "c")], hw=3, final=True)
+    assert kinds(b.check()) == {"lost-latest-value"}
+
+
+def test_compacted_record_with_another_key_or_value_than_its_write_is_a_phantom():
+    b = Builder()
+    b.cproduce("w0", "k1", 0)
+    b.cproduce("w1", "k2", 1, tombstone=True)
+    b.cfetch([(0, "w0", "k7", "a"), (1, "w1", "k2", None)], hw=2, final=True)
+    assert kinds(b.check()) == {"phantom-read"}
+
+    b = Builder()
+    b.cproduce("w0", "k1", 0, tombstone=True)
+    b.cfetch([(0, "w0", "k1", "resurrected")], hw=1, final=True)
+    assert kinds(b.check()) == {"phantom-read"}
+
+
+def test_compacted_acknowledged_writes_without_a_final_read():
+    b = Builder()
+    b.cproduce("w0", "k1", 0)
+    assert kinds(b.check()) == {"no-final-read"}
+
+
+def test_plain_topic_next_to_a_compacted_one_still_loses_nothing():
+    # the compacted rules apply to the compacted partition only: a superseded record
+    # missing there is fine, an acknowledged record missing from the plain topic is lost
+    b = Builder()
+    b.produce(["a"], [0])
+    b.produce(["b"], [1])
+    b.fetch([(0, "a")], final=True)
+    b.cproduce("w0", "k1", 0)
+    b.cproduce("w1", "k1", 1)
+    b.cfetch([(1, "w1", "k1", "x")], hw=2, final=True)
+    r = b.check()
+    assert kinds(r) == {"lost-write"} and r.anomalies[0].topic == T
+
+
+# ---------------------------------------------------------------------- final committed offsets
+
+def test_final_committed_offsets_equal_the_latest_commit():
+    b = Builder()
+    b.commit(3)
+    b.commit(8)
+    b.commit(5, partition=1)
+    b.read_committed_final(8)
+    b.read_committed_final(5, partition=1)
+    assert b.check().valid
+
+
+def test_final_committed_offset_other_than_the_latest_commit_is_reported():
+    b = Builder()
+    b.commit(3)
+    b.commit(8)
+    b.read_committed_final(11)        # never committed
+    r = b.check()
+    assert kinds(r) == {"final-committed-offset"} and "gave 11" in r.anomalies[0].message
+
+    b = Builder()
+    b.commit(3)
+    b.commit(8)
+    b.read_committed_final(3)         # the latest commit lost (also a regression)
+    assert kinds(b.check()) == {"final-committed-offset", "committed-offset-regression"}
+
+
+def test_final_committed_offset_may_be_a_later_commit_of_unknown_outcome():
+    b = Builder()
+    b.commit(3)
+    op = b.h.invoke("g1", "commit", group="g", topic=T, partition=0, offset=9)
+    b.h.info(op, "timeout")
+    b.read_committed_final(9)
+    assert b.check().valid
+    b.read_committed_final(3)   # the unknown commit read back, then gone
+    assert kinds(b.check()) == {"committed-offset-regression"}
+
+
+def test_committed_partition_without_its_final_fetch():
+    b = Builder()
+    b.commit(3)
+    b.commit(4, partition=1)
+    b.read_committed_final(3)
+    assert kinds(b.check()) == {"no-final-read"}
 
 
 def test_history_round_trips_through_json_lines(tmp_path):

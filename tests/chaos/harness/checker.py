@@ -13,7 +13,29 @@ Anomaly kinds (each reported with the operations involved):
 - `committed-offset-regression`  a group's committed offset read lower than one committed
                            (ok) or read before it
 - `no-final-read`          an acknowledged write's partition has no final read (the run
-                           could not verify it: the cluster never healed)
+                           could not verify it: the cluster never healed), or a committed
+                           group partition has no final fetch of committed offsets while
+                           others have one
+- `lost-latest-value`      compacted partition: a key's latest acknowledged write is gone
+                           from the final read and no later record of the key is there,
+                           though that write was no tombstone (nor was any write of the key
+                           with an unknown outcome)
+- `tombstone-removed-early` compacted partition: as above, the key's latest write was a
+                           tombstone, but the final read began before delete.retention.ms
+                           had passed since that tombstone was sent
+- `final-committed-offset` the final fetch of committed offsets (after healing, committers
+                           stopped) is not the group partition's latest acknowledged commit
+                           (nor a later commit of unknown outcome)
+
+Compacted partitions (produce ops with `compacted`: `keys`, `tombstones` and a unique
+write id per record in `values`; fetched records are [offset, write id, key, value]): the
+cleaner may remove any record a later record of its key supersedes, and a tombstone once
+delete.retention.ms has passed, so `lost-write` does not apply; instead, per key, the
+latest acknowledged write must be in the final read at its offset, or a later record of
+that key must be (a write whose outcome was unknown), or the key is absent because the
+latest write there was a tombstone (acknowledged, or of unknown outcome) sent at least
+delete.retention.ms before the final read began. Reads must still return each write id
+at one offset only, with its own key and value (`phantom-read` otherwise).
 
 Values are unique per produce invocation; a retry after an unknown outcome re-sends the
 same value (for idempotent producers) and is recorded as another invocation carrying it.
@@ -31,6 +53,7 @@ from tests.chaos.harness.history import FAIL, INFO, OK, History, Op
 ANOMALY_KINDS = (
     "lost-write", "value-at-two-offsets", "duplicate", "two-values-at-offset", "non-monotonic-read",
     "phantom-read", "failed-write-read", "read-above-hw", "committed-offset-regression", "no-final-read",
+    "lost-latest-value", "tombstone-removed-early", "final-committed-offset",
 )
 
 
@@ -122,11 +145,18 @@ def _check_partition(key, produces: list[Op], fetches: list[Op], report, stats) 
             at_value[o][v].append(op)
             stats["acknowledged_values"] += 1
 
+    # compacted partitions: write id -> (key, tombstone)
+    written: dict[str, tuple] = {}
+    for op in produces:
+        for v, k, t in zip(op.value.get("values", []), op.value.get("keys") or [], op.value.get("tombstones") or []):
+            written[v] = (k, bool(t))
+
     for op in fetches:
         records = op.result.get("records") or []
         hw = op.result.get("high_watermark")
         prev = None
-        for off, v in records:
+        for rec in records:
+            off, v = rec[0], rec[1]
             if prev is not None and off <= prev:
                 report("non-monotonic-read", key, f"offset {off} after {prev} in one fetch", [op])
             prev = off
@@ -140,6 +170,11 @@ def _check_partition(key, produces: list[Op], fetches: list[Op], report, stats) 
             elif all(s.type == FAIL for s in sent):
                 report("failed-write-read", key, f"value {v!r} read at offset {off} but its produce failed",
                        sent + [op])
+            elif len(rec) >= 4 and v in written:
+                k, tombstone = written[v]
+                if rec[2] != k or (rec[3] is None) != tombstone:
+                    report("phantom-read", key, f"write {v!r} (key {k!r}{', a tombstone' if tombstone else ''}) "
+                                                f"read at offset {off} as key {rec[2]!r} value {rec[3]!r}", sent + [op])
 
     for off, values in at_value.items():
         if len(values) > 1:
@@ -162,8 +197,17 @@ def _check_partition(key, produces: list[Op], fetches: list[Op], report, stats) 
     final = [op for op in fetches if op.value.get("final")]
     final_map: dict[int, str] = {}
     for op in final:
-        for off, v in op.result.get("records") or []:
-            final_map.setdefault(off, v)
+        for rec in op.result.get("records") or []:
+            final_map.setdefault(rec[0], rec[1])
+    if any(op.value.get("compacted") for op in produces):
+        if not final:
+            for op in produces:
+                if op.type == OK:
+                    report("no-final-read", key, f"acknowledged compacted write {op.value['values']} at offsets "
+                                                 f"{op.result.get('offsets')} was never verified", [op])
+            return
+        _check_compacted(key, produces, final, final_map, written, report, stats)
+        return
     for op in produces:
         if op.type != OK:
             if op.type == INFO:
@@ -178,6 +222,67 @@ def _check_partition(key, produces: list[Op], fetches: list[Op], report, stats) 
                 where = "is missing" if found is None else f"holds {found!r}"
                 report("lost-write", key, f"acknowledged value {v!r} at offset {o}: the final read {where}",
                        [op] + final)
+
+
+def _check_compacted(key, produces: list[Op], final: list[Op], final_map: dict[int, str], written: dict,
+                     report, stats) -> None:
+    """Per key: the latest acknowledged write survives compaction (see the module docstring)."""
+    latest: dict[str, tuple[int, str, Op]] = {}      # key -> (offset, write id, op) of the latest ok write
+    acked = 0
+    for op in produces:
+        if op.type != OK:
+            continue
+        for v, o in zip(op.value.get("values", []), op.result.get("offsets") or []):
+            if o is None or v not in written:
+                continue
+            acked += 1
+            k = written[v][0]
+            if k not in latest or o > latest[k][0]:
+                latest[k] = (o, v, op)
+    unknown_tombstones: dict[str, list[Op]] = defaultdict(list)
+    for op in produces:
+        if op.type == INFO:
+            for v in op.value.get("values", []):
+                if v in written and written[v][1]:
+                    unknown_tombstones[written[v][0]].append(op)
+    # the highest offset of each key in the final read
+    final_latest: dict[str, int] = {}
+    for off, v in final_map.items():
+        if v in written:
+            k = written[v][0]
+            final_latest[k] = max(off, final_latest.get(k, -1))
+    final_start = min(op.invoke_time for op in final)
+    stats["compacted_keys_checked"] += len(latest)
+    stats["compacted_acknowledged_values"] += acked
+    stats["compacted_final_records"] += len(final_map)
+    for k, (o, v, op) in sorted(latest.items()):
+        if final_latest.get(k, -1) >= o:
+            if final_map.get(o) not in (None, v):
+                report("lost-latest-value", key, f"key {k!r}: its latest acknowledged write {v!r} at offset {o}: "
+                                                 f"the final read holds {final_map.get(o)!r} there", [op] + final)
+            continue
+        candidates = ([op] if written[v][1] else []) + unknown_tombstones.get(k, [])
+        if not candidates:
+            found = "missing" if k not in final_latest else f"last at offset {final_latest[k]}"
+            report("lost-latest-value", key, f"key {k!r}: its latest acknowledged write {v!r} (offset {o}, no "
+                                             f"tombstone) is gone from the final read (key {found})", [op] + final)
+            continue
+        expired = [c for c in candidates
+                   if c.invoke_time + c.value.get("delete_retention_ms", 0) / 1000.0 <= final_start]
+        if not expired:
+            report("tombstone-removed-early", key,
+                   f"key {k!r}: the tombstone {v!r} (offset {o}) is gone from the final read, which began "
+                   f"{final_start - op.invoke_time:.3f} s after it was sent (delete.retention.ms "
+                   f"{op.value.get('delete_retention_ms')})", candidates + final)
+        else:
+            stats["compacted_tombstones_expired"] += 1
+    # what compaction removed, as the final read shows it
+    for op in produces:
+        if op.type != OK:
+            continue
+        for v, o in zip(op.value.get("values", []), op.result.get("offsets") or []):
+            if o is not None and v in written and final_map.get(o) is None and latest.get(written[v][0], (None,))[0] != o:
+                stats["compacted_superseded_removed"] += 1
 
 
 def _check_group_offsets(history: History, report) -> None:
@@ -207,6 +312,40 @@ def _check_group_offsets(history: History, report) -> None:
                            [need_op, op])
             if got is not None and (floor is None or got > floor):
                 floor, floor_op = got, op
+    _check_final_committed(history, by_key, report)
+
+
+def _check_final_committed(history: History, by_key: dict, report) -> None:
+    """The final fetch of committed offsets (after healing, committers stopped) returns the
+    latest acknowledged commit of each group partition (or a later commit whose outcome was
+    unknown): compaction of `__consumer_offsets` and coordinator moves lost nothing."""
+    finals = [op for op in history.ops if op.f == "read_committed" and op.value.get("final") and op.type == OK]
+    if not finals:
+        return
+    groups_with_final = {op.value["group"] for op in finals}
+    unknown: dict[tuple, list[Op]] = defaultdict(list)
+    for op in history.ops:
+        if op.f == "commit" and op.type == INFO:
+            unknown[(op.value["group"], op.value["topic"], op.value["partition"])].append(op)
+    for gkey, ops in by_key.items():
+        group, topic, partition = gkey
+        commits = [o for o in ops if o.f == "commit"]
+        mine = [o for o in finals if (o.value["group"], o.value["topic"], o.value["partition"]) == gkey]
+        if not commits:
+            continue
+        if not mine:
+            if group in groups_with_final:
+                report("no-final-read", (topic, partition),
+                       f"group {group!r}: no final fetch of its committed offset", commits[-1:])
+            continue
+        last = max(commits, key=lambda o: o.value["offset"])
+        later_unknown = {o.value["offset"] for o in unknown.get(gkey, []) if o.value["offset"] > last.value["offset"]}
+        final = max(mine, key=lambda o: o.complete_index)
+        got = final.result.get("offset")
+        if got != last.value["offset"] and got not in later_unknown:
+            report("final-committed-offset", (topic, partition),
+                   f"group {group!r}: the final fetch of committed offsets gave {got}, the latest acknowledged "
+                   f"commit was {last.value['offset']}", [last, final])
 
 
 def _uniq(ops) -> list[Op]:
