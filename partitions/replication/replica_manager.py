@@ -33,7 +33,7 @@ from partitions.log.protocols import LogDirectory, PartitionLog
 from partitions.log.protocols import TopicPartition
 from partitions.replication.partition import Partition
 from partitions.replication.replica_state import (Effects, FetchResult, ReplicaFetchRequest, ReplicaState,
-                                                  check_leader_epoch, leader_and_isr)
+                                                  leader_and_isr)
 
 log = logging.getLogger(__name__)
 
@@ -488,10 +488,8 @@ class ReplicaManager:
                          leader_epoch: int | None = None) -> tuple[int, int]:
         """OffsetsForLeaderEpoch on the leader: (largest epoch <= `epoch`, its end offset).
         `leader_epoch` = the epoch the follower follows under (stale: FENCED_LEADER_EPOCH)."""
-        part, lg = self.leader_partition(topic, partition)
-        if leader_epoch is not None:
-            check_leader_epoch(part, leader_epoch)
-        return lg.end_offset_for_epoch(epoch)
+        self.leader_partition(topic, partition)
+        return self.core.epoch_end_offset(TopicPartition(topic, partition), epoch, leader_epoch)
 
     def replica_lag_time_max_ms(self, topic: str, default_ms: int) -> int:
         """The topic's `replica.lag.time.max.ms`, else the broker's."""

@@ -357,6 +357,14 @@ class ReplicaState:
         return FetchResult(data, offset, part.high_watermark, lg.log_start_offset, lg.log_end_offset,
                            next_offset), eff
 
+    def epoch_end_offset(self, tp: TopicPartition, epoch: int, leader_epoch: int | None = None) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch on the leader: (largest epoch <= `epoch`, its end offset).
+        `leader_epoch` = the epoch the follower follows under (stale: FENCED_LEADER_EPOCH)."""
+        part, lg = self.leader(tp)
+        if leader_epoch is not None:
+            check_leader_epoch(part, leader_epoch)
+        return lg.end_offset_for_epoch(epoch)
+
     def follower_fetched(self, tp: TopicPartition, replica_id: int, fetch_offset: int, now_ms: int,
                          broker_epoch: int = -1) -> Effects:
         """A follower (registration `broker_epoch`) fetched at `fetch_offset`, its LEO: the HW

@@ -1,7 +1,10 @@
 """A seeded, deterministic simulation of kraftlog's pure cores wired as a cluster.
 
-What runs for real: `partitions.log.Log` (one per broker, in a temp dir), the pure
-`partitions.replication.partition.Partition` (roles, ISR, HW), the pure
+What runs for real: `partitions.log.Log` (one per broker, in a temp dir), the broker's pure
+replica core `partitions.replication.replica_state.ReplicaState` (the very code
+`ReplicaManager` drives: role changes, appends, follower fetch positions, the HW and the
+acks=all waiters it completes or fails, follower appends and truncation) with its
+`Partition`s, the follower's `truncation_step` (KIP-279), the pure
 `metadata_quorum.controller.QuorumController` deciding records and
 `metadata_quorum.state_machine.MetadataStateMachine` applying them (the raft layer is
 replaced by direct, ordered application; a controller failover is a new controller object
@@ -11,11 +14,12 @@ What is simulated: time (`now_ms`), a network between brokers, the controller an
 producer (loss, random delay = reordering, cut links), broker crashes (kill -9: the
 process state is gone, the files stay, sometimes with a torn tail, the log is recovered
 on restart) and restarts with a new incarnation that registers over the network (so the
-restarted broker sees the old incarnation's metadata first), controller failovers. The broker glue mirrors
-`partitions/replication/replica_manager.py` and `http_api/broker_server.py`: metadata is
-applied with make_leader / make_follower, a new follower asks the leader for its epoch
-end offset and truncates there, then fetches; the leader proposes ISR changes through
-AlterPartition; acks=all waits for the HW.
+restarted broker sees the old incarnation's metadata first), controller failovers. What is left
+here is the IO shell's part (the replica manager's futures and the fetcher's requests
+become messages): metadata goes to `apply_leader_and_isr`, a new follower asks the leader
+for its epoch end offset and truncates there, then fetches; the leader proposes the ISR
+changes the core suggests through AlterPartition; the `Effects` the core returns say which
+producers to answer.
 
 Invariants are checked after every step (see `check_invariants`); the first violation
 raises `SimulationFailure` carrying the seed and the step, so
@@ -36,24 +40,38 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from http_api.errors import KraftlogError
+from partitions.errors import KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.records import LeaderChangeRecord, record_to_dict
 from metadata_quorum.state_machine import MetadataStateMachine
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
 from partitions.log.record_batch import Record, build_batch, decode_batches
-from partitions.replication.partition import Partition, effective_min_insync_replicas
+from partitions.log import errors as log_errors
+from partitions.log.protocols import TopicPartition
+from partitions.replication.fetcher_state import truncation_step
+from partitions.replication.partition import Partition
+from partitions.replication.replica_state import Effects, LeaderAndIsr, ReplicaState
 from tests.chaos.harness.checker import check as check_history
 from tests.chaos.harness.history import History
 
 TOPIC = "t"
+TP = TopicPartition(TOPIC, 0)
 CONTROLLER = 0
 PRODUCER = -1
 
 
 class SimulationFailure(AssertionError):
     pass
+
+
+@dataclass(eq=False)
+class AckWaiter:
+    """A produce request waiting for the HW (the token the replica core keeps)."""
+
+    op: Any
+    offsets: list[int]
+    deadline_ms: int
 
 
 @dataclass
@@ -112,7 +130,8 @@ class SimBroker:
     incarnation: int = 0
     broker_epoch: int = -1
     log: Optional[Log] = None
-    part: Optional[Partition] = None
+    core: Optional[ReplicaState] = None   # the broker process's replica core (production code)
+    part: Optional[Partition] = None      # its one partition (the core's object)
     meta_offset: int = 0
     needs_truncation: bool = False
     inflight_until: int = -1          # one fetch / epoch request at a time
@@ -120,7 +139,6 @@ class SimBroker:
     pending_alter_until: int = -1
     registered: bool = False
     last_register_ms: int = -10**9
-    waiters: list = field(default_factory=list)  # (required_offset, leader_epoch, op, offsets, deadline)
     last_fetch_ms: int = -10**9
     last_hb_ms: int = -10**9
     last_isr_ms: int = -10**9
@@ -249,11 +267,11 @@ class Simulation:
         b.alive = True
         b.incarnation += 1
         b.log = Log.open(b.dir, LogConfig(segment_bytes=4096), time_ms=lambda: self.now)
-        b.part = Partition(TOPIC, 0, b.id, high_watermark=b.log.high_watermark)
+        b.core = ReplicaState(b.id, min_isr_for=lambda topic: self.cfg.min_insync_replicas)
+        b.part = b.core.add_replica(TP, b.log)
         b.needs_truncation = False
         b.inflight_until = -1
         b.pending_alter_epoch = -1
-        b.waiters = []
         b.meta_offset = 0
         b.registered = False
         b.broker_epoch = -1
@@ -277,10 +295,7 @@ class Simulation:
     def crash_broker(self, b: SimBroker) -> None:
         b.alive = False
         self.note(f"b{b.id} crashes (LEO {b.log.log_end_offset})")
-        for _, _, op, _, _ in b.waiters:  # the producer will time out on these
-            pass
-        b.waiters = []
-        b.log.close_without_flush()
+        b.log.close_without_flush()   # the producers waiting on it will time out
         self.count("broker_crashes")
         reg = self.reg()
         if reg is not None:
@@ -318,31 +333,28 @@ class Simulation:
     def apply_metadata(self, b: SimBroker, state) -> None:
         replicas, isr, leader, leader_epoch, partition_epoch, offset, incarnations = state
         b.meta_offset = max(b.meta_offset, offset)
-        if self.cfg.incarnation_gate and incarnations.get(b.id) != self.incarnation_id(b):
-            return  # the metadata still describes our previous incarnation
-        part, lg = b.part, b.log
-        was_leader, old_epoch = part.is_leader, part.leader_epoch
-        part.min_insync_replicas = effective_min_insync_replicas(self.cfg.min_insync_replicas, len(replicas))
-        if leader == b.id:
-            changed = part.make_leader(replicas=list(replicas), isr=list(isr), leader_epoch=leader_epoch,
-                                       partition_epoch=partition_epoch, log_end_offset=lg.log_end_offset,
-                                       high_watermark=max(part.high_watermark, lg.high_watermark), now_ms=self.now)
-        else:
-            changed = part.make_follower(replicas=list(replicas), isr=list(isr), leader_id=leader,
-                                         leader_epoch=leader_epoch, partition_epoch=partition_epoch,
-                                         log_end_offset=lg.log_end_offset, high_watermark=lg.high_watermark)
-        if not changed:
-            return
-        self.note(f"b{b.id} applies metadata {state} (LEO {lg.log_end_offset}, HW {part.high_watermark})")
-        if part.high_watermark > lg.high_watermark:
-            lg.update_high_watermark(part.high_watermark)
-        if was_leader and (not part.is_leader or part.leader_epoch != old_epoch):
-            self.fail_waiters(b)
-        if not part.is_leader and leader_epoch != old_epoch:
+        # the broker's incarnation gate: a leadership in metadata that lacks this process's
+        # registration is the previous incarnation's (the core does not take it up)
+        registered = not self.cfg.incarnation_gate or incarnations.get(b.id) == self.incarnation_id(b)
+        before = (b.part.leader_id, b.part.leader_epoch, b.part.partition_epoch)
+        effects = b.core.apply_leader_and_isr(
+            TP, LeaderAndIsr(leader, leader_epoch, tuple(replicas), tuple(isr), partition_epoch),
+            now_ms=self.now, registered=registered)
+        if (b.part.leader_id, b.part.leader_epoch, b.part.partition_epoch) != before:
+            self.note(f"b{b.id} applies metadata {state} (LEO {b.log.log_end_offset}, HW {b.part.high_watermark})")
+        self.carry_out(b, effects)
+
+    def carry_out(self, b: SimBroker, effects: Effects) -> None:
+        """What the replica manager does with the core's Effects, as messages."""
+        for w in effects.completed:
+            for o, v in zip(w.offsets, w.op.value["values"]):
+                self.committed[o] = v
+            self.send(b.id, PRODUCER, "produce_ok", (w.op.id, w.offsets))
+        for w, error in effects.failed:  # written on this leader: the outcome is unknown
+            self.send(b.id, PRODUCER, "produce_unknown", (w.op.id, f"{error.code.name} after append"))
+        if TP in effects.start_truncation:
             b.needs_truncation = True
             b.inflight_until = -1
-        if part.is_leader:
-            self.complete_waiters(b)
 
     # ================================================================ broker behaviour
     def broker_tick(self, b: SimBroker) -> None:
@@ -358,7 +370,8 @@ class Simulation:
         if part.is_leader and self.now - b.last_isr_ms >= self.cfg.isr_check_interval_ms:
             b.last_isr_ms = self.now
             # the broker's path: proposed additions count for the HW until metadata answers
-            new_isr = part.propose_isr_change(self.now, self.cfg.replica_lag_time_max_ms)
+            changes = b.core.isr_changes(self.now, lambda topic: self.cfg.replica_lag_time_max_ms)
+            new_isr = changes[0][1] if changes else None
             if new_isr is not None and (b.pending_alter_epoch != part.partition_epoch
                                         or self.now >= b.pending_alter_until):
                 b.pending_alter_epoch = part.partition_epoch
@@ -377,37 +390,11 @@ class Simulation:
         if part.is_leader:
             self.expire_waiters(b)
 
-    def complete_waiters(self, b: SimBroker) -> None:
-        hw = b.part.high_watermark
-        keep = []
-        for w in b.waiters:
-            required, epoch, op, offsets, _ = w
-            if required <= hw and epoch == b.part.leader_epoch:
-                for o, v in zip(offsets, op.value["values"]):
-                    self.committed[o] = v
-                self.send(b.id, PRODUCER, "produce_ok", (op.id, offsets))
-            else:
-                keep.append(w)
-        b.waiters = keep
-
-    def fail_waiters(self, b: SimBroker) -> None:
-        for _, _, op, _, _ in b.waiters:  # may still be committed by the new leader: unknown
-            self.send(b.id, PRODUCER, "produce_unknown", (op.id, "NOT_LEADER_OR_FOLLOWER after append"))
-        b.waiters = []
-
     def expire_waiters(self, b: SimBroker) -> None:
-        keep = []
-        for w in b.waiters:
-            if self.now >= w[4]:
-                self.send(b.id, PRODUCER, "produce_unknown", (w[2].id, "REQUEST_TIMED_OUT"))
-            else:
-                keep.append(w)
-        b.waiters = keep
-
-    def leader_hw_moved(self, b: SimBroker) -> None:
-        if b.part.high_watermark > b.log.high_watermark:
-            b.log.update_high_watermark(b.part.high_watermark)
-        self.complete_waiters(b)
+        for w in b.core.ack_waiters(TP):
+            if self.now >= w.deadline_ms:
+                b.core.remove_ack_waiter(TP, w)
+                self.send(b.id, PRODUCER, "produce_unknown", (w.op.id, "REQUEST_TIMED_OUT"))
 
     # ================================================================ message handling
     def deliver(self, src: int, dst: int, kind: str, payload: Any) -> None:
@@ -433,35 +420,36 @@ class Simulation:
             op = payload
             if not part.is_leader:
                 return self.send(b.id, PRODUCER, "produce_fail", (op.id, "NOT_LEADER_OR_FOLLOWER"))
-            try:
-                part.check_enough_replicas(self.cfg.min_insync_replicas)
-            except KraftlogError:
-                return self.send(b.id, PRODUCER, "produce_fail", (op.id, "NOT_ENOUGH_REPLICAS"))
             batch = build_batch([Record(None, v.encode(), timestamp=self.now) for v in op.value["values"]])
-            info = lg.append_as_leader(batch, part.leader_epoch)
-            offsets = list(range(info.first_offset, info.last_offset + 1))
-            b.waiters.append((info.last_offset + 1, part.leader_epoch, op, offsets,
-                              self.now + self.cfg.produce_timeout_ms))
-            if part.update_local_log_end_offset(lg.log_end_offset):
-                self.leader_hw_moved(b)
-            else:
-                self.complete_waiters(b)
+            try:
+                info, effects = b.core.append_as_leader(TP, batch, required_min_isr=self.cfg.min_insync_replicas)
+            except KraftlogError as e:   # NOT_ENOUGH_REPLICAS: nothing written
+                return self.send(b.id, PRODUCER, "produce_fail", (op.id, e.code.name))
+            self.carry_out(b, effects)
+            waiter = AckWaiter(op, list(range(info.first_offset, info.last_offset + 1)),
+                               self.now + self.cfg.produce_timeout_ms)
+            self.carry_out(b, b.core.add_ack_waiter(TP, waiter, info.last_offset))
         elif kind == "epoch_req":
             leader_epoch, epoch = payload
-            if not part.is_leader or part.leader_epoch != leader_epoch:
+            try:
+                answer = b.core.epoch_end_offset(TP, epoch, leader_epoch)
+            except KraftlogError:
                 return self.send(b.id, src, "error", (leader_epoch,))
-            self.send(b.id, src, "epoch_resp", (leader_epoch, lg.end_offset_for_epoch(epoch)))
+            self.send(b.id, src, "epoch_resp", (leader_epoch, answer))
         elif kind == "fetch":
             leader_epoch, offset, follower_broker_epoch = payload
-            if not part.is_leader or part.leader_epoch != leader_epoch or src not in part.remote_replicas:
-                return self.send(b.id, src, "error", (leader_epoch,))
-            if offset > lg.log_end_offset:  # cannot happen after truncation: the follower is ahead
+            if part.is_leader and part.leader_epoch == leader_epoch and offset > lg.log_end_offset:
+                # cannot happen after truncation: the follower is ahead
                 self.fail(f"broker {src} fetches offset {offset} beyond leader {b.id}'s LEO {lg.log_end_offset} "
                           f"in epoch {leader_epoch}")
-            if part.update_follower_fetch(src, offset, self.now, follower_broker_epoch):
-                self.leader_hw_moved(b)
-            data = lg.read(offset, 2048).records
-            self.send(b.id, src, "fetch_resp", (leader_epoch, offset, data, part.high_watermark))
+            try:
+                res, effects = b.core.replica_read(TP, replica_id=src, offset=offset, leader_epoch=leader_epoch,
+                                                   max_bytes=2048, now_ms=self.now,
+                                                   broker_epoch=follower_broker_epoch)
+            except KraftlogError:
+                return self.send(b.id, src, "error", (leader_epoch,))
+            self.carry_out(b, effects)
+            self.send(b.id, src, "fetch_resp", (leader_epoch, offset, res.records, res.high_watermark))
         elif kind == "error":
             if not part.is_leader and payload[0] == part.leader_epoch:
                 b.inflight_until = -1
@@ -470,18 +458,13 @@ class Simulation:
             if part.is_leader or part.leader_epoch != leader_epoch or not b.needs_truncation:
                 return
             b.inflight_until = -1
-            if end < 0:
-                lg.truncate_to(0)
-            elif epoch != b.log.end_offset_for_epoch(epoch)[0]:
-                # we do not know the leader's epoch: cut to our epochs below it and ask again
-                lg.truncate_to(min(b.log.end_offset_for_epoch(epoch)[1], lg.log_end_offset))
+            # the fetcher's KIP-279 step: not done = truncate, then ask again for our new latest epoch
+            offset, done = truncation_step(lg.log_end_offset, lg.end_offset_for_epoch, epoch, end)
+            b.core.follower_truncate(TP, leader_epoch, offset)
+            if not done:
                 return
-            else:
-                lg.truncate_to(min(b.log.end_offset_for_epoch(epoch)[1], end, lg.log_end_offset))
             b.needs_truncation = False
             self.note(f"b{b.id} truncated to {lg.log_end_offset}")
-            part.local_log_end_offset = lg.log_end_offset
-            part.high_watermark = min(part.high_watermark, lg.log_end_offset)
             self.count("truncations")
         elif kind == "fetch_resp":
             leader_epoch, offset, data, hw = payload
@@ -489,12 +472,10 @@ class Simulation:
                     or offset != lg.log_end_offset:
                 return
             b.inflight_until = -1
-            if data:
-                lg.append_as_follower(data)
-            part.local_log_end_offset = lg.log_end_offset
-            part.set_follower_high_watermark(hw)
-            if part.high_watermark > lg.high_watermark:
-                lg.update_high_watermark(part.high_watermark)
+            try:
+                b.core.follower_append(TP, leader_epoch, data, hw)
+            except (log_errors.OffsetMismatchError, log_errors.CorruptRecordError):
+                b.needs_truncation = True   # the leader's batches do not continue our log
 
     def controller_receive(self, src: int, kind: str, payload: Any) -> None:
         try:
@@ -687,6 +668,10 @@ class Simulation:
                     self.step()
                 self.heal_and_converge()
                 return self.final_check()
+            except SimulationFailure:
+                raise
+            except AssertionError as e:   # an invariant() of the product code fired
+                self.fail(f"invariant of the product code: {e}")
             finally:
                 for b in getattr(self, "brokers", {}).values():
                     if b.log is not None and not b.log.closed:

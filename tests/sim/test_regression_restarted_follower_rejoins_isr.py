@@ -25,7 +25,9 @@ def _config(isr_broker_epochs: bool) -> SimConfig:
 
 
 def test_without_broker_epochs_a_restarted_follower_rejoins_the_isr_on_stale_progress(tmp_path):
-    with pytest.raises(SimulationFailure, match="committed data lost"):
+    # since the sim drives the replica core, seed 222 is caught one step earlier: the restarted
+    # follower is in the ISR below the leader's HW (before an election could lose the records)
+    with pytest.raises(SimulationFailure, match="committed data lost|above ISR member"):
         Simulation(SEED, _config(False), root=str(tmp_path)).run()
 
 

@@ -13,6 +13,7 @@ import random
 import pytest
 
 from partitions.replication.partition import Partition
+from partitions.replication.replica_state import ReplicaState
 from tests.sim.cluster_sim import SimConfig, Simulation, SimulationFailure
 
 DEFAULT_SEEDS = [11, 23, 42, 97, 314, 2718]
@@ -89,3 +90,21 @@ def test_without_the_incarnation_gate_a_restarted_leader_is_caught(tmp_path):
     with pytest.raises(SimulationFailure, match="HW went backwards|acknowledged record"):
         Simulation(71, SimConfig(steps=600, incarnation_gate=False), root=str(tmp_path / "off")).run()
     Simulation(71, SimConfig(steps=600), root=str(tmp_path / "on")).run()
+
+
+def test_a_broken_hw_rule_in_the_replica_core_fails_a_seed(tmp_path, monkeypatch):
+    """The simulation has no replication rules of its own: it drives the broker's replica core
+    (partitions/replication/replica_state.py). A core whose leader commits on its own write,
+    whatever its ISR, fails a seed that passes with the real core (DEFAULT_SEEDS)."""
+    real_append = ReplicaState.append_as_leader
+
+    def append_committed_at_once(self, tp, batches, **kwargs):
+        info, effects = real_append(self, tp, batches, **kwargs)
+        part, lg = self.replica(tp)
+        part.high_watermark = lg.log_end_offset          # the broken rule: no ISR member counts
+        self._high_watermark_changed(tp, effects)
+        return info, effects
+
+    monkeypatch.setattr(ReplicaState, "append_as_leader", append_committed_at_once)
+    with pytest.raises(SimulationFailure, match="above ISR member|committed data lost"):
+        Simulation(11, SimConfig(steps=STEPS), root=str(tmp_path)).run()
