@@ -10,7 +10,8 @@ an append-only file of fixed-width big-endian entries, like Kafka's `.index` and
   largest timestamp seen in the segment up to and including the batch at that offset;
   entries are appended only when that maximum grows, so both columns increase.
 
-Invariants: keys strictly increasing, positions strictly increasing. `open` checks them
+Invariants: keys strictly increasing, positions strictly increasing (checked on every
+append with `partitions.invariants.invariant`, which survives `python -O`). `open` checks them
 (plus the file length) and reports `corrupt` instead of trusting the file: the segment
 then rebuilds the index from the log. An index is never the source of truth.
 """
@@ -20,6 +21,8 @@ import os
 import struct
 from bisect import bisect_left, bisect_right
 from pathlib import Path
+
+from ..invariants import invariant
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
@@ -152,11 +155,11 @@ class OffsetIndex(_AppendOnlyIndex):
         return self._values
 
     def append(self, relative_offset: int, position: int) -> None:
-        if self._keys and (relative_offset <= self._keys[-1] or position <= self._values[-1]):
-            raise ValueError(
-                f"offset index entries must increase: ({relative_offset}, {position}) after "
-                f"({self._keys[-1]}, {self._values[-1]})"
-            )
+        keys = self._keys
+        if keys:
+            invariant(relative_offset > keys[-1] and position > self._values[-1],
+                      "offset index entries must increase: (%d, %d) after (%d, %d)",
+                      relative_offset, position, keys[-1], self._values[-1])
         self._keys.append(relative_offset)
         self._values.append(position)
         self._write(relative_offset, position)
@@ -199,8 +202,12 @@ class TimeIndex(_AppendOnlyIndex):
 
     def maybe_append(self, timestamp: int, relative_offset: int) -> bool:
         """Append when `timestamp` is larger than the last entry's (and the offset is new)."""
-        if self._keys and (timestamp <= self._keys[-1] or relative_offset <= self._values[-1]):
-            return False
+        if self._keys:
+            if timestamp <= self._keys[-1]:
+                return False
+            invariant(relative_offset > self._values[-1],
+                      "time index offsets must increase: timestamp %d at relative offset %d after offset %d",
+                      timestamp, relative_offset, self._values[-1])
         self._keys.append(timestamp)
         self._values.append(relative_offset)
         self._write(timestamp, relative_offset)

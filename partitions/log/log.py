@@ -1,7 +1,8 @@
 """`Log`: one partition replica's log, a list of segments plus its offsets.
 
 Offsets: log_start_offset <= high_watermark <= log_end_offset, recovery_point <=
-log_end_offset. Batches are contiguous in offset order across segments; only the last
+log_end_offset (checked after every mutation with `partitions.invariants.invariant`, which
+survives `python -O`). Batches are contiguous in offset order across segments; only the last
 (active) segment is appended to. Retention deletes whole segments below the high watermark;
 an expired active segment wholly below it is rolled first, then deleted (Kafka).
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..clock import SYSTEM_CLOCK, Clock
+from ..invariants import invariant
 from .append import AppendInfo, BatchEntry
 from .cleaner_checkpoint import truncate_cleaner_state
 from .config import LogConfig
@@ -255,6 +257,7 @@ class Log:
         cache.truncate_from_start(self._log_start_offset, persist=False)
         cache.persist()
         self._rebuild_producer_state()
+        self._check_offsets()
 
     def _rebuild_producer_state(self) -> None:
         """Idempotent producer state (producer_state.py), rebuilt from the log."""
@@ -513,10 +516,14 @@ class Log:
     def _append(self, data, entries: list[BatchEntry], max_ts: int, num_records: int, now: int,
                 nbytes: int) -> None:
         last_offset = entries[-1].next_offset - 1
+        invariant(entries[0].base_offset >= self._segments[-1].next_offset,
+                  "%s: append at offset %d below the log end offset %d", self._dir, entries[0].base_offset,
+                  self._segments[-1].next_offset)
         if self._segments[-1].should_roll(nbytes, max_ts, last_offset, now):
             self._roll(now)
         self._segments[-1].append(data, entries)
         self._unflushed_messages += num_records
+        self._check_offsets()
 
     def mark_offset_gaps(self) -> None:
         """Record (durably) that batches may no longer be contiguous in offsets."""
@@ -667,12 +674,20 @@ class Log:
 
     # ================================================================== offsets
 
+    def _check_offsets(self) -> None:
+        """After every mutation: log_start <= HW <= LEO and recovery point <= LEO (survives -O)."""
+        leo = self._segments[-1].next_offset
+        invariant(self._log_start_offset <= self._high_watermark <= leo and self._recovery_point <= leo,
+                  "%s: offsets out of order: log start %d, high watermark %d, log end %d, recovery point %d",
+                  self._dir, self._log_start_offset, self._high_watermark, leo, self._recovery_point)
+
     def update_high_watermark(self, offset: int) -> int:
         """Move the high watermark forward to `offset`, clamped to [log start, log end]."""
         with self._lock:
             offset = min(max(offset, self._log_start_offset), self.log_end_offset)
             if offset > self._high_watermark:
                 self._high_watermark = offset
+            self._check_offsets()
             return self._high_watermark
 
     def truncate_to(self, offset: int) -> bool:
@@ -709,6 +724,7 @@ class Log:
         self.leader_epoch_cache.truncate_from_end(leo)
         if self.producer_state is not None:
             self._rebuild_producer_state()
+        self._check_offsets()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and continue with an empty log starting at `offset`."""
@@ -736,6 +752,7 @@ class Log:
         self.leader_epoch_cache.clear()
         if self.producer_state is not None:
             self._rebuild_producer_state()
+        self._check_offsets()
 
     def delete_records(self, before_offset: int) -> int:
         """DeleteRecords: advance the log start offset to `before_offset` (at most the high
@@ -755,6 +772,7 @@ class Log:
             self._log_start_offset = before_offset
             self._delete_segments_below_log_start()
             self.leader_epoch_cache.truncate_from_start(before_offset)
+            self._check_offsets()
             return self._log_start_offset
 
     def _delete_segments_below_log_start(self) -> int:
@@ -816,6 +834,7 @@ class Log:
             if deleted:
                 self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
                 self._recovery_point = max(self._recovery_point, self._log_start_offset)
+            self._check_offsets()
             return deleted
 
     def remove_expired_producers(self, now_ms: int | None = None, expiration_ms: int = 86_400_000) -> int:
@@ -866,6 +885,7 @@ class Log:
             with self._lock:
                 if target > self._recovery_point:
                     self._recovery_point = target
+                self._check_offsets()
                 self._unflushed_messages = max(0, self._unflushed_messages - flushed_messages)
                 self._last_flush_ms = self._time_ms()
 

@@ -5,7 +5,8 @@ appends whole batches at the end (O_APPEND), reads whole batches from a position
 the sparse indexes up to date and can rebuild them (`recover`) by scanning the file with
 CRC validation, truncating at the first invalid batch.
 
-Invariants: batches in the file have strictly increasing offsets, all >= base_offset;
+Invariants: batches in the file have strictly increasing offsets, all >= base_offset
+(`append` checks this, and that relative offsets fit, with `partitions.invariants`);
 `size` is the file length; `next_offset` is the offset after the last batch (base_offset
 when empty); index entries point at batch starts inside [0, size).
 
@@ -30,6 +31,7 @@ from typing import Callable, Iterator
 from .config import LogConfig
 from .errors import CorruptRecordError, LogClosedError
 from .index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, OffsetIndex, TimeIndex
+from ..invariants import invariant
 from .append import BatchEntry
 from .record_batch import (
     H_BASE_OFFSET,
@@ -360,6 +362,13 @@ class LogSegment:
         position is within `data`)."""
         fd = self._require_open()
         start = self.size
+        first, last = batches[0], batches[-1]
+        invariant(first.base_offset >= self.next_offset and last.next_offset > first.base_offset,
+                  "segment %d: appending offsets [%d, %d) after next offset %d: offsets must increase",
+                  self.base_offset, first.base_offset, last.next_offset, self.next_offset)
+        invariant(last.next_offset - 1 - self.base_offset <= _MAX_RELATIVE_OFFSET,
+                  "segment %d: offset %d does not fit a relative offset (the log should have rolled)",
+                  self.base_offset, last.next_offset - 1)
         if isinstance(data, list):
             total = sum(map(len, data))
             if self._preallocate and start + total > self._reserved_end:
@@ -386,11 +395,11 @@ class LogSegment:
             if max_ts > self._max_timestamp_so_far:
                 self._max_timestamp_so_far = max_ts
         self.size = start + total
-        self.next_offset = batches[-1].next_offset
+        self.next_offset = last.next_offset
         if self._max_timestamp_so_far > self.largest_timestamp:
             self.largest_timestamp = self._max_timestamp_so_far
         if self.rolling_timestamp is None:
-            self.rolling_timestamp = batches[0].max_timestamp
+            self.rolling_timestamp = first.max_timestamp
 
     def _reserve(self, fd: int, end: int) -> None:
         """Reserve blocks from the reserved end to past `end` (see module docstring)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from partitions.invariants import InvariantViolation
 from partitions.log.index import OffsetIndex, TimeIndex
 
 
@@ -22,10 +23,20 @@ def test_offset_index_lookup_is_greatest_entry_at_or_below(tmp_path):
 def test_offset_index_rejects_non_increasing_entries(tmp_path):
     idx = OffsetIndex(tmp_path / "0.index", 100)
     idx.append(5, 100)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvariantViolation, match="must increase"):
         idx.append(5, 200)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvariantViolation, match="must increase"):
         idx.append(6, 100)
+    assert idx.relative_offsets == [5] and idx.positions == [100]
+
+
+def test_time_index_skips_an_older_timestamp_but_rejects_an_offset_going_back(tmp_path):
+    idx = TimeIndex(tmp_path / "0.timeindex", 100)
+    assert idx.maybe_append(1000, 5)
+    assert not idx.maybe_append(1000, 9)  # max timestamp did not grow: nothing to index
+    with pytest.raises(InvariantViolation, match="time index offsets must increase"):
+        idx.maybe_append(2000, 5)
+    assert idx.timestamps == [1000] and idx.relative_offsets == [5]
 
 
 def test_offset_index_persists_and_reloads(tmp_path):
