@@ -35,16 +35,20 @@ def _err(msg: str) -> None:
 
 # ---- serve ---------------------------------------------------------------------------
 
+def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """`kraftlog serve` flags as node config settings (None: not given, the file's value stays)."""
+    return {"node_id": args.node_id, "data_dir": args.data_dir, "http_port": args.http_port,
+            "controller_port": args.controller_port, "raft_port": args.raft_port,
+            "http_host": args.http_host, "advertised_host": args.advertised_host,
+            "log_level": args.log_level}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from deploy.config import NodeConfig
     from deploy.supervisor import serve_combined
 
-    overrides = {"node_id": args.node_id, "data_dir": args.data_dir, "http_port": args.http_port,
-                 "controller_port": args.controller_port, "raft_port": args.raft_port,
-                 "http_host": args.http_host, "advertised_host": args.advertised_host,
-                 "log_level": args.log_level}
     try:
-        cfg = NodeConfig.load(args.config, overrides)
+        cfg = NodeConfig.load(args.config, serve_overrides(args))
     except ValueError as e:
         _err(str(e))
         return EXIT_USAGE

@@ -204,9 +204,13 @@ class NodeConfig:
 def _normalized(values: dict[str, Any], source: str) -> dict[str, Any]:
     """Keys with `-` and `.` read as `_`, old names replaced by the new ones (with a warning)."""
     out: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
     for raw_key, v in values.items():
-        key = raw_key.replace("-", "_").replace(".", "_")
-        out[renamed(key, source)] = v
+        key = renamed(raw_key.replace("-", "_").replace(".", "_"), source)
+        if key in given_as:
+            raise ValueError(f"{source}: {given_as[key]!r} and {raw_key!r} both set {key!r}; keep only {key!r}")
+        given_as[key] = raw_key
+        out[key] = v
     return out
 
 

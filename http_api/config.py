@@ -16,6 +16,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from metadata_quorum.controller import MinInsyncReplicasDefault
+
 MiB = 1024 * 1024
 
 # old name -> new name (the old name is accepted with a DeprecatedSettingWarning)
@@ -109,11 +111,11 @@ class RequestLimits(_Group):
 
 
 @dataclass(frozen=True)
-class ReplicationConfig(_Group):
-    """Replication defaults of new topics and the follower fetch loop."""
+class ReplicationConfig(MinInsyncReplicasDefault, _Group):
+    """Replication defaults of new topics (with the inherited `min_insync_replicas`, which
+    the controller gets too) and the follower fetch loop."""
 
     default_replication_factor: int = 1
-    min_insync_replicas: int = 1              # topic default; the controller gets the same value
     replica_lag_time_max_ms: int = 30_000     # a follower not caught up for this long leaves the ISR
     replica_fetch_wait_max_ms: int = 500      # follower long poll on its leader
     replica_fetch_backoff_ms: int = 200       # after a failed replica fetch

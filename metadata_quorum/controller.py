@@ -64,11 +64,20 @@ def _validate_topic_configs(configs: dict) -> None:
 
 
 @dataclass(frozen=True)
-class ControllerSettings:
+class MinInsyncReplicasDefault:
+    """The broker-wide default of the topic config min.insync.replicas, declared once for the
+    two roles that need it: the brokers gate the high watermark on it, the controller's ELR
+    rule relies on that (http_api.config.ReplicationConfig and ControllerSettings inherit it)."""
+
+    min_insync_replicas: int = 1
+
+
+@dataclass(frozen=True)
+class ControllerSettings(MinInsyncReplicasDefault):
     """Settings of the controller role (Kafka's names, unit last); `validate()` on construction.
 
-    A node config nests it as `NodeConfig.controller`; `min_insync_replicas` there is always
-    the broker's (one key, both roles).
+    A node config nests it as `NodeConfig.controller`; its `min_insync_replicas` is always the
+    broker's (one key, both roles).
     """
 
     broker_session_timeout_ms: int = 9000
@@ -81,9 +90,6 @@ class ControllerSettings:
     partitions_per_request_max: int = 20_000
     replication_factor_max: int = 32
     auto_leader_rebalance_enable: bool = True
-    # default of the topic config min.insync.replicas: must equal the brokers' (the ELR rule
-    # relies on brokers holding the high watermark below it)
-    min_insync_replicas: int = 1
 
     def __post_init__(self) -> None:
         self.validate()
