@@ -87,8 +87,7 @@ class ControllerSettings(MinInsyncReplicasDefault):
     producer_id_block_size: int = 1000
     # one create is one atomic batch applied on the raft thread: 10,000 partitions take
     # ~60 ms there; 20,000 keeps that stall far below raft_min_timeout_s (0.3 s)
-    partitions_per_request_max: int = 20_000
-    replication_factor_max: int = 32
+    request_max_partitions: int = 20_000   # CreateTopics / CreatePartitions
     auto_leader_rebalance_enable: bool = True
 
     def __post_init__(self) -> None:
@@ -97,7 +96,7 @@ class ControllerSettings(MinInsyncReplicasDefault):
     def validate(self) -> None:
         """ValueError naming the setting when one is out of range."""
         for name in ("broker_session_timeout_ms", "broker_heartbeat_interval_ms", "leader_imbalance_check_interval_ms",
-                     "producer_id_block_size", "partitions_per_request_max", "replication_factor_max",
+                     "producer_id_block_size", "request_max_partitions",
                      "min_insync_replicas"):
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
@@ -363,9 +362,9 @@ class QuorumController:
             raise KraftlogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists; delete it first or pick another name")
         if not _is_int(partitions) or partitions < 1:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS, f"partitions must be an integer >= 1, got {partitions!r}")
-        if partitions > self.settings.partitions_per_request_max:
+        if partitions > self.settings.request_max_partitions:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
-                                f"at most {self.settings.partitions_per_request_max} partitions per request")
+                                f"at most {self.settings.request_max_partitions} partitions per request")
         live = {b: image.brokers[b].rack for b in image.live_broker_ids()}
         if not _is_int(replication_factor) or replication_factor < 1:
             raise KraftlogError(ErrorCode.INVALID_REPLICATION_FACTOR,
@@ -403,9 +402,9 @@ class QuorumController:
         if not _is_int(count) or count <= current:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
                                 f"count is the new total number of partitions and must be > {current}, got {count!r}")
-        if count - current > self.settings.partitions_per_request_max:
+        if count - current > self.settings.request_max_partitions:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
-                                f"at most {self.settings.partitions_per_request_max} new partitions per request")
+                                f"at most {self.settings.request_max_partitions} new partitions per request")
         rf = len(t.partitions[0].replicas) if 0 in t.partitions else 1
         live = {b: image.brokers[b].rack for b in image.live_broker_ids()}
         if rf > len(live):
