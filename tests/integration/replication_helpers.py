@@ -1,5 +1,9 @@
 """Shared pieces of the replication integration tests: a background producer that records
-every acknowledged write, and checks that they all survived exactly once, in order."""
+every acknowledged write, and checks that they all survived exactly once, in order.
+
+Every started background client is registered until it is stopped; `stop_all()` (called by
+the autouse fixture in tests/integration/conftest.py after each test) stops the ones a
+failing test left behind, so no client thread outlives its test."""
 from __future__ import annotations
 
 import asyncio
@@ -8,27 +12,87 @@ import time
 
 from http_api.client import Producer
 
+_running: list["_BackgroundClient"] = []
 
-class BackgroundProducer:
+
+def stop_all(grace_s: float = 5.0) -> None:
+    """Stop every background client still running, cancelling what does not finish within
+    `grace_s` (the first error is raised after all stopped)."""
+    error: BaseException | None = None
+    while _running:
+        try:
+            _running[-1].stop(grace_s)
+        except BaseException as e:  # noqa: BLE001 - stop the others first
+            error = error or e
+    if error is not None:
+        raise error
+
+
+class _BackgroundClient:
+    """An asyncio client in a thread of its own: `start()`, then `stop()` -- which asks the
+    loop to finish, and cancels it after `stop_grace_s` (a request hanging on a dead broker)."""
+
+    stop_grace_s = 30.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=type(self).__name__)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self):
+        _running.append(self)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.current_task()
+            await self._main()
+        try:
+            asyncio.run(main())
+        except asyncio.CancelledError:
+            pass
+
+    async def _main(self) -> None:
+        raise NotImplementedError
+
+    def stop(self, grace_s: float | None = None) -> None:
+        self._stop.set()
+        try:
+            if self._thread.ident is not None:
+                self._thread.join(self.stop_grace_s if grace_s is None else grace_s)
+                if self._thread.is_alive() and self._loop is not None and self._task is not None:
+                    try:
+                        self._loop.call_soon_threadsafe(self._task.cancel)
+                    except RuntimeError:   # the loop closed meanwhile: the thread is ending
+                        pass
+                    self._thread.join(30)
+            assert not self._thread.is_alive(), f"{self._thread.name} thread did not stop"
+        finally:
+            if self in _running:
+                _running.remove(self)
+
+
+class BackgroundProducer(_BackgroundClient):
     """Writes `p-i` values to each partition (one at a time per partition, acks=all,
     idempotent Python Producer) in a thread until `stop()`; `acked[p]` = [(offset, value,
     ack time)], `errors` = exceptions of writes that were not acknowledged."""
 
     def __init__(self, urls: list[str], topic: str, partitions: list[int], **producer_kw) -> None:
+        super().__init__()
         self.urls = urls
         self.topic = topic
         self.partitions = partitions
         self.producer_kw = dict(acks="all", linger_ms=1, **producer_kw)
         self.acked: dict[int, list[tuple[int, str, float]]] = {p: [] for p in partitions}
         self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.started_at = 0.0
 
     def start(self) -> "BackgroundProducer":
         self.started_at = time.monotonic()
-        self._thread.start()
-        return self
+        return super().start()
 
     def count(self) -> int:
         return sum(len(v) for v in self.acked.values())
@@ -38,11 +102,6 @@ class BackgroundProducer:
         while self.count() < n:
             assert time.monotonic() < deadline, f"only {self.count()} writes acknowledged, errors {self.errors[:3]}"
             time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(120)
-        assert not self._thread.is_alive(), "producer thread did not stop"
 
     async def _main(self) -> None:
         async with Producer(self.urls, **self.producer_kw) as producer:
@@ -81,29 +140,20 @@ def assert_acked_exactly_once_in_order(acked: list[tuple[int, str, float]], log:
     assert logged == sorted(set(logged)), "log offsets not strictly increasing"
 
 
-class BackgroundConsumer:
+class BackgroundConsumer(_BackgroundClient):
     """Polls one partition from the beginning with the Python Consumer (which follows the
     leader through metadata refreshes) until `stop()`; `records` = [(offset, value)]."""
 
     def __init__(self, urls: list[str], topic: str, partition: int) -> None:
+        super().__init__()
         self.urls, self.topic, self.partition = urls, topic, partition
         self.records: list[tuple[int, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    def start(self) -> "BackgroundConsumer":
-        self._thread.start()
-        return self
 
     def wait_offset(self, offset: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not self.records or self.records[-1][0] < offset:
             assert time.monotonic() < deadline, f"consumer at {self.records[-1:]} not at {offset}"
             time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
 
     async def _main(self) -> None:
         from http_api.client import Consumer

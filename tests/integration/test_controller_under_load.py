@@ -39,11 +39,12 @@ def test_heavy_produce_load_causes_no_controller_election(tmp_path):
         acked = [0] * PRODUCER_THREADS
         errors: list = []
         stop = time.monotonic() + LOAD_SECONDS
+        abort = threading.Event()   # set when the test fails early: the producers stop at once
 
         def produce(i: int) -> None:
             p = i % 3
             url = f"{c.url(leaders[p])}/v1/topics/load/partitions/{p}/records?acks=all"
-            while time.monotonic() < stop:
+            while time.monotonic() < stop and not abort.is_set():
                 status, body = http("POST", url, raw=batch, content_type="application/vnd.kraftlog.batch")
                 if status == 200:
                     acked[i] += 1
@@ -51,14 +52,19 @@ def test_heavy_produce_load_causes_no_controller_election(tmp_path):
                     errors.append((status, body))
 
         threads = [threading.Thread(target=produce, args=(i,)) for i in range(PRODUCER_THREADS)]
-        for t in threads:
-            t.start()
         samples = []
-        while any(t.is_alive() for t in threads):
-            samples.append(_controller_view(c))
-            time.sleep(0.5)
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads):
+                samples.append(_controller_view(c))
+                abort.wait(0.5)   # sampling interval
+        finally:
+            if any(t.is_alive() for t in threads):
+                abort.set()
+            for t in threads:
+                if t.ident is not None:
+                    t.join(60)
 
         total_mb = sum(acked) * len(batch) / 1e6
         assert total_mb > 50, f"the load was too light to prove anything: {total_mb:.0f} MB acked"

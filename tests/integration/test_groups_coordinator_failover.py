@@ -38,12 +38,13 @@ def test_kill_9_coordinator_commits_continue_on_the_new_leader(tmp_path):
                            {"records": [{"value": str(i), "partition": i % 2} for i in range(20)]})
         assert status == 200, doc
         proc = ConsumerProc(",".join(c.urls), cgroup, topic="in", session_ms=10000)
+        stop = threading.Event()
+        t = None
         try:
             alive = [i for i in c.ports if i != victim]
             acked: list[tuple[int, float]] = []
             seen: list[int] = []
             errors: list = []
-            stop = threading.Event()
 
             def committer():
                 i, k = 0, 0
@@ -102,6 +103,7 @@ def test_kill_9_coordinator_commits_continue_on_the_new_leader(tmp_path):
                   f"{len(errors)} failed attempts meanwhile")
             assert first_after - killed_at < 15
         finally:
-            if proc.proc.poll() is None:
-                proc.proc.kill()
-                proc.proc.wait(10)
+            stop.set()
+            if t is not None:
+                t.join(30)
+            proc.kill()
