@@ -105,3 +105,4 @@ def test_consume_follows_until_interrupted(node):
     finally:
         if p.poll() is None:
             p.kill()
+        p.communicate(timeout=10)   # reaped, pipes closed

@@ -28,17 +28,23 @@ def _start(tmp_path, name, extra):
            "--data-dir", str(tmp_path / name), "--http-host", "127.0.0.1", "--http-port", str(http),
            "--voters", f"1@127.0.0.2:{raft}:{http}", "--log-level", "WARNING"] + extra
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http}/controller/v1/status", timeout=0.5):
-                break
-        except OSError:
-            assert proc.poll() is None, f"controller exited with {proc.returncode}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/controller/v1/status", timeout=0.5):
+                    break
+            except OSError:
+                assert proc.poll() is None, f"controller exited with {proc.returncode}"
+                assert time.monotonic() < deadline, "controller API not up within 30 s"
+                time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while not (_accepts("127.0.0.1", raft) or _accepts("127.0.0.2", raft)) and time.monotonic() < deadline:
             time.sleep(0.1)
-    deadline = time.monotonic() + 10
-    while not (_accepts("127.0.0.1", raft) or _accepts("127.0.0.2", raft)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     return proc, raft
 
 
