@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Any, Optional
 
 from partitions.errors import ErrorCode, KraftlogError
@@ -47,11 +48,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from deploy.config import NodeConfig
     from deploy.supervisor import serve_combined
 
+    from http_api.config import DeprecatedSettingWarning
+
     try:
-        cfg = NodeConfig.load(args.config, serve_overrides(args))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeprecatedSettingWarning)
+            cfg = NodeConfig.load(args.config, serve_overrides(args))
     except ValueError as e:
         _err(str(e))
         return EXIT_USAGE
+    for w in caught:
+        _err(f"warning: {w.message}")
     return serve_combined(cfg)
 
 

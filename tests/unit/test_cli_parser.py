@@ -30,3 +30,23 @@ def test_after_the_command_wins_then_env_then_default(monkeypatch):
 def test_commands_without_a_broker_have_no_bootstrap():
     args = build_parser().parse_args(["cluster", "status", "--data-dir", "/tmp/x"])
     assert not hasattr(args, "bootstrap")
+
+
+def test_serve_says_which_key_replaces_a_renamed_one(tmp_path, monkeypatch, capsys):
+    import deploy.supervisor
+
+    started = []
+
+    def fake_serve(cfg):
+        started.append(cfg)
+        return 0
+
+    monkeypatch.setattr(deploy.supervisor, "serve_combined", fake_serve)
+    path = tmp_path / "node.toml"
+    path.write_text("max_concurrent_long_polls = 7\n")
+    args = build_parser().parse_args(["serve", "--config", str(path), "--http-port", "9001"])
+    assert args.func(args) == 0
+    assert started[0].broker.long_poll_max_requests == 7 and started[0].http_port == 9001
+    err = capsys.readouterr().err
+    assert "kraftlog: warning: " in err
+    assert "'max_concurrent_long_polls' is deprecated, use 'long_poll_max_requests' instead" in err
