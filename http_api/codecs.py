@@ -145,7 +145,7 @@ def parse_records(doc: Any, *, binary_ok: bool, max_records: int) -> list[Produc
                             field="records")
     if len(recs) > max_records:
         raise KraftlogError(ErrorCode.RECORD_LIST_TOO_LARGE,
-                            f"records: {len(recs)} records exceed max_records_per_request={max_records}; "
+                            f"records: {len(recs)} records exceed request_max_records={max_records}; "
                             "split the request")
     out: list[ProduceRecord] = []
     for i, rec in enumerate(recs):
@@ -231,7 +231,7 @@ def validate_raw_batches(body: bytes, *, max_message_bytes: int, max_records: in
         raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, f"invalid record batch: {e}; rebuild the batch") from None
     if total > max_records:
         raise KraftlogError(ErrorCode.RECORD_LIST_TOO_LARGE,
-                            f"{total} records exceed max_records_per_request={max_records}; split the request")
+                            f"{total} records exceed request_max_records={max_records}; split the request")
     return headers
 
 

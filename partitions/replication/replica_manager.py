@@ -388,7 +388,7 @@ class ReplicaManager:
             return result
         if self._long_polls >= self.max_concurrent_long_polls:
             raise KraftlogError(ErrorCode.THROTTLING_QUOTA_EXCEEDED,
-                                f"{self._long_polls} fetches are already waiting (max_concurrent_long_polls="
+                                f"{self._long_polls} fetches are already waiting (long_poll_max_requests="
                                 f"{self.max_concurrent_long_polls}); retry later or poll with max_wait_ms=0")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
