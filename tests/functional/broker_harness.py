@@ -59,7 +59,7 @@ async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: in
     try:
         rm = ReplicaManager(broker_id, lm, min_insync_replicas=cfg.min_insync_replicas,
                             request_timeout_ms=cfg.request_timeout_ms,
-                            max_concurrent_long_polls=cfg.max_concurrent_long_polls,
+                            max_concurrent_long_polls=cfg.long_poll_max_requests,
                             default_log_config_factory=factory)
         h.rm = rm
         view = MetadataView(rm)
@@ -91,6 +91,8 @@ async def stop_broker(h) -> None:
         steps += [h.fetcher.close, h.fetcher.transport.close]
     if h.client is not None:
         steps.append(h.client.close)
+    if h.view is not None and h.view in h.controller.views:
+        h.controller.views.remove(h.view)   # a stopped broker hears no more metadata
     error: BaseException | None = None
     for step in steps:
         try:

@@ -288,8 +288,8 @@ async def test_auto_create_disabled(tmp_path):
 async def test_limits(tmp_path):
     from broker_harness import start_broker, stop_broker
     from fake_controller import FakeControllerClient
-    h = await start_broker(tmp_path, FakeControllerClient(), max_request_bytes=2000,
-                           max_records_per_request=5, max_message_bytes=600)
+    h = await start_broker(tmp_path, FakeControllerClient(), socket_request_max_bytes=2000,
+                           request_max_records=5, message_max_bytes=600)
     c = h.client
     try:
         await create(c, "l", 1)
@@ -363,7 +363,7 @@ async def test_create_partitions_and_alter_configs(broker):
 async def test_too_many_long_polls_is_429(tmp_path):
     from broker_harness import start_broker, stop_broker
     from fake_controller import FakeControllerClient
-    h = await start_broker(tmp_path, FakeControllerClient(), max_concurrent_long_polls=1)
+    h = await start_broker(tmp_path, FakeControllerClient(), long_poll_max_requests=1)
     c = h.client
     try:
         await create(c, "lp", 1)
@@ -383,6 +383,35 @@ async def test_too_many_long_polls_is_429(tmp_path):
 
 
 async def test_group_offsets_survive_a_broker_restart(tmp_path):
+    """Committed offsets live in `__consumer_offsets`: a broker stopped and started again on
+    the same log dir rebuilds its groups from that log and answers the latest commits."""
+    from broker_harness import running_broker
+    from fake_controller import FakeControllerClient
+    controller = FakeControllerClient()
+    commits = [[("t", 0, 7), ("t", 1, 3)], [("t", 0, 9)]]
+    expected = {"offsets": [{"topic": "t", "partition": 0, "offset": 9}, {"topic": "t", "partition": 1, "offset": 3}]}
+    async with running_broker(tmp_path, controller) as h:
+        assert (await create(h.client, "t", 2))[0] == 201
+        for offsets in commits:
+            r = await h.client.post("/v1/groups/g/offsets", json={"offsets": [
+                {"topic": t, "partition": p, "offset": o} for t, p, o in offsets]})
+            assert r.status == 200, await r.text()
+        assert (await (await h.client.get("/v1/groups/g/offsets")).json()) == expected
+        first_url = h.config.url
+    # a new broker process on the same data: nothing of the first one's memory survives
+    async with running_broker(tmp_path, controller) as h:
+        assert h.config.url != first_url
+        r = await h.client.get("/v1/groups/g/offsets")
+        assert r.status == 200 and (await r.json()) == expected, await r.text()
+        r = await h.client.post("/v1/groups/g/offsets", json={"offsets": [{"topic": "t", "partition": 1, "offset": 5}]})
+        assert r.status == 200, await r.text()   # and the group goes on committing
+        doc = await (await h.client.get("/v1/groups/g/offsets")).json()
+        assert doc["offsets"][1] == {"topic": "t", "partition": 1, "offset": 5}
+
+
+async def test_legacy_group_offset_store_reopens_with_the_latest_commits(tmp_path):
+    """The per-broker file store (offsets committed before `__consumer_offsets` existed) read
+    back by a second instance on the same file."""
     from http_api.group_offsets import GroupOffsetStore
     path = str(tmp_path / "g.json")
     s1 = GroupOffsetStore(path)
