@@ -163,6 +163,19 @@ def _no_fsync():
         log.setLevel(level)
 
 
+class SimClock:
+    """The simulation's virtual time as a `partitions.clock.Clock` (both clocks are `now`)."""
+
+    def __init__(self, sim: "Simulation") -> None:
+        self._sim = sim
+
+    def now_ms(self) -> int:
+        return self._sim.now
+
+    def monotonic_ms(self) -> int:
+        return self._sim.now
+
+
 class Simulation:
     """One seeded run. `run()` returns a summary dict or raises SimulationFailure."""
 
@@ -171,6 +184,7 @@ class Simulation:
         self.cfg = config or SimConfig()
         self.rng = random.Random(seed)
         self.now = 0
+        self.clock = SimClock(self)
         self.step_no = 0
         self._own_root = root is None
         self.root = root or tempfile.mkdtemp(prefix=f"kraftlog-sim-{seed}-")
@@ -266,7 +280,7 @@ class Simulation:
     def start_broker(self, b: SimBroker) -> None:
         b.alive = True
         b.incarnation += 1
-        b.log = Log.open(b.dir, LogConfig(segment_bytes=4096), time_ms=lambda: self.now)
+        b.log = Log.open(b.dir, LogConfig(segment_bytes=4096), clock=self.clock)
         b.core = ReplicaState(b.id, min_isr_for=lambda topic: self.cfg.min_insync_replicas)
         b.part = b.core.add_replica(TP, b.log)
         b.needs_truncation = False
