@@ -1,4 +1,4 @@
-"""Node configuration: defaults, TOML/INI/JSON files, CLI overrides, clear errors (no processes)."""
+"""Node configuration: defaults, TOML/INI/JSON files, CLI overrides, clear errors (pure: no process, no socket)."""
 import pytest
 
 from deploy.config import NodeConfig
