@@ -31,8 +31,8 @@ from http_api.group_offsets import GroupOffsetStore
 from http_api.internal_auth import INTERNAL_PATH_PREFIX, INTERNAL_TOKEN_HEADER, internal_token, token_ok
 from http_api.partitioner import RoundRobin, partition_for_key
 from partitions.groups import records as grec
-from partitions.log import record_batch as rb
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
+from partitions.replication.replica_state import ReplicaFetchRequest
 
 if TYPE_CHECKING:
     from http_api.metadata_view import MetadataView
@@ -599,12 +599,9 @@ class BrokerApp:
                                   max_wait_ms=max_wait_ms)
         self.metrics.fetch_bytes.inc(len(res.records))
         if media == RAW_BATCH:
-            next_offset = offset
-            for h, _ in rb.iter_batches(res.records, validate=False):
-                next_offset = h.next_offset
             return web.Response(body=res.records, content_type=RAW_BATCH, headers={
                 codecs.HEADER_HIGH_WATERMARK: str(res.high_watermark),
-                codecs.HEADER_NEXT_OFFSET: str(max(next_offset, offset)),
+                codecs.HEADER_NEXT_OFFSET: str(res.next_offset),
                 codecs.HEADER_LOG_START_OFFSET: str(res.log_start_offset),
             })
         records, next_offset = codecs.decode_fetched(res.records, offset, binary=(media == CBOR))
@@ -641,8 +638,9 @@ class BrokerApp:
         try:
             replica_id = int(doc["replica_id"])
             broker_epoch = int(doc.get("broker_epoch", -1))
-            parts = [(str(e["topic"]), int(e["partition"]), int(e["offset"]), int(e["leader_epoch"]),
-                      int(e.get("high_watermark", -1))) for e in doc["partitions"]]
+            parts = [ReplicaFetchRequest(str(e["topic"]), int(e["partition"]), int(e["offset"]),
+                                         int(e["leader_epoch"]), int(e.get("high_watermark", -1)))
+                     for e in doc["partitions"]]
             max_wait_ms = min(max(0, int(doc.get("max_wait_ms", 0))), self.config.fetch_max_wait_ms)
             max_bytes = min(max(1, int(doc.get("max_bytes", self.config.fetch_max_bytes))),
                             self.config.fetch_max_bytes)
@@ -655,11 +653,11 @@ class BrokerApp:
         results = await self.rm.replica_fetch(replica_id, parts, max_bytes=max_bytes, partition_max_bytes=part_max,
                                               max_wait_ms=max_wait_ms, broker_epoch=broker_epoch)
         entries, chunks = [], []
-        for (topic, p, *_), res in zip(parts, results):
+        for req, res in zip(parts, results):
             if isinstance(res, KraftlogError):
-                entries.append(replica_client.error_entry(topic, p, res))
+                entries.append(replica_client.error_entry(req.topic, req.partition, res))
             else:
-                entries.append({"topic": topic, "partition": p, "size": len(res.records),
+                entries.append({"topic": req.topic, "partition": req.partition, "size": len(res.records),
                                 "high_watermark": res.high_watermark, "log_start_offset": res.log_start_offset,
                                 "log_end_offset": res.log_end_offset})
                 chunks.append(res.records)

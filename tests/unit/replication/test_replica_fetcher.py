@@ -13,6 +13,7 @@ from partitions.log.config import LogConfig
 from partitions.log.log import Log
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_LEADER, ReplicaManager
+from partitions.replication.replica_state import ReplicaFetchRequest
 from http_api.replica_client import PartitionData
 
 
@@ -46,7 +47,8 @@ class DirectTransport:
     async def fetch(self, url, replica_id, broker_epoch, partitions, *, max_bytes, partition_max_bytes, max_wait_ms):
         self.fetches.append([(p["topic"], p["partition"]) for p in partitions])
         rm = self.leaders[url]
-        reqs = [(p["topic"], p["partition"], p["offset"], p["leader_epoch"], p["high_watermark"]) for p in partitions]
+        reqs = [ReplicaFetchRequest(p["topic"], p["partition"], p["offset"], p["leader_epoch"], p["high_watermark"])
+                for p in partitions]
         res = await rm.replica_fetch(replica_id, reqs, max_bytes=max_bytes, partition_max_bytes=partition_max_bytes,
                                      max_wait_ms=max_wait_ms)
         out = []
