@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
+from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
 from partitions.replication.fetcher_state import FETCHING, TRUNCATING, LeaderFetchState, truncation_step
@@ -67,10 +67,6 @@ def _retrieve(task: asyncio.Future) -> None:
         task.exception()
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class _LeaderFetcher:
     """The task fetching every partition followed from one leader broker."""
 
@@ -98,7 +94,7 @@ class _LeaderFetcher:
                 continue
             if not did:
                 nxt = self.state.next_retry_ms()
-                wait_s = 1.0 if nxt is None else max(0.0, min(1.0, (nxt - _now_ms()) / 1000))
+                wait_s = 1.0 if nxt is None else max(0.0, min(1.0, (nxt - self.mgr.now_ms()) / 1000))
                 try:
                     await asyncio.wait_for(self.wakeup.wait(), wait_s)
                 except asyncio.TimeoutError:
@@ -126,7 +122,7 @@ class _LeaderFetcher:
         return None
 
     def _unreachable(self, e: KraftlogError) -> None:
-        now = _now_ms()
+        now = self.mgr.now_ms()
         for s in list(self.state.partitions.values()):
             self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
         if e.extra.get("refused") and self.mgr.on_leader_unreachable is not None:
@@ -134,7 +130,7 @@ class _LeaderFetcher:
 
     async def _truncate_ready(self) -> bool:
         rm = self.mgr.rm
-        now = _now_ms()
+        now = self.mgr.now_ms()
         asks = []
         for s in self.state.ready(TRUNCATING, now):
             try:
@@ -157,7 +153,7 @@ class _LeaderFetcher:
                 self._unreachable(e)
             else:
                 for a in asks:
-                    self.state.back_off(a["topic"], a["partition"], _now_ms(), self.mgr.backoff_ms)
+                    self.state.back_off(a["topic"], a["partition"], self.mgr.now_ms(), self.mgr.backoff_ms)
             return False
         if answers is None:
             return True
@@ -169,7 +165,7 @@ class _LeaderFetcher:
                 continue
             if err is not None:
                 log.debug("%s-%s: epoch end offset from %s failed: %s", topic, p, self.state.leader_url, err)
-                self.state.back_off(topic, p, _now_ms(), self.mgr.backoff_ms)
+                self.state.back_off(topic, p, self.mgr.now_ms(), self.mgr.backoff_ms)
                 continue
             try:
                 part, lg = rm.follower_partition(topic, p, s.leader_epoch)
@@ -181,7 +177,7 @@ class _LeaderFetcher:
                              lg.log_end_offset, offset, self.state.leader_id, epoch, end_offset)
                     rm.follower_truncate(topic, p, s.leader_epoch, offset)
             except KraftlogError:
-                self.state.back_off(topic, p, _now_ms(), self.mgr.backoff_ms)
+                self.state.back_off(topic, p, self.mgr.now_ms(), self.mgr.backoff_ms)
                 continue
             s.truncation_rounds += 1
             if done or s.truncation_rounds >= TRUNCATION_ROUNDS_MAX:
@@ -190,7 +186,7 @@ class _LeaderFetcher:
 
     async def _fetch_ready(self) -> bool:
         rm = self.mgr.rm
-        now = _now_ms()
+        now = self.mgr.now_ms()
         reqs = []
         sent: dict[tuple[str, int], tuple[int, int]] = {}
         for s in self.state.ready(FETCHING, now):
@@ -218,7 +214,7 @@ class _LeaderFetcher:
             else:
                 log.info("replica fetch from %s failed: %s", self.state.leader_url, e)
                 for r in reqs:
-                    self.state.back_off(r["topic"], r["partition"], _now_ms(), self.mgr.backoff_ms)
+                    self.state.back_off(r["topic"], r["partition"], self.mgr.now_ms(), self.mgr.backoff_ms)
             return False
         if results is None:
             return True
@@ -240,7 +236,7 @@ class _LeaderFetcher:
                 if res.records:
                     await rm.follower_flush_if_needed(res.topic, res.partition)
             except KraftlogError:
-                self.state.back_off(res.topic, res.partition, _now_ms(), self.mgr.backoff_ms)
+                self.state.back_off(res.topic, res.partition, self.mgr.now_ms(), self.mgr.backoff_ms)
             except (log_errors.OffsetMismatchError, log_errors.CorruptRecordError) as e:
                 log.warning("%s-%s: leader's batches do not continue our log (%s); truncating again",
                             res.topic, res.partition, e)
@@ -257,7 +253,7 @@ class _LeaderFetcher:
             self.state.must_truncate(topic, p, epoch)  # ahead of the leader: diverged
             return
         log.debug("%s-%s: replica fetch error %s", topic, p, err)
-        self.state.back_off(topic, p, _now_ms(), self.mgr.backoff_ms)
+        self.state.back_off(topic, p, self.mgr.now_ms(), self.mgr.backoff_ms)
 
 
 class ReplicaFetcherManager:
@@ -268,8 +264,10 @@ class ReplicaFetcherManager:
                  fetch_max_bytes: int = REPLICA_FETCH_MAX_BYTES,
                  partition_max_bytes: int = REPLICA_FETCH_PARTITION_MAX_BYTES,
                  fetch_wait_max_ms: int = REPLICA_FETCH_WAIT_MAX_MS, backoff_ms: int = REPLICA_FETCH_BACKOFF_MS,
-                 on_leader_unreachable: Callable[[int], None] | None = None) -> None:
+                 on_leader_unreachable: Callable[[int], None] | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.rm = replica_manager
+        self.now_ms = clock.monotonic_ms   # retry times and backoffs
         self.transport = transport
         self.broker_id = broker_id
         self.broker_epoch = broker_epoch

@@ -22,10 +22,10 @@ import asyncio
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Callable
 
+from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
 from partitions.log.config import LogConfig
@@ -75,7 +75,7 @@ class ReplicaManager:
     def __init__(self, broker_id: int, log_manager: LogDirectory, *, min_insync_replicas: int = 1,
                  request_timeout_ms: int = 30_000, max_concurrent_long_polls: int = 1024,
                  default_log_config_factory: Callable[[dict], LogConfig | None] | None = None,
-                 executor=None, clock_ms: Callable[[], int] | None = None,
+                 executor=None, clock: Clock = SYSTEM_CLOCK,
                  topic_ids_path: str | None = None, incarnation_id: str | None = None) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
@@ -84,7 +84,7 @@ class ReplicaManager:
         self.max_concurrent_long_polls = max_concurrent_long_polls
         self._config_factory = default_log_config_factory
         self._executor = executor
-        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._clock_ms = clock.now_ms
         self.core = ReplicaState(broker_id, min_isr_for=self.min_isr_for)
         # the core's maps (read-only here): (topic, partition) -> Partition / its log
         self.partitions: dict[TopicPartition, Partition] = self.core.partitions

@@ -23,7 +23,8 @@ module never calls them. `ReplicaManager` (asyncio shell) and `tests/sim/cluster
 drive this very code.
 
 Invariants: log_start_offset <= HW <= log_end_offset after every mutation, and a leader's HW
-never goes backwards within its leader epoch (checked by `invariant`, also under -O).
+never goes backwards within its leader epoch (checked by `partitions.invariants.invariant`,
+which survives python -O).
 """
 from __future__ import annotations
 
@@ -31,16 +32,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable, NamedTuple
 
 from partitions.errors import ErrorCode, KraftlogError
+from partitions.invariants import invariant
 from partitions.log import errors as log_errors
 from partitions.log.protocols import AppendedBatches, PartitionLog, TopicPartition
 from partitions.replication.partition import Partition, effective_min_insync_replicas
 
-
-
-def invariant(condition: bool, message: str) -> None:
-    """Raise when `condition` is false, also under `python -O` (unlike assert)."""
-    if not condition:
-        raise AssertionError(message)
 
 
 Waiter = Hashable   # an acks=all request waiting for the HW (opaque to the core)
@@ -458,12 +454,12 @@ class ReplicaState:
     def _check_offsets(self, tp: TopicPartition, part: Partition, lg: PartitionLog) -> None:
         hw = part.high_watermark
         invariant(lg.log_start_offset <= hw <= lg.log_end_offset,
-                  f"{tp}: high watermark {hw} outside [log start {lg.log_start_offset}, "
-                  f"log end {lg.log_end_offset}]")
+                  "%s: high watermark %d outside [log start %d, log end %d]",
+                  tp, hw, lg.log_start_offset, lg.log_end_offset)
         if part.is_leader:
             epoch, floor = self._hw_floor.get(tp, (part.leader_epoch, hw))
             invariant(epoch != part.leader_epoch or hw >= floor,
-                      f"{tp}: leader high watermark went back from {floor} to {hw} in leader epoch {epoch}")
+                      "%s: leader high watermark went back from %d to %d in leader epoch %d", tp, floor, hw, epoch)
             self._hw_floor[tp] = (part.leader_epoch, hw)
 
 

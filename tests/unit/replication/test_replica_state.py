@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from partitions.errors import ErrorCode, KraftlogError
+from partitions.invariants import InvariantViolation
 from partitions.log import record_batch as rb
 from partitions.log.protocols import TopicPartition
 from partitions.replication.replica_state import Effects, LeaderAndIsr, ReplicaState
@@ -113,7 +114,7 @@ def test_the_offset_invariant_fires_when_the_hw_passes_the_log_end():
     core, lg = leader_core(isr=(1,))
     core.append_as_leader(TP, batch(2))
     core.partitions[TP].high_watermark = 7        # a broken rule: beyond the log end offset
-    with pytest.raises(AssertionError, match="outside"):
+    with pytest.raises(InvariantViolation, match="outside"):
         core.append_as_leader(TP, batch(1))
 
 
@@ -123,5 +124,5 @@ def test_the_hw_monotonic_invariant_fires_when_a_leaders_hw_goes_back_in_its_epo
     core.follower_fetched(TP, 2, 3, now_ms=1)
     assert core.partitions[TP].high_watermark == 3
     core.partitions[TP].high_watermark = 1        # a broken rule: backwards within leader epoch 0
-    with pytest.raises(AssertionError, match="went back"):   # (the HW holds: ISR below min.insync)
+    with pytest.raises(InvariantViolation, match="went back"):   # (the HW holds: ISR below min.insync)
         core.apply_leader_and_isr(TP, LeaderAndIsr(1, 0, (1, 2), (1,), 1), now_ms=2)
