@@ -31,6 +31,57 @@ from tests.chaos.harness.report import write_report
 from tests.chaos.harness.workload import Workload
 
 
+CLEANER_COUNTERS = ("passes_total", "passes_aborted_total", "bytes_read_total", "bytes_written_total",
+                    "records_removed_total", "tombstones_removed_total", "cleaning_seconds_total",
+                    "retention_runs_total", "segments_deleted_by_retention_total")
+
+
+class CleanerStatsPoller:
+    """Samples every live broker's log cleaner counters (GET /admin/v1/log-cleaner): they
+    live in the broker process, so the last sample of each process incarnation (broker id,
+    pid) is kept and the incarnations summed: a lower bound of what the cleaner did."""
+
+    def __init__(self, cluster):
+        self.c = cluster
+        self.samples: dict[tuple[int, int], dict] = {}
+
+    def poll_once(self) -> None:
+        from tests.chaos.harness.cluster import _http_json
+        for i in self.c.ids:
+            spec = self.c.procs[("broker", i)]
+            if not spec.alive() or spec.paused:
+                continue
+            snap = _http_json(self.c.direct_url(i) + "/admin/v1/log-cleaner", timeout=1.0)
+            if snap:
+                self.samples[(i, spec.pid)] = snap
+
+    def totals(self) -> dict:
+        out = {k: 0 for k in CLEANER_COUNTERS}
+        for snap in self.samples.values():
+            for k in CLEANER_COUNTERS:
+                out[k] += snap.get(k, 0)
+        out["cleaning_seconds_total"] = round(out["cleaning_seconds_total"], 3)
+        out["broker_processes_sampled"] = len(self.samples)
+        return out
+
+
+def cleaned_logs_on_disk(cluster) -> dict:
+    """{topic: [partition replicas, as "broker/partition", whose cleaner checkpoint is past 0]}:
+    which logs a cleaning pass finished on."""
+    from partitions.log.cleaner_checkpoint import read_cleaner_checkpoint
+    out: dict[str, list] = {}
+    for i in cluster.ids:
+        root = cluster.broker_log_dir(i)
+        for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            topic, _, part = name.rpartition("-")
+            if not part.isdigit():
+                continue
+            cp = read_cleaner_checkpoint(os.path.join(root, name))
+            if cp:
+                out.setdefault(topic, []).append(f"{i}/{part}")
+    return out
+
+
 async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fault_count: Optional[int] = None,
                     kinds: Optional[list] = None, partitions: int = 3, hold_s=(2.0, 5.0), quiet_s=(2.0, 4.0),
                     warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print,
@@ -41,11 +92,22 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
     schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s)
     rng = random.Random(seed)
     t0 = time.monotonic()
+    poller = CleanerStatsPoller(cluster)
+    sampling = threading.Event()
+
+    def sample_thread():
+        while not sampling.wait(2.0):
+            poller.poll_once()
+
+    sampler = threading.Thread(target=sample_thread, name="cleaner-stats", daemon=True)
+    cleaned_on_disk: dict = {}
     try:
         await asyncio.get_running_loop().run_in_executor(None, cluster.start)
         log(f"cluster up in {time.monotonic() - t0:.1f}s under {root}")
+        sampler.start()
         async with Workload(cluster, history, partitions=partitions, seed=seed) as wl:
             await wl.create_topic()
+            await wl.configure_offsets_topic()
             wl.start()
             await asyncio.sleep(warmup_s)
             stop_faults = threading.Event()
@@ -71,18 +133,31 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
             await asyncio.sleep(2.0)   # a little healed traffic
             await wl.stop()
             counts = await wl.final_reads()
-            log(f"[{history.now():7.1f}s] final reads: {counts}")
+            committed = await wl.final_committed_reads()
+            log(f"[{history.now():7.1f}s] final reads: {counts}; committed offsets {committed}")
+            sampling.set()
+            await asyncio.get_running_loop().run_in_executor(None, poller.poll_once)
     finally:
+        sampling.set()
         await asyncio.get_running_loop().run_in_executor(None, cluster.stop)
+        if sampler.is_alive():
+            sampler.join(5)
+        try:
+            cleaned_on_disk = cleaned_logs_on_disk(cluster)
+        except OSError:
+            pass
+    cleaner = dict(poller.totals(), cleaned_logs=cleaned_on_disk)
+    log(f"log cleaner: {cleaner}")
     result = check(history)
     meta = {"seed": seed, "minutes": minutes, "fault_count": fault_count, "kinds": kinds,
             "partitions": partitions, "duration_s": round(time.monotonic() - t0, 1), "root": root}
     if out_dir:
-        figs = write_report(out_dir, history, result, schedule.faults, meta)
+        figs = write_report(out_dir, history, result, schedule.faults, meta, log_cleaner=cleaner)
     else:
         from tests.chaos.harness.report import figures
         figs = figures(history, result, schedule.faults)
         figs["meta"] = meta
+        figs["log_cleaner"] = cleaner
     figs["_faults"] = schedule.faults
     return figs, result
 

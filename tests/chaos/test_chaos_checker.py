@@ -400,6 +400,14 @@ def test_final_committed_offset_may_be_a_later_commit_of_unknown_outcome():
     assert kinds(b.check()) == {"committed-offset-regression"}
 
 
+def test_final_committed_offset_may_be_a_commit_still_pending_when_the_committers_stopped():
+    b = Builder()
+    b.commit(3)
+    b.h.invoke("g1", "commit", group="g", topic=T, partition=0, offset=7)   # never completed
+    b.read_committed_final(7)
+    assert b.check().valid
+
+
 def test_committed_partition_without_its_final_fetch():
     b = Builder()
     b.commit(3)

@@ -1,6 +1,10 @@
 """A short seeded schedule of real-process faults (every nemesis kind once) against a
 3-node cluster with an RF=3, min.insync.replicas=2, acks=all workload (plain and
-idempotent producers, consumers, group commits). The history must check clean.
+idempotent producers, consumers, group commits, a compacted topic with overwritten keys and
+tombstones), the log cleaner on (small segments, low dirty ratio, short
+delete.retention.ms; `__consumer_offsets` compacted too). The history must check clean,
+and the cleaner must have done real work meanwhile (passes that removed records, on the
+compacted topic and on `__consumer_offsets`).
 
 Seed: KRAFTLOG_CHAOS_SEED (default fixed); the report of a failing run is written under
 the pytest tmp dir (path in the failure message). Long runs: python -m tests.chaos.run.
@@ -49,3 +53,18 @@ async def test_short_fault_schedule_keeps_every_acknowledged_write(tmp_path):
     # the faults were felt: some operations failed or had unknown outcomes
     assert sum(v for k, v in ops.items() if k.endswith((":fail", ":info"))) > 0, where
     assert (out / "throughput_latency.svg").exists() and (out / "history.jsonl").exists()
+    # compaction under faults: acknowledged writes of the compacted topic, checked per key,
+    # of which the final read shows compaction removed superseded ones
+    stats = result.stats
+    assert stats.get("compacted_keys_checked", 0) > 0 and stats.get("compacted_superseded_removed", 0) > 0, where
+    assert sum(1 for op in result_ops(out) if op.f == "read_committed" and op.value.get("final")
+               and op.type == "ok") == 3, where
+    cleaner = figs["log_cleaner"]
+    assert cleaner["passes_total"] > 0 and cleaner["records_removed_total"] > 0, where + f"\ncleaner {cleaner}"
+    assert {"chaos-compacted", "__consumer_offsets"} <= set(cleaner["cleaned_logs"]), where + f"\ncleaner {cleaner}"
+    print(f"\nshort schedule: {figs['meta']['duration_s']} s, checker {stats}\n" + "\n".join(lines))
+
+
+def result_ops(out):
+    from tests.chaos.harness.history import History
+    return History.load(str(out / "history.jsonl")).ops

@@ -241,7 +241,7 @@ def _check_compacted(key, produces: list[Op], final: list[Op], final_map: dict[i
                 latest[k] = (o, v, op)
     unknown_tombstones: dict[str, list[Op]] = defaultdict(list)
     for op in produces:
-        if op.type == INFO:
+        if op.type in (INFO, None):   # unknown outcome, or still pending when the workload stopped
             for v in op.value.get("values", []):
                 if v in written and written[v][1]:
                     unknown_tombstones[written[v][0]].append(op)
@@ -325,7 +325,7 @@ def _check_final_committed(history: History, by_key: dict, report) -> None:
     groups_with_final = {op.value["group"] for op in finals}
     unknown: dict[tuple, list[Op]] = defaultdict(list)
     for op in history.ops:
-        if op.f == "commit" and op.type == INFO:
+        if op.f == "commit" and op.type in (INFO, None):   # unknown, or pending when the committers stopped
             unknown[(op.value["group"], op.value["topic"], op.value["partition"])].append(op)
     for gkey, ops in by_key.items():
         group, topic, partition = gkey

@@ -19,7 +19,16 @@ Wiring (free ports on loopback):
 - the workload clients talk to brokers directly (`direct_url`), so client traffic is never
   cut by accident.
 
-Processes are children started with PR_SET_PDEATHSIG: they die with the harness.
+Processes are children started with PR_SET_PDEATHSIG: they die with the harness. Each
+runs in a session (process group) of its own: a broker's log cleaner child process (spawned
+by the broker, `log_cleaner_process`) is in its group, so kill -9 of a broker kills the
+group, as a machine or container dying would (a cleaner child outliving its broker would
+otherwise stay behind, idle, for good).
+
+The log cleaner and retention run as in production, only faster: small segments, a short
+`log_cleaner_backoff_ms` and `log_retention_check_interval_ms` (the workload's compacted
+topic sets a low `min.cleanable.dirty.ratio` and `delete.retention.ms`), so compaction,
+tombstone expiry and the retention checks all happen, under faults, in a short run.
 """
 from __future__ import annotations
 
@@ -55,6 +64,26 @@ def _free_on_both() -> int:
             except OSError:
                 continue
     raise RuntimeError("no port free on both 127.0.0.1 and " + CONTROLLER_HOST)
+
+
+def _group_orphans(pgid: int) -> list[int]:
+    """Processes of group `pgid` left by its dead leader: reparented (to init or a subreaper)
+    outside the group. A new process that reused the pid as its group (our child, or the
+    children of that child) is not one of them."""
+    table: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] in ("Z", "X"):   # dead, not yet reaped
+            continue
+        table[int(name)] = (int(fields[1]), int(fields[2]))   # ppid, pgrp
+    return [pid for pid, (ppid, pgrp) in table.items()
+            if pgrp == pgid and ppid != os.getpid() and table.get(ppid, (0, -1))[1] != pgid]
 
 
 def _http_json(url: str, timeout: float = 1.0) -> Optional[dict]:
@@ -95,7 +124,10 @@ class ClusterSettings:
     broker: dict = field(default_factory=lambda: {
         "replica_lag_time_max_ms": 3000, "request_timeout_ms": 5000, "min_insync_replicas": 2,
         "default_replication_factor": 3, "replica_fetch_wait_max_ms": 200, "replica_fetch_backoff_ms": 100,
-        "offsets_commit_timeout_ms": 3000, "log_cleaner_process": False, "log_cleaner_enable": False,
+        "offsets_commit_timeout_ms": 3000,
+        # the log cleaner on, as in production (its passes in a child process), but eager
+        "log_cleaner_enable": True, "log_cleaner_process": True, "log_cleaner_backoff_ms": 300,
+        "log_retention_check_interval_ms": 1000,
     })
 
 
@@ -212,11 +244,29 @@ class ChaosCluster:
         except Exception:
             return False
 
+    @staticmethod
+    def _kill_group(spec: ProcessSpec) -> None:
+        """SIGKILL the process's group (it and its children, e.g. a broker's cleaner process).
+        Once the leader is gone its pid may be reused: then only orphans left in its group
+        (reparented away from us) are killed, one by one."""
+        if spec.proc is None:
+            return
+        if spec.proc.poll() is None:
+            try:
+                os.killpg(spec.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+        for pid in _group_orphans(spec.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def stop(self) -> None:
         """kill -9 everything (a test cluster: nothing to shut down cleanly), close the proxies."""
         for spec in self.procs.values():
-            if spec.alive():
-                spec.proc.kill()
+            self._kill_group(spec)
         for spec in self.procs.values():
             if spec.proc is not None:
                 try:
@@ -230,15 +280,17 @@ class ChaosCluster:
 
     def kill(self, role: str, i: int) -> None:
         spec = self.procs[(role, i)]
-        if spec.alive():
-            spec.proc.kill()
-            spec.proc.wait(10)
+        if spec.proc is not None:
+            self._kill_group(spec)   # also a cleaner child left by a broker that died by itself
+            try:
+                spec.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
         spec.paused = False
 
     def restart(self, role: str, i: int, fsize_limit_bytes: Optional[int] = None) -> None:
         spec = self.procs[(role, i)]
-        if spec.alive():
-            self.kill(role, i)
+        self.kill(role, i)   # alive or not: also what a dead process left in its group
         spec.fsize_limit_bytes = fsize_limit_bytes
         self._spawn(spec)
 

@@ -1,6 +1,7 @@
 """An in-process TCP proxy for network faults between kraftlog nodes.
 
-One asyncio loop in a daemon thread hosts every `Proxy`. A proxy listens on a host:port and
+One asyncio loop in a thread hosts every open `Proxy` (stopped and joined when the last one
+closes). A proxy listens on a host:port and
 forwards to one target port. It knows *who* is connecting: the peer's source port is looked
 up in /proc/net/tcp and the owning process found among known pids (`resolver`), so faults
 can be set per link (source label -> this proxy's destination), e.g. "broker-2" -> broker 1.
@@ -25,20 +26,48 @@ CHUNK_BYTES = 64 * 1024
 
 
 class _Loop:
+    """The asyncio loop (in its own thread) shared by every open Proxy; counted users: when
+    the last proxy closes, its connections are cancelled, the loop stops and the thread is
+    joined (nothing outlives the cluster that used it)."""
+
     _lock = threading.Lock()
     _instance: Optional["_Loop"] = None
 
     def __init__(self):
+        self.users = 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="chaos-proxy", daemon=True)
         self.thread.start()
 
     @classmethod
-    def get(cls) -> "_Loop":
+    def acquire(cls) -> "_Loop":
         with cls._lock:
             if cls._instance is None:
                 cls._instance = cls()
+            cls._instance.users += 1
             return cls._instance
+
+    def release(self, timeout_s: float = 5.0) -> None:
+        with _Loop._lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            if _Loop._instance is self:
+                _Loop._instance = None
+
+        async def _cancel_all():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            self.call(_cancel_all(), timeout_s)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout_s)
+        if not self.thread.is_alive():
+            self.loop.close()
 
     def call(self, coro, timeout: float = 10.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -113,8 +142,14 @@ class Proxy:
         self.resolver = resolver
         self.rules: dict[str, Rule] = {}
         self._conns: dict = {}          # writer -> source label
-        self._lp = _Loop.get()
-        self._server = self._lp.call(self._start(port or 0))
+        self._lp = _Loop.acquire()
+        self._closed = False
+        try:
+            self._server = self._lp.call(self._start(port or 0))
+        except BaseException:
+            self._closed = True
+            self._lp.release()
+            raise
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property
@@ -134,7 +169,7 @@ class Proxy:
         for k, v in kw.items():
             setattr(r, k, v)
         self.rules[source] = r
-        if r.mode == "cut":
+        if r.mode == "cut" and not self._closed:
             self._lp.loop.call_soon_threadsafe(self._sever, source)
 
     def cut(self, source: str = "*") -> None:
@@ -159,6 +194,11 @@ class Proxy:
         return "; ".join(f"{s}: {r.describe()}" for s, r in sorted(self.rules.items())) or "up"
 
     def close(self) -> None:
+        """Stop listening and sever every connection; the last proxy closed stops the loop."""
+        if self._closed:
+            return
+        self._closed = True
+
         async def _close():
             self._server.close()
             self._sever("*")
@@ -166,6 +206,7 @@ class Proxy:
             self._lp.call(_close())
         except Exception:
             pass
+        self._lp.release()
 
     # ---- forwarding --------------------------------------------------------------------
 

@@ -119,10 +119,11 @@ def svg_plot(points: list[dict], faults: list, width: int = 1000, height: int = 
 
 
 def write_report(out_dir: str, history: History, result: CheckResult, faults: list, meta: Optional[dict] = None,
-                 min_gap_s: float = 1.0) -> dict:
+                 min_gap_s: float = 1.0, log_cleaner: Optional[dict] = None) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     figs = figures(history, result, faults, min_gap_s=min_gap_s)
     figs["meta"] = meta or {}
+    figs["log_cleaner"] = log_cleaner or {}
     points = timeline(history)
     history.dump(os.path.join(out_dir, "history.jsonl"))
     with open(os.path.join(out_dir, "report.json"), "w") as f:
@@ -137,7 +138,9 @@ def write_report(out_dir: str, history: History, result: CheckResult, faults: li
              f"- unavailability (no acknowledged produce for > {min_gap_s}s): {len(figs['unavailability_windows'])} "
              f"windows, {figs['unavailable_s_total']} s total, longest {figs['unavailable_s_max']} s; per partition "
              f"{figs['unavailability_by_partition']}",
-             f"- nemesis errors: {len(figs['fault_errors'])}", "", "![](throughput_latency.svg)", "",
+             f"- nemesis errors: {len(figs['fault_errors'])}",
+             f"- log cleaner (summed over broker processes, last sample of each): {json.dumps(log_cleaner or {})}",
+             "", "![](throughput_latency.svg)", "",
              "## Faults", ""]
     lines += [f"- {x.start:7.1f}s - {x.end:7.1f}s {x.kind}: {x.description}{' ERROR ' + x.error if x.error else ''}"
               for x in faults]

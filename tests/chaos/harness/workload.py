@@ -8,7 +8,16 @@
   records and the high watermark the broker reported);
 - one group committer per partition committing the consumer's position and reading the
   committed offsets back;
-- `final_reads()` once the faults are healed: every partition read from 0 to its HW.
+- a compacted topic next to it (`cleanup.policy=compact`, small segments, a low
+  `min.cleanable.dirty.ratio`, a short `delete.retention.ms`): per partition one acks=all
+  producer overwriting a few keys again and again, some writes tombstones (value null);
+  every record carries its unique write id in the header `w` (tombstones included), so
+  reads name the write they saw; one consumer per partition;
+- `configure_offsets_topic()`: `__consumer_offsets` (compacted, created by the first group
+  call) gets small segments and a low dirty ratio, so the committed offsets are compacted
+  while coordinators move;
+- `final_reads()` once the faults are healed: every partition read from 0 to its HW;
+  `final_committed_reads()`: a fresh fetch of the group's committed offsets.
 
 Outcomes: 200 ok; a refusal the broker makes before storing anything
 (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS, UNKNOWN_TOPIC_OR_PARTITION) or a refused
@@ -27,28 +36,48 @@ import aiohttp
 from partitions.log.record_batch import Record, build_batch
 from tests.chaos.harness.history import History
 
+TOPIC_CONFIGS = {"segment.bytes": "16384"}   # segments roll (retention.ms stays 7 days: nothing deleted)
+COMPACTED_TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.bytes": "4096", "segment.ms": "2000",
+                           "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "1000"}
+OFFSETS_TOPIC = "__consumer_offsets"
+OFFSETS_TOPIC_CONFIGS = {"segment.bytes": "4096", "segment.ms": "2000", "min.cleanable.dirty.ratio": "0.01"}
+WRITE_ID_HEADER = "w"
+
 CERTAIN_FAILURES = {"NOT_LEADER_OR_FOLLOWER", "NOT_ENOUGH_REPLICAS", "UNKNOWN_TOPIC_OR_PARTITION",
                     "INVALID_REQUEST", "CORRUPT_MESSAGE"}
 RAW_BATCH = "application/vnd.kraftlog.batch"
 
 
 class Workload:
-    """Producers, consumers and group committers for one topic."""
+    """Producers, consumers and group committers for one topic; producers and consumers for
+    a compacted topic (`compacted_topic`, None for none)."""
 
     def __init__(self, cluster, history: History, topic: str = "chaos", partitions: int = 3, seed: int = 0,
                  idempotent_every: int = 2, request_timeout_s: float = 8.0, op_interval_s: float = 0.02,
-                 group: str = "chaos-group"):
+                 group: str = "chaos-group", compacted_topic: Optional[str] = "chaos-compacted",
+                 compacted_partitions: int = 2, compacted_keys: int = 8, tombstone_probability: float = 0.2,
+                 topic_configs: Optional[dict] = None, compacted_topic_configs: Optional[dict] = None,
+                 offsets_topic_configs: Optional[dict] = None):
         self.c = cluster
         self.h = history
         self.topic = topic
         self.partitions = partitions
+        self.compacted_topic = compacted_topic
+        self.compacted_partitions = compacted_partitions if compacted_topic else 0
+        self.compacted_keys = compacted_keys
+        self.tombstone_probability = tombstone_probability
+        self.topic_configs = dict(TOPIC_CONFIGS if topic_configs is None else topic_configs)
+        self.compacted_topic_configs = dict(COMPACTED_TOPIC_CONFIGS if compacted_topic_configs is None
+                                            else compacted_topic_configs)
+        self.offsets_topic_configs = dict(OFFSETS_TOPIC_CONFIGS if offsets_topic_configs is None
+                                          else offsets_topic_configs)
         self.rng = random.Random(seed)
         self.idempotent = {p for p in range(partitions) if idempotent_every and p % idempotent_every == 1}
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.op_interval_s = op_interval_s
         self.group = group
-        self.leaders: dict[int, int] = {}
-        self.positions: dict[int, int] = {p: 0 for p in range(partitions)}
+        self.leaders: dict[tuple[str, int], int] = {}
+        self.positions: dict[tuple[str, int], int] = {tp: 0 for tp in self.topic_partitions()}
         self.stop_event = asyncio.Event()
         self.session: Optional[aiohttp.ClientSession] = None
         self.tasks: list[asyncio.Task] = []
@@ -64,6 +93,11 @@ class Workload:
         await self.stop()
         await self.session.close()
 
+    def topic_partitions(self) -> list[tuple[str, int]]:
+        """Every (topic, partition) the workload writes."""
+        return [(self.topic, p) for p in range(self.partitions)] + \
+               [(self.compacted_topic, p) for p in range(self.compacted_partitions)]
+
     def _any_broker(self) -> str:
         ids = [i for i in self.c.ids if self.c.alive("broker", i)] or list(self.c.ids)
         return self.c.direct_url(self.rng.choice(ids))
@@ -75,36 +109,71 @@ class Workload:
                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
                     doc = await r.json()
                 for t in doc.get("topics", []):
-                    if t["name"] == self.topic:
+                    if t["name"] in (self.topic, self.compacted_topic):
                         for p in t["partitions"]:
-                            self.leaders[p["partition"]] = p["leader"]
+                            self.leaders[(t["name"], p["partition"])] = p["leader"]
                 return
             except Exception:
                 continue
 
-    def leader_url(self, p: int) -> str:
-        leader = self.leaders.get(p, -1)
+    def leader_url(self, p: int, topic: Optional[str] = None) -> str:
+        leader = self.leaders.get((topic or self.topic, p), -1)
         return self.c.direct_url(leader) if leader in self.c.ids else self._any_broker()
 
-    async def create_topic(self, deadline_s: float = 30.0) -> None:
-        body = {"name": self.topic, "partitions": self.partitions, "replication_factor": len(self.c.ids),
-                "configs": {"min.insync.replicas": str(min(2, len(self.c.ids)))}}
-        end = time.monotonic() + deadline_s
+    async def _create(self, name: str, partitions: int, configs: dict, end: float) -> None:
+        body = {"name": name, "partitions": partitions, "replication_factor": len(self.c.ids),
+                "configs": dict(configs, **{"min.insync.replicas": str(min(2, len(self.c.ids)))})}
         last = None
         while True:
             try:
                 async with self.session.post(self._any_broker() + "/v1/topics", json=body) as r:
                     if r.status in (201, 409):
-                        break
+                        return
                     last = f"HTTP {r.status} {(await r.read())[:200]!r}"
             except Exception as e:
                 last = repr(e)
             if time.monotonic() > end:
-                raise RuntimeError(f"could not create the topic {self.topic!r}: {last}")
+                raise RuntimeError(f"could not create the topic {name!r}: {last}")
             await asyncio.sleep(0.3)
-        while len(self.leaders) < self.partitions or any(v < 0 for v in self.leaders.values()):
+
+    async def create_topic(self, deadline_s: float = 30.0) -> None:
+        """Create the topic and the compacted topic; wait until every partition has a leader."""
+        end = time.monotonic() + deadline_s
+        await self._create(self.topic, self.partitions, self.topic_configs, end)
+        if self.compacted_topic:
+            await self._create(self.compacted_topic, self.compacted_partitions, self.compacted_topic_configs, end)
+        wanted = self.topic_partitions()
+        while any(self.leaders.get(tp, -1) < 0 for tp in wanted):
+            if time.monotonic() > end:
+                raise RuntimeError(f"partitions without a leader: {[tp for tp in wanted if self.leaders.get(tp, -1) < 0]}")
             await self.refresh_metadata()
             await asyncio.sleep(0.2)
+
+    async def configure_offsets_topic(self, deadline_s: float = 60.0) -> None:
+        """Have `__consumer_offsets` created (GET the group's coordinator) and give it
+        `offsets_topic_configs` (small segments, low dirty ratio: compacted during the run)."""
+        if not self.offsets_topic_configs:
+            return
+        end = time.monotonic() + deadline_s
+        last = None
+        while True:
+            try:
+                async with self.session.get(f"{self._any_broker()}/v1/groups/{self.group}/coordinator") as r:
+                    body = await r.read()
+                    if r.status == 200:
+                        async with self.session.post(f"{self._any_broker()}/v1/topics/{OFFSETS_TOPIC}/configs",
+                                                     json={"configs": self.offsets_topic_configs}) as r2:
+                            body = await r2.read()
+                            if r2.status == 200:
+                                return
+                            last = f"configs: HTTP {r2.status} {body[:200]!r}"
+                    else:
+                        last = f"coordinator: HTTP {r.status} {body[:200]!r}"
+            except Exception as e:
+                last = repr(e)
+            if time.monotonic() > end:
+                raise RuntimeError(f"could not configure {OFFSETS_TOPIC}: {last}")
+            await asyncio.sleep(0.3)
 
     @staticmethod
     def _classify(status: int, body: bytes) -> tuple[str, str]:
@@ -128,13 +197,14 @@ class Workload:
             value = f"p{p}-{n}"
             op = self.h.invoke(f"producer-{p}", "produce", topic=self.topic, partition=p, values=[value],
                                idempotent=False)
-            await self._post_json(op, p, value)
+            await self._post_json(op, p, {"value": value})
             await asyncio.sleep(self.op_interval_s)
 
-    async def _post_json(self, op, p: int, value: str) -> None:
-        url = f"{self.leader_url(p)}/v1/topics/{self.topic}/partitions/{p}/records?acks=all"
+    async def _post_json(self, op, p: int, record: dict, topic: Optional[str] = None) -> None:
+        topic = topic or self.topic
+        url = f"{self.leader_url(p, topic)}/v1/topics/{topic}/partitions/{p}/records?acks=all"
         try:
-            async with self.session.post(url, json={"records": [{"value": value}]}) as r:
+            async with self.session.post(url, json={"records": [record]}) as r:
                 body = await r.read()
                 if r.status == 200:
                     self.h.ok(op, offsets=[json.loads(body)["offsets"][0]["offset"]])
@@ -146,6 +216,22 @@ class Workload:
         except Exception as e:  # timeouts, resets: unknown
             self.h.info(op, f"{e.__class__.__name__}: {e}"[:200])
         await self.refresh_metadata() if op.type != "ok" else None
+
+    async def compacted_producer(self, p: int) -> None:
+        """Overwrites `compacted_keys` keys again and again; some writes are tombstones."""
+        topic = self.compacted_topic
+        retention_ms = int(self.compacted_topic_configs.get("delete.retention.ms", 86_400_000))
+        n = 0
+        while not self.stop_event.is_set():
+            n += 1
+            wid, key = f"c{p}-{n}", f"k{self.rng.randrange(self.compacted_keys)}"
+            tombstone = self.rng.random() < self.tombstone_probability
+            op = self.h.invoke(f"compactor-{p}", "produce", topic=topic, partition=p, values=[wid], keys=[key],
+                               tombstones=[tombstone], idempotent=False, compacted=True,
+                               delete_retention_ms=retention_ms)
+            record = {"key": key, "value": None if tombstone else f"{wid}:{key}", "headers": {WRITE_ID_HEADER: wid}}
+            await self._post_json(op, p, record, topic=topic)
+            await asyncio.sleep(self.op_interval_s)
 
     async def _producer_id(self) -> tuple[int, int]:
         while not self.stop_event.is_set():
@@ -205,17 +291,28 @@ class Workload:
 
     # ---- consumers ---------------------------------------------------------------------
 
-    async def fetch(self, p: int, offset: int, final: bool = False, max_wait_ms: int = 300):
-        op = self.h.invoke(f"consumer-{p}" if not final else "final-reader", "fetch", topic=self.topic,
-                           partition=p, offset=offset, final=final)
-        url = (f"{self.leader_url(p)}/v1/topics/{self.topic}/partitions/{p}/records"
+    async def fetch(self, p: int, offset: int, final: bool = False, max_wait_ms: int = 300,
+                    topic: Optional[str] = None):
+        """One fetch, recorded: records as [offset, value], or for the compacted topic
+        [offset, write id, key, value]."""
+        topic = topic or self.topic
+        compacted = topic == self.compacted_topic
+        extra = {"compacted": True} if compacted else {}
+        name = f"consumer-{p}" if topic == self.topic else f"consumer-{topic}-{p}"
+        op = self.h.invoke(name if not final else "final-reader", "fetch", topic=topic,
+                           partition=p, offset=offset, final=final, **extra)
+        url = (f"{self.leader_url(p, topic)}/v1/topics/{topic}/partitions/{p}/records"
                f"?offset={offset}&max_wait_ms={max_wait_ms}&max_bytes=262144")
         try:
             async with self.session.get(url, headers={"Accept": "application/json"}) as r:
                 body = await r.read()
                 if r.status == 200:
                     doc = json.loads(body)
-                    recs = [[x["offset"], x.get("value")] for x in doc["records"]]
+                    if compacted:
+                        recs = [[x["offset"], (x.get("headers") or {}).get(WRITE_ID_HEADER), x.get("key"),
+                                 x.get("value")] for x in doc["records"]]
+                    else:
+                        recs = [[x["offset"], x.get("value")] for x in doc["records"]]
                     self.h.ok(op, records=recs, high_watermark=doc["high_watermark"],
                               next_offset=doc["next_offset"])
                     return doc
@@ -226,11 +323,12 @@ class Workload:
         await self.refresh_metadata()
         return None
 
-    async def consumer(self, p: int) -> None:
+    async def consumer(self, p: int, topic: Optional[str] = None) -> None:
+        tp = (topic or self.topic, p)
         while not self.stop_event.is_set():
-            doc = await self.fetch(p, self.positions[p])
+            doc = await self.fetch(p, self.positions[tp], topic=tp[0])
             if doc is not None:
-                self.positions[p] = max(self.positions[p], doc["next_offset"])
+                self.positions[tp] = max(self.positions[tp], doc["next_offset"])
             else:
                 await asyncio.sleep(0.1)
             await asyncio.sleep(self.op_interval_s)
@@ -239,7 +337,7 @@ class Workload:
         committed = 0
         while not self.stop_event.is_set():
             await asyncio.sleep(interval_s)
-            pos = self.positions[p]
+            pos = self.positions[(self.topic, p)]
             if pos > committed:
                 op = self.h.invoke(f"committer-{p}", "commit", group=self.group, topic=self.topic, partition=p,
                                    offset=pos)
@@ -278,6 +376,9 @@ class Workload:
                 self.idempotent_producer(p) if p in self.idempotent else self.producer(p)))
             self.tasks.append(asyncio.create_task(self.consumer(p)))
             self.tasks.append(asyncio.create_task(self.committer(p)))
+        for p in range(self.compacted_partitions):
+            self.tasks.append(asyncio.create_task(self.compacted_producer(p)))
+            self.tasks.append(asyncio.create_task(self.consumer(p, self.compacted_topic)))
 
     async def stop(self) -> None:
         self.stop_event.set()
@@ -289,32 +390,57 @@ class Workload:
             self.tasks = []
 
     async def final_reads(self, deadline_s: float = 60.0) -> dict:
-        """Once healed: read each partition from 0 to its high watermark (stable across two
-        looks), marked final. Returns {partition: records read}."""
+        """Once healed: read each partition (of both topics) from 0 to its high watermark
+        (stable across two looks), marked final. Returns {"topic-partition": records read}."""
         out = {}
         end = time.monotonic() + deadline_s
-        for p in range(self.partitions):
+        for topic, p in self.topic_partitions():
             while True:
                 await self.refresh_metadata()
-                first = await self.fetch(p, 0, max_wait_ms=0)
+                first = await self.fetch(p, 0, max_wait_ms=0, topic=topic)
                 await asyncio.sleep(1.0)
-                second = await self.fetch(p, 0, max_wait_ms=0)
+                second = await self.fetch(p, 0, max_wait_ms=0, topic=topic)
                 if first and second and first["high_watermark"] == second["high_watermark"]:
                     hw = second["high_watermark"]
                     break
                 if time.monotonic() > end:
-                    raise RuntimeError(f"partition {p} did not settle for the final read")
+                    raise RuntimeError(f"partition {topic}-{p} did not settle for the final read")
             offset, n = 0, 0
             while True:  # at least one final fetch, even of an empty partition
-                doc = await self.fetch(p, offset, final=True, max_wait_ms=0)
+                doc = await self.fetch(p, offset, final=True, max_wait_ms=0, topic=topic)
                 if doc is None:
                     if time.monotonic() > end:
-                        raise RuntimeError(f"final read of partition {p} failed at offset {offset}")
+                        raise RuntimeError(f"final read of partition {topic}-{p} failed at offset {offset}")
                     await asyncio.sleep(0.3)
                     continue
                 n += len(doc["records"])
                 if doc["next_offset"] >= hw or doc["next_offset"] <= offset:
                     break
                 offset = doc["next_offset"]
-            out[p] = n
+            out[f"{topic}-{p}"] = n
         return out
+
+    async def final_committed_reads(self, deadline_s: float = 60.0) -> dict:
+        """Once healed and the committers stopped: a fresh fetch of the group's committed
+        offsets (one `read_committed` op per partition, marked final). {partition: offset}."""
+        end = time.monotonic() + deadline_s
+        while True:
+            ops = {p: self.h.invoke("final-reader", "read_committed", group=self.group, topic=self.topic,
+                                    partition=p, final=True) for p in range(self.partitions)}
+            error = None
+            try:
+                async with self.session.get(f"{self._any_broker()}/v1/groups/{self.group}/offsets") as r:
+                    body = await r.read()
+                    if r.status == 200:
+                        offs = {(o["topic"], o["partition"]): o["offset"] for o in json.loads(body)["offsets"]}
+                        for p, op in ops.items():
+                            self.h.ok(op, offset=offs.get((self.topic, p)))
+                        return {p: offs.get((self.topic, p)) for p in ops}
+                    error = self._classify(r.status, body)[1]
+            except Exception as e:
+                error = e.__class__.__name__
+            for op in ops.values():
+                self.h.fail(op, error)
+            if time.monotonic() > end:
+                raise RuntimeError(f"the final fetch of committed offsets failed: {error}")
+            await asyncio.sleep(0.3)
