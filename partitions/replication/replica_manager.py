@@ -1,20 +1,24 @@
-"""ReplicaManager: the broker's local partition replicas (asyncio shell over pure state).
+"""ReplicaManager: the broker's local partition replicas (the asyncio shell over `ReplicaState`).
 
-Job:
-- apply metadata images: create the local log of every partition this broker replicates,
-  make it leader or follower per the image, delete logs of removed topics;
-- produce: append raw batches on the leader with acks 0/1/all (all waits until the high
-  watermark passes the appended batches, bounded by a timeout, and is refused with
-  NOT_ENOUGH_REPLICAS while ISR < min.insync.replicas);
-- fetch: read committed data (below the high watermark) with long polls: a waiting fetch
-  parks an asyncio future keyed by partition, and appends / high-watermark moves resolve
-  those futures (no sleep loops);
+Every replication decision (roles, the high watermark, follower progress, ISR proposals,
+which acks=all waiters complete or fail) is made by the pure core
+`partitions/replication/replica_state.py`; this shell owns what the core must not touch:
+
+- apply metadata images: create the local log of every partition this broker replicates
+  (in the executor), hand each partition's registration to the core, delete logs of
+  removed topics;
+- produce: append raw batches on the leader with acks 0/1/all; acks=all parks an asyncio
+  future the core keeps as an opaque waiter and answers through `Effects` (committed,
+  NOT_ENOUGH_REPLICAS_AFTER_APPEND, leadership moved) or a timeout;
+- fetch: long polls park futures keyed by partition; the core's `Effects.wake_fetches`
+  resolves them (no sleep loops);
 - run blocking file work (log creation/deletion, flush, checkpoints) in an executor, never
   on the event loop. Appends themselves are page-cache writes made on the loop, like Kafka
   request handler threads do; fsync is left to the flush policy off the loop.
 
 Invariants: a partition answers produce/fetch only while it is leader; the high watermark
-exposed to consumers never goes backwards within a leader epoch.
+exposed to consumers never goes backwards within a leader epoch (the core checks both
+offset invariants after every mutation).
 """
 from __future__ import annotations
 

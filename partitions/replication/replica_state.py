@@ -29,7 +29,7 @@ which survives python -O).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.invariants import invariant
@@ -467,7 +467,3 @@ def leader_and_isr(registration) -> LeaderAndIsr:
     """The LeaderAndIsr of a metadata PartitionRegistration."""
     return LeaderAndIsr(registration.leader, registration.leader_epoch, tuple(registration.replicas),
                         tuple(registration.isr), registration.partition_epoch)
-
-
-def topic_partitions(keys: Iterable[tuple[str, int]]) -> list[TopicPartition]:
-    return [TopicPartition(*k) for k in keys]
