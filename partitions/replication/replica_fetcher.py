@@ -23,6 +23,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
+from metadata_quorum.image import MetadataImage
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
@@ -280,7 +281,7 @@ class ReplicaFetcherManager:
         self.fetchers: dict[int, _LeaderFetcher] = {}
         self.closed = False
 
-    def sync(self, image) -> None:
+    def sync(self, image: MetadataImage | None) -> None:
         """Match the fetchers to the replica manager's follower set (after each metadata apply)."""
         if self.closed:
             return

@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from metadata_quorum.image import MetadataImage
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
@@ -103,7 +104,7 @@ class ReplicaManager:
         # belong to the previous incarnation (None: no such check, e.g. in-process tests)
         self.incarnation_id = incarnation_id
         self._flushing: dict[tuple[str, int], asyncio.Future] = {}
-        self._image = None
+        self._image: MetadataImage | None = None
         self._metadata_lock = asyncio.Lock()
         # topic id of each local log ("topic-p" -> id), like Kafka's partition.metadata
         self._topic_ids_path = topic_ids_path
@@ -135,13 +136,13 @@ class ReplicaManager:
 
     # ---- metadata ----------------------------------------------------------------------
 
-    async def apply_metadata(self, image) -> None:
+    async def apply_metadata(self, image: MetadataImage) -> None:
         """Make local replicas match `image`: create/delete logs, become leader/follower."""
         async with self._metadata_lock:
             await self._apply(image)
             self._image = image
 
-    async def _apply(self, image) -> None:
+    async def _apply(self, image: MetadataImage) -> None:
         now = self._clock_ms()
         wanted: set[tuple[str, int]] = set()
         ids_changed = False
@@ -193,7 +194,7 @@ class ReplicaManager:
         if ids_changed:
             await self._save_topic_ids()
 
-    def _registered_in(self, image) -> bool:
+    def _registered_in(self, image: MetadataImage) -> bool:
         if self.incarnation_id is None:
             return True
         b = image.brokers.get(self.broker_id)
@@ -205,7 +206,7 @@ class ReplicaManager:
         snapshot = dict(self._log_topic_ids)
         await self._run_blocking(_write_json_atomic, self._topic_ids_path, snapshot)
 
-    async def remove_stray_logs(self, image) -> list[tuple[str, int]]:
+    async def remove_stray_logs(self, image: MetadataImage) -> list[tuple[str, int]]:
         """Delete local logs the (caught-up) metadata does not assign to this broker: topics
         deleted or partitions moved while the broker was down. Call only once the broker's
         metadata has caught up (e.g. once the controller unfenced it)."""

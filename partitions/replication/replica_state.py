@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, NamedTuple
 
+from metadata_quorum.image import PartitionRegistration
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.invariants import invariant
 from partitions.log import errors as log_errors
@@ -463,7 +464,7 @@ class ReplicaState:
             self._hw_floor[tp] = (part.leader_epoch, hw)
 
 
-def leader_and_isr(registration) -> LeaderAndIsr:
+def leader_and_isr(registration: PartitionRegistration) -> LeaderAndIsr:
     """The LeaderAndIsr of a metadata PartitionRegistration."""
     return LeaderAndIsr(registration.leader, registration.leader_epoch, tuple(registration.replicas),
                         tuple(registration.isr), registration.partition_epoch)
