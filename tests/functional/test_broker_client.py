@@ -46,11 +46,12 @@ async def test_consumer_long_poll_wakes_on_new_record(broker):
         assert await consumer.position(("lp", 0)) == 0
         loop = asyncio.get_running_loop()
         poll = asyncio.create_task(consumer.poll(5000))
-        await asyncio.sleep(0.05)
-        t0 = loop.time()
+        deadline = loop.time() + 20
+        while broker.rm.long_polls_waiting == 0:   # the consumer's fetch waits at the broker
+            assert loop.time() < deadline and not poll.done(), "the consumer's long poll never reached the broker"
+            await asyncio.sleep(0.005)
         await (await producer.send("lp", b"\xff\x00binary"))
-        records = await asyncio.wait_for(poll, 3)
-        assert loop.time() - t0 < 1.0
+        records = await asyncio.wait_for(poll, 4)   # woken: a poll left waiting would take its 5 s
         assert [r.value for r in records] == [b"\xff\x00binary"]
         assert await consumer.position(("lp", 0)) == 1
         consumer.seek(("lp", 0), 0)

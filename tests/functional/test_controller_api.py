@@ -33,21 +33,33 @@ async def start_node(leader=True, node_id=1, voters=None, feed_retained=100_000,
     server = ControllerServer(config, sm, raft_log, rng=random.Random(1))
     runner = web.AppRunner(server.build_app())
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    server._maint = asyncio.create_task(server.maintenance_loop())
-    if leader:
-        raft_log.become_leader()
-        for _ in range(100):
-            if server.is_active:
-                break
-            await asyncio.sleep(0.005)
-        assert server.is_active
-    return Node(server, runner, f"http://127.0.0.1:{port}", raft_log)
+    node = Node(server, runner, f"http://127.0.0.1:{port}", raft_log)
+    server._maint = None
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        server._maint = asyncio.create_task(server.maintenance_loop())
+        if leader:
+            raft_log.become_leader()
+            await until(lambda: server.is_active, "the controller active")
+    except BaseException:
+        await stop_node(node)
+        raise
+    return node
 
 
 async def stop_node(node):
-    node.server._maint.cancel()
+    if node.server._maint is not None:
+        node.server._maint.cancel()
     await node.runner.cleanup()
+
+
+async def until(pred, what: str, timeout: float = 20.0) -> None:
+    """Poll `pred` until true; fail after `timeout` seconds naming `what`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, f"timed out after {timeout} s waiting for {what}"
+        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -125,8 +137,11 @@ async def test_retry_after_unknown_outcome_is_applied_once(node):
 async def test_standby_redirects_writes_with_not_controller():
     voters = {1: Voter(1, "127.0.0.1", free_port(), free_port()), 2: Voter(2, "127.0.0.1", free_port(), free_port())}
     active = await start_node(node_id=1, voters=voters)
-    standby = await start_node(leader=False, node_id=2, voters=voters)
-    standby.log.leader_id  # None: the fake log does not know the other leader
+    try:
+        standby = await start_node(leader=False, node_id=2, voters=voters)
+    except BaseException:
+        await stop_node(active)
+        raise
     try:
         status, body = await raw("POST", standby.url + "/controller/v1/topics",
                                  json={"name": "t", "partitions": 1, "replication_factor": 1})
@@ -159,12 +174,14 @@ async def test_follower_long_poll_and_snapshot_fallback():
             assert changes[0] is None  # offset 0 is older than the retained tail: snapshot
             assert f.image.to_metadata_json() == n.server.sm.image.to_metadata_json()
             task = asyncio.create_task(f.run())
-            await c.create_topic("late", 1, 1)
-            target = n.server.sm.image.offset
-            assert await f.wait_for_offset(target, 3)
-            assert f.image.topic("late") is not None and changes[-1]
-            f.stop()
-            task.cancel()
+            try:
+                await c.create_topic("late", 1, 1)
+                target = n.server.sm.image.offset
+                assert await f.wait_for_offset(target, 3)
+                assert f.image.topic("late") is not None and changes[-1]
+            finally:
+                f.stop()
+                task.cancel()
     finally:
         await stop_node(n)
 
@@ -176,36 +193,30 @@ async def test_broker_lifecycle_fencing_unfencing_and_controlled_shutdown():
             follower = MetadataFollower(c, max_wait_ms=500)
             ftask = asyncio.create_task(follower.run())
             brokers = []
-            for b in (1, 2, 3):
-                lc = BrokerLifecycle(c, b, f"http://127.0.0.1:{9100 + b}", metadata_follower=follower)
-                await lc.start()
-                brokers.append(lc)
-            for lc in brokers:
-                assert await lc.wait_unfenced(5)
-            await c.create_topic("t", 3, 3)
-            b1 = brokers[0]
-            b1.pause_heartbeats()
-            for _ in range(200):
-                if n.server.sm.image.brokers[1].fenced:
-                    break
-                await asyncio.sleep(0.02)
-            img = n.server.sm.image
-            assert img.brokers[1].fenced
-            assert all(1 not in p.isr and p.leader in (2, 3) for p in img.topic("t").partitions.values())
-            b1.pause_heartbeats(False)
-            for _ in range(200):
-                if not n.server.sm.image.brokers[1].fenced:
-                    break
-                await asyncio.sleep(0.02)
-            assert not n.server.sm.image.brokers[1].fenced
-            assert await b1.wait_unfenced(5)
-            # controlled shutdown of broker 2
-            assert await brokers[1].controlled_shutdown(5)
-            img = n.server.sm.image
-            assert img.brokers[2].fenced and all(p.leader != 2 for p in img.topic("t").partitions.values())
-            follower.stop()
-            ftask.cancel()
-            for lc in brokers:
-                await lc.stop()
+            try:
+                for b in (1, 2, 3):
+                    lc = BrokerLifecycle(c, b, f"http://127.0.0.1:{9100 + b}", metadata_follower=follower)
+                    await lc.start()
+                    brokers.append(lc)
+                for lc in brokers:
+                    assert await lc.wait_unfenced(5)
+                await c.create_topic("t", 3, 3)
+                b1 = brokers[0]
+                b1.pause_heartbeats()
+                await until(lambda: n.server.sm.image.brokers[1].fenced, "broker 1 fenced")
+                img = n.server.sm.image
+                assert all(1 not in p.isr and p.leader in (2, 3) for p in img.topic("t").partitions.values())
+                b1.pause_heartbeats(False)
+                await until(lambda: not n.server.sm.image.brokers[1].fenced, "broker 1 unfenced")
+                assert await b1.wait_unfenced(5)
+                # controlled shutdown of broker 2
+                assert await brokers[1].controlled_shutdown(5)
+                img = n.server.sm.image
+                assert img.brokers[2].fenced and all(p.leader != 2 for p in img.topic("t").partitions.values())
+            finally:
+                follower.stop()
+                ftask.cancel()
+                for lc in brokers:
+                    await lc.stop()
     finally:
         await stop_node(n)

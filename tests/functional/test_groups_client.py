@@ -37,42 +37,49 @@ async def test_three_consumers_share_six_partitions_then_one_leaves(broker):
     await produce(url, "six", 60, 6)
     cs = [Consumer(url, group_id="g6", auto_offset_reset="earliest", session_timeout_ms=2000,
                    auto_commit_interval_ms=50, max_wait_ms=100) for _ in range(3)]
-    for c in cs:
-        await c.subscribe(["six"])
-    seen = []
+    try:
+        for c in cs:
+            await c.subscribe(["six"])
+        seen = []
 
-    def balanced():
-        sets = [set(c.assignment()) for c in cs]
-        return sorted(map(len, sets)) == [2, 2, 2] and len(set().union(*sets)) == 6
+        def balanced():
+            sets = [set(c.assignment()) for c in cs]
+            return sorted(map(len, sets)) == [2, 2, 2] and len(set().union(*sets)) == 6
 
-    await poll_until(cs, lambda: balanced() and len({x[1:] for x in seen}) == 60, seen=seen)
-    # no overlap: each (partition, offset) delivered to exactly one consumer
-    owners = {}
-    for cid, t, p, o in seen:
-        owners.setdefault((t, p), set()).add(cid)
-    assert all(len(v) == 1 for v in owners.values())
-    history = []
-    for _ in range(3):
-        await poll_until(cs, lambda: True)
-        await asyncio.sleep(0.06)
-        await asyncio.gather(*(c.poll(10) for c in cs))
-        history.append(await committed(url, "g6"))
-    assert history[-1] == {("six", p): 10 for p in range(6)}
-    # one member leaves (commits, releases): the other two take its partitions over
-    gone = cs.pop()
-    await gone.close()
-    await produce(url, "six", 30, 6)
-    await poll_until(cs, lambda: len(set(cs[0].assignment()) | set(cs[1].assignment())) == 6
-                     and not set(cs[0].assignment()) & set(cs[1].assignment()), seen=seen)
-    await poll_until(cs, lambda: len({x[1:] for x in seen}) == 90, seen=seen)
-    await asyncio.sleep(0.06)
-    await asyncio.gather(*(c.poll(10) for c in cs))
-    history.append(await committed(url, "g6"))
-    assert history[-1] == {("six", p): 15 for p in range(6)}
-    for a, b in zip(history, history[1:]):
-        assert all(b[k] >= a.get(k, 0) for k in b), "a committed offset went backwards"
-    for c in cs:
-        await c.close()
+        await poll_until(cs, lambda: balanced() and len({x[1:] for x in seen}) == 60, seen=seen)
+        # no overlap: each (partition, offset) delivered to exactly one consumer
+        owners = {}
+        for cid, t, p, o in seen:
+            owners.setdefault((t, p), set()).add(cid)
+        assert all(len(v) == 1 for v in owners.values())
+        history = []
+
+        async def committed_reaches(expected: dict, timeout: float = 10.0) -> None:
+            """Poll (auto-commit runs inside poll once its 50 ms interval has passed) until the
+            group's committed offsets are `expected`; every sample goes into `history`."""
+            loop = asyncio.get_running_loop()
+            end = loop.time() + timeout
+            while True:
+                await asyncio.gather(*(c.poll(10) for c in cs))
+                history.append(await committed(url, "g6"))
+                if history[-1] == expected:
+                    return
+                assert loop.time() < end, f"committed {history[-1]}, expected {expected}"
+
+        await committed_reaches({("six", p): 10 for p in range(6)})
+        # one member leaves (commits, releases): the other two take its partitions over
+        gone = cs.pop()
+        await gone.close()
+        await produce(url, "six", 30, 6)
+        await poll_until(cs, lambda: len(set(cs[0].assignment()) | set(cs[1].assignment())) == 6
+                         and not set(cs[0].assignment()) & set(cs[1].assignment()), seen=seen)
+        await poll_until(cs, lambda: len({x[1:] for x in seen}) == 90, seen=seen)
+        await committed_reaches({("six", p): 15 for p in range(6)})
+        for a, b in zip(history, history[1:]):
+            assert all(b[k] >= a.get(k, 0) for k in b), "a committed offset went backwards"
+    finally:
+        for c in cs:
+            await c.close()
     # restarted with the same group: resumes where the group committed
     await produce(url, "six", 6, 6)
     async with Consumer(url, group_id="g6", auto_offset_reset="earliest", max_wait_ms=100) as c:

@@ -37,16 +37,26 @@ async def test_acknowledged_creates_survive_failovers(tmp_path):
                     except KraftlogError:
                         pass
 
+            async def more_acknowledged(n: int, timeout: float = 30.0) -> None:
+                """Writes are being acknowledged: `n` more than now (the kills land mid-stream)."""
+                target = len(acknowledged) + n
+                deadline = time.monotonic() + timeout
+                while len(acknowledged) < target:
+                    assert time.monotonic() < deadline, f"only {len(acknowledged)} of {target} creates acknowledged"
+                    await asyncio.sleep(0.02)
+
             writers = [asyncio.create_task(writer(w)) for w in range(4)]
-            for _ in range(2):
-                await asyncio.sleep(1.0)
-                active = await asyncio.to_thread(cluster.wait_active, 10)
-                cluster.kill(active)
-                await asyncio.to_thread(cluster.wait_active, 10, (active,))
-                cluster.start(active)
-            await asyncio.sleep(1.0)
-            stop.set()
-            await asyncio.gather(*writers)
+            try:
+                for _ in range(2):
+                    await more_acknowledged(10)
+                    active = await asyncio.to_thread(cluster.wait_active, 10)
+                    cluster.kill(active)
+                    await asyncio.to_thread(cluster.wait_active, 10, (active,))
+                    cluster.start(active)
+                await more_acknowledged(10)
+            finally:
+                stop.set()
+                await asyncio.gather(*writers)
             assert len(acknowledged) > 20
             final = await client.metadata_json()
             offset = final["metadata_offset"]

@@ -132,7 +132,8 @@ def test_three_consumer_processes_kill_9_and_resume(tmp_path):
             wait_for(lambda: balanced(survivors), 15, "the survivors own all six partitions")
             moved_after = time.monotonic() - killed
             print(f"\npartitions of the killed consumer moved after {moved_after:.2f} s (session {SESSION_MS} ms)")
-            assert moved_after < SESSION_MS / 1000 + 2.5, f"partitions moved after {moved_after:.1f} s"
+            # the session timeout plus a rebalance round, with room for two busy cores
+            assert moved_after < SESSION_MS / 1000 + 5, f"partitions moved after {moved_after:.1f} s"
             wait_for(lambda: failures or (samples and samples[-1] == {tp: 20 for tp in all_tps}), 15,
                      "offsets 20 committed (as the watcher sees them)")
             stop_watch.set()

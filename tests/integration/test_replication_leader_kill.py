@@ -28,8 +28,10 @@ def test_kill_9_leader_under_acks_all_load_loses_no_acknowledged_write(tmp_path)
         n = len(prod.acked[0])
         c.wait_for(lambda: len(prod.acked[0]) > n + 20, 20, "writes acknowledged by the new leader")
         first_ack_after = next(t for _, _, t in prod.acked[0][n:])
-        # fenced at once (followers report refused connections), not after the 9 s session timeout
-        assert first_ack_after - killed_at < 5, first_ack_after - killed_at
+        # fenced at once (followers report refused connections), not after the 9 s session
+        # timeout; the bound sits below that timeout, far above the usual figure (printed)
+        print(f"\nfirst acknowledgement by the new leader {first_ack_after - killed_at:.2f} s after kill -9")
+        assert first_ack_after - killed_at < 8, first_ack_after - killed_at
         c.start_broker(victim)
         prod.wait_acked(prod.count() + 50, 30)
         prod.stop()

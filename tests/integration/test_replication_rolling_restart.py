@@ -12,7 +12,9 @@ from tests.rigs.cluster import ReplicatedCluster
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 3
-UNAVAILABLE_MAX_S = 5.0
+# below the controller's 9 s broker session timeout: leadership left by controlled shutdown,
+# not by fencing (the usual figure, printed, is well under a second)
+UNAVAILABLE_MAX_S = 8.0
 
 
 def test_rolling_restart_under_load(tmp_path):
