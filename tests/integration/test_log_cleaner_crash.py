@@ -70,14 +70,16 @@ def test_kill_9_during_cleaning_recovers_a_consistent_log(tmp_path):
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
         reader.start()
-        deadline = time.monotonic() + 20
-        while not lines and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert lines and lines[0].startswith("ready"), f"helper did not start: {lines}"
-        time.sleep(rng.uniform(0.05, 0.6))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        reader.join(5)
+        try:
+            deadline = time.monotonic() + 20
+            while not lines and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert lines and lines[0].startswith("ready"), f"helper did not start: {lines}"
+            time.sleep(rng.uniform(0.05, 0.6))   # a random moment of the cleaning passes: the kill point
+        finally:
+            proc.kill()
+            proc.wait(10)
+            reader.join(5)
         done = [ln.split() for ln in lines if ln.startswith("pass")]
         passes += sum(int(d[2]) > 0 for d in done)
         new_leo = _check(log_dir)
