@@ -5,7 +5,8 @@
 <= log end) must hold in production too, so they are checked with `invariant`, which raises
 `InvariantViolation` whatever the interpreter flags. A violation is a bug in kraftlog, never
 a client error: nothing on the request path catches it. The message is %-formatted with
-`args` only when the check fails, so a check on a hot path costs one call and a comparison.
+`args` only when the check fails. On a path that runs per append, where even evaluating the
+arguments counts, write the same check inline: `if not cond: raise InvariantViolation(...)`.
 Imports nothing of the project (any package may use it).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ the sparse indexes up to date and can rebuild them (`recover`) by scanning the f
 CRC validation, truncating at the first invalid batch.
 
 Invariants: batches in the file have strictly increasing offsets, all >= base_offset
-(`append` checks this, and that relative offsets fit, with `partitions.invariants`);
+(`append` checks this, and that relative offsets fit: `partitions.invariants`);
 `size` is the file length; `next_offset` is the offset after the last batch (base_offset
 when empty); index entries point at batch starts inside [0, size).
 
@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from .config import LogConfig
 from .errors import CorruptRecordError, LogClosedError
 from .index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, OffsetIndex, TimeIndex
-from ..invariants import invariant
+from ..invariants import InvariantViolation
 from .append import BatchEntry
 from .record_batch import (
     H_BASE_OFFSET,
@@ -363,12 +363,11 @@ class LogSegment:
         fd = self._require_open()
         start = self.size
         first, last = batches[0], batches[-1]
-        invariant(first.base_offset >= self.next_offset and last.next_offset > first.base_offset,
-                  "segment %d: appending offsets [%d, %d) after next offset %d: offsets must increase",
-                  self.base_offset, first.base_offset, last.next_offset, self.next_offset)
-        invariant(last.next_offset - 1 - self.base_offset <= _MAX_RELATIVE_OFFSET,
-                  "segment %d: offset %d does not fit a relative offset (the log should have rolled)",
-                  self.base_offset, last.next_offset - 1)
+        if not (self.next_offset <= first.base_offset < last.next_offset
+                and last.next_offset - 1 - self.base_offset <= _MAX_RELATIVE_OFFSET):
+            raise InvariantViolation(  # inline rather than invariant(): this runs on every append
+                f"segment {self.base_offset}: appending offsets [{first.base_offset}, {last.next_offset}) after "
+                f"next offset {self.next_offset}: offsets must increase and fit relative offsets")
         if isinstance(data, list):
             total = sum(map(len, data))
             if self._preallocate and start + total > self._reserved_end:
