@@ -16,7 +16,9 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
 - a tick callback pings every peer every `peer_ping_interval_s` so idle links are
   detected dead before they are needed (otherwise the first use after a failure wastes an
   election round);
-- followers never truncate entries that match the leader's (raft/append_entries_guard.py).
+- followers never truncate entries that match the leader's (raft/append_entries_guard.py);
+- pre-vote (raft/prevote.py): a node starts an election only once a majority says it would
+  vote for it, so an isolated node keeps its term and rejoins without forcing elections.
 
 Durability: pysyncobj's own file journal is an mmap that is never synced while running
 (only on destroy), and its term/vote file is renamed without fsync: an acknowledged entry
@@ -61,6 +63,10 @@ class RaftConfig:
     connection_timeout_s: float = 1.5
     leader_fallback_timeout_s: float = 1.5
     peer_ping_interval_s: float = 0.5
+    # pre-vote (raft/prevote.py): an isolated node does not raise its term, so healing it
+    # forces no election; a node above the leader's term elects the old way after this grace
+    prevote: bool = True
+    prevote_stale_leader_grace_s: float = 2.0
     # Send AppendEntries as soon as a command arrives instead of on the next period:
     # commit latency ~2 ms instead of ~50 ms for low-rate metadata writes.
     append_entries_immediately: bool = True
@@ -179,6 +185,11 @@ class SyncObjReplicatedLog:
         from raft.append_entries_guard import install_append_entries_guard
 
         install_append_entries_guard(self._syncobj)
+        if c.prevote:
+            from raft.prevote import install_prevote
+
+            if install_prevote(self._syncobj, c.raft_min_timeout_s, c.prevote_stale_leader_grace_s) is None:
+                log.warning("pre-vote not installed (unexpected pysyncobj internals): elections as before")
         self._syncobj.addOnTickCallback(self._on_tick)
 
     def stop(self) -> None:
@@ -262,6 +273,12 @@ class SyncObjReplicatedLog:
                         pass
         seen = (so._isLeader(), so._getLeader(), so.raftCurrentTerm, so.isReady())
         if seen != self._last_seen:
+            if seen[:3] != self._last_seen[:3]:
+                leader = seen[1]
+                log.info("raft node %s: term %s, %s (leader %s)", self.config.node_id, seen[2],
+                         "leader" if seen[0] else ("follower" if leader is not None else "no leader"),
+                         self._addr_to_id.get(getattr(leader, "address", str(leader))) if leader is not None
+                         else None)
             self._last_seen = seen
             self._on_raft_thread_event()
 
