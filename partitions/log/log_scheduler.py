@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -54,13 +55,32 @@ _job_ids = itertools.count(1)
 CLEANER_PROCESS_NICE = 10  # background work yields the CPU to the request path when cores are busy
 
 
-def _proc_init(nice: int) -> None:
-    import os
+PARENT_WATCH_INTERVAL_S = 0.5  # how often the cleaner child checks that its broker lives
 
+
+def _proc_init(nice: int, parent_pid: int | None = None) -> None:
     try:
         os.nice(nice)
     except OSError:  # pragma: no cover - not permitted: run at normal priority
         pass
+    if parent_pid is not None:
+        _watch_parent(parent_pid)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """The cleaner child dies with its broker: after a kill -9 of the broker nothing else
+    would stop it (nor the multiprocessing resource tracker that waits for it). A daemon
+    thread polls the parent pid; reparenting means the broker is gone."""
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_WATCH_INTERVAL_S)
+            if os.getppid() != parent_pid:
+                os._exit(0)  # nothing to flush: a pass only ever writes `.cleaned` files
+
+    threading.Thread(target=watch, name="cleaner-parent-watch", daemon=True).start()
 
 
 def _proc_start(plan: CleaningPlan) -> int:
@@ -119,7 +139,7 @@ class ProcessCleanerRunner:
             if pool is None:
                 pool = self._pool = cf.ProcessPoolExecutor(
                     max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_proc_init, initargs=(self.nice,),
+                    initializer=_proc_init, initargs=(self.nice, os.getpid()),
                 )
             return pool
 
