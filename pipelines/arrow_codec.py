@@ -24,9 +24,9 @@ _F_TIMESTAMPS = 0x02
 _F_KEYS = 0x04
 _F_HEADERS = 0x08
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # layout of rb.HEADER_SIZE bytes, see rb docstring
-assert _HEADER.size == rb.HEADER_SIZE
-_CRC_OFFSET = 17
-_ATTRIBUTES_OFFSET = 21
+if _HEADER.size != rb.HEADER_SIZE:  # pragma: no cover - the batch header changed under us
+    raise ImportError(f"pipelines.arrow_codec expects a {_HEADER.size}-byte batch header, "
+                      f"partitions.log.record_batch has {rb.HEADER_SIZE}: update _HEADER")
 
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 
@@ -287,5 +287,5 @@ def encode_batch(keys, values, headers: list | None = None, *, timestamp_ms: int
                       producer_id, producer_epoch, base_sequence, n)
     buf[rb.HEADER_SIZE:] = payload
     from crc32c import crc32c
-    struct.pack_into(">I", buf, _CRC_OFFSET, crc32c(memoryview(buf)[_ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", buf, rb.CRC_OFFSET, crc32c(memoryview(buf)[rb.ATTRIBUTES_OFFSET:]))
     return bytes(buf)
