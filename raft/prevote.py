@@ -153,7 +153,14 @@ def install_prevote(syncobj, min_timeout_s: float, stale_leader_grace_s: float,
                 return None
             if kind == "append_entries" and "term" in message:
                 rules.on_append_entries(clock(), message["term"], so.raftCurrentTerm)
-        return handler(node, message)
+        result = handler(node, message)
+        # a permission to elect (deadline 0) is for one term: when this message moved us to
+        # another term (a vote request we did not grant leaves pysyncobj's deadline as it
+        # was) or a leader appeared, pysyncobj must not start an election on its next tick
+        if (so._SyncObj__raftElectionDeadline == 0 and not so._SyncObj__transferInProgress
+                and not rules.may_elect(so.raftCurrentTerm)):
+            so._SyncObj__raftElectionDeadline = clock() + so._SyncObj__generateRaftTimeout()
+        return result
 
     def on_tick():
         if so._SyncObj__selfNode is None or not so._SyncObj__otherNodes:

@@ -8,7 +8,8 @@ import asyncio
 import secrets
 import socket
 
-from raft.prevote import CANDIDATE, FOLLOWER, LEADER, PREVOTE_REQUEST, PreVoteRules, log_up_to_date
+from raft.prevote import (CANDIDATE, FOLLOWER, LEADER, PREVOTE_REQUEST, PREVOTE_RESPONSE, PreVoteRules,
+                          install_prevote, log_up_to_date)
 
 
 def _rules(**kw) -> PreVoteRules:
@@ -59,6 +60,102 @@ def test_a_node_above_the_leaders_term_elects_the_old_way_after_the_grace():
 def test_one_node_cluster_elects_at_once():
     r = PreVoteRules(cluster_size=1, min_timeout_s=0.15, stale_leader_grace_s=2.0)
     assert r.start_round(1.0, my_term=0, self_id="a") is None and r.may_elect(0)
+
+
+# ---- wiring, on a stand-in for pysyncobj's internals -----------------------------------------
+
+class _FakeTransport:
+    def __init__(self):
+        self._onMessageReceivedCallback = lambda node, message: None
+        self.sent = []
+
+    def setOnMessageReceivedCallback(self, cb):
+        self._onMessageReceivedCallback = cb
+
+    def send(self, node, message):
+        self.sent.append((node, message))
+        return True
+
+
+class _FakeSyncObj:
+    """The attributes install_prevote reads and writes, named as pysyncobj 0.3.17 has them."""
+
+    def __init__(self, now: list):
+        self.raftCurrentTerm = 0
+        self.ticks = []
+        transport = _FakeTransport()
+        self.handled = []
+        transport.setOnMessageReceivedCallback(lambda node, message: self._pysyncobj_handles(message))
+        for name, value in (("transport", transport), ("raftState", FOLLOWER), ("raftElectionDeadline", now[0] + 0.1),
+                            ("otherNodes", {"b", "c"}), ("raftLog", [(b"", 1, 0)]), ("selfNode", "a"),
+                            ("transferInProgress", False), ("generateRaftTimeout", lambda: 0.4)):
+            setattr(self, "_SyncObj__" + name, value)
+
+    def _pysyncobj_handles(self, message):
+        self.handled.append(message)
+        if message.get("type") == "request_vote" and message["term"] > self.raftCurrentTerm:
+            self.raftCurrentTerm = message["term"]   # a vote it does not grant: deadline untouched
+
+    def addOnTickCallback(self, cb):
+        self.ticks.append(cb)
+
+    @property
+    def deadline(self) -> float:
+        return self._SyncObj__raftElectionDeadline
+
+    def receive(self, node, message):
+        return self._SyncObj__transport._onMessageReceivedCallback(node, message)
+
+
+def _installed():
+    now = [100.0]
+    so = _FakeSyncObj(now)
+    assert install_prevote(so, min_timeout_s=0.3, stale_leader_grace_s=2.0, clock=lambda: now[0]) is not None
+    return so, now
+
+
+def test_election_timer_is_held_back_until_a_majority_grants_then_released():
+    so, now = _installed()
+    so.ticks[0]()                                       # timer within the margin: a round, not an election
+    assert so.deadline == now[0] + 0.4
+    requests = [m for _, m in so._SyncObj__transport.sent]
+    assert len(requests) == 2 and all(m["type"] == PREVOTE_REQUEST and m["term"] == 1 for m in requests)
+    so.receive("b", {"type": PREVOTE_RESPONSE, "term": 1, "granted": False})
+    assert so.deadline == now[0] + 0.4
+    so.receive("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True})
+    assert so.deadline == 0                             # pysyncobj elects on its next tick
+    assert not any(m.get("type") == PREVOTE_RESPONSE for m in so.handled)   # pre-vote stays ours
+
+
+def test_an_isolated_node_keeps_pushing_its_timer_and_never_elects():
+    so, now = _installed()
+    for _ in range(50):
+        so.ticks[0]()
+        assert so.deadline > now[0]
+        now[0] = so.deadline - 0.01                     # no answers ever come
+    assert so.raftCurrentTerm == 0
+
+
+def test_a_permission_to_elect_does_not_survive_a_term_change():
+    so, now = _installed()
+    so.ticks[0]()
+    so.receive("b", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True})
+    assert so.deadline == 0
+    # before pysyncobj's next tick another candidate's vote request moves us to term 1 (we
+    # do not grant it): without the guard pysyncobj would start term 2 at once
+    so.receive("c", {"type": "request_vote", "term": 1, "last_log_index": 1, "last_log_term": 0})
+    assert so.raftCurrentTerm == 1 and so.deadline == now[0] + 0.4
+
+
+def test_a_follower_hearing_its_leader_answers_no():
+    so, now = _installed()
+    so.receive("b", {"type": "append_entries", "term": 0})
+    now[0] += 0.05
+    so.receive("c", {"type": PREVOTE_REQUEST, "term": 1, "last_log_index": 5, "last_log_term": 0})
+    assert so._SyncObj__transport.sent[-1] == ("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": False})
+    now[0] += 1.0
+    so.receive("c", {"type": PREVOTE_REQUEST, "term": 1, "last_log_index": 5, "last_log_term": 0})
+    assert so._SyncObj__transport.sent[-1] == ("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True})
 
 
 # ---- a real quorum ---------------------------------------------------------------------------
