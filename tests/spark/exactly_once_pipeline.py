@@ -3,16 +3,20 @@ Streaming copy-and-transform job from one topic to another with the kraftlog sou
 sink (idempotent by default), run in its own process so the test can kill -9 it.
 
     python tests/spark/exactly_once_pipeline.py --bootstrap URL,URL --input in --output out \
-        --checkpoint DIR [--max-offsets-per-trigger 300] [--slow-partition 2 --slow-s 1.5]
+        --checkpoint DIR [--max-offsets-per-trigger 300] [--hold-dir DIR --hold-partition 2]
 
 The query reads `input` from earliest with `trigger(availableNow=True)` (bounded micro-batches
 of `--max-offsets-per-trigger` records), maps each record (key kept, value -> "out:" + value)
 and writes it to `output`, checkpointing in `--checkpoint`; started again on the same
-checkpoint it resumes there. `--slow-partition P` makes the task with Spark partition id P
-wait `--slow-s` seconds before passing its rows on (a testing knob: the other tasks of the
-micro-batch have written their output by then, so the test can kill this process while a
-micro-batch is half written). The transformation is deterministic, as the sink's
-exactly-once promise requires. On success it prints one line `PROGRESS <json>` with the
+checkpoint it resumes there.
+
+Testing knob: with `--hold-dir D --hold-partition P`, the task with Spark partition id P of
+micro-batch B, after its last input row and before its sink sends the rows it holds, creates
+the file `D/held-B` and waits until the file `D/release-B` exists. The other tasks of the micro-batch write their output
+meanwhile, so the test decides when a micro-batch is half written and what happens then
+(kill a leader the held rows are routed to, kill this process).
+
+The transformation is deterministic, as the sink's exactly-once promise requires. On success it prints one line `PROGRESS <json>` with the
 batch ids and input row counts of the micro-batches it ran, and exits 0.
 """
 from __future__ import annotations
@@ -22,6 +26,8 @@ import json
 import os
 import sys
 
+hold_max_s = 600.0   # a held task goes on by itself after this long (the test normally decides)
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,8 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--output", required=True)
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--max-offsets-per-trigger", type=int, default=300)
-    ap.add_argument("--slow-partition", type=int, default=-1)
-    ap.add_argument("--slow-s", type=float, default=0.0)
+    ap.add_argument("--hold-partition", type=int, default=-1)
+    ap.add_argument("--hold-dir", default="")
     ap.add_argument("--master", default="local[2,4]")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     args = ap.parse_args(argv)
@@ -47,20 +53,31 @@ def main(argv=None) -> int:
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.driver.memory", "512m")
+             # a short-lived JVM on 2 busy cores: C1 only and one GC thread start up faster
+             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     pipelines.register(spark)
 
-    slow_partition, slow_s = args.slow_partition, args.slow_s
+    hold_partition, hold_dir, max_s = args.hold_partition, args.hold_dir, hold_max_s
 
-    def slow_down(batches):
+    def hold(batches):
+        import os
         import time
 
         from pyspark import TaskContext
-        if slow_s > 0 and TaskContext.get().partitionId() == slow_partition:
-            time.sleep(slow_s)
         yield from batches
+        # after its last row: the sink task already holds the rows and the leaders it looked
+        # up, and sends them when this input ends
+        ctx = TaskContext.get()
+        if hold_dir and ctx.partitionId() == hold_partition:
+            batch_id = ctx.getLocalProperty("streaming.sql.batchId")
+            open(os.path.join(hold_dir, f"held-{batch_id}"), "w").close()
+            release = os.path.join(hold_dir, f"release-{batch_id}")
+            deadline = time.monotonic() + max_s
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     query = (spark.readStream.format("kraftlog")
              .option("kraftlog.bootstrap.servers", args.bootstrap)
@@ -69,7 +86,7 @@ def main(argv=None) -> int:
              .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
              .load()
              .selectExpr("key", "value")
-             .mapInArrow(slow_down, "key binary, value binary")
+             .mapInArrow(hold, "key binary, value binary")
              .selectExpr("key", "concat(CAST('out:' AS BINARY), value) AS value")
              .writeStream.format("kraftlog")
              .option("kraftlog.bootstrap.servers", args.bootstrap)
