@@ -34,6 +34,9 @@ leak_grace_s = 5.0   # a process or thread being stopped gets this long to go be
 # threads of thread pools (asyncio's default executor, concurrent.futures) that a closed
 # loop lets go in its own time; they run no test code
 _POOL_THREAD_PREFIXES = ("ThreadPoolExecutor-", "asyncio_")
+# libraries whose threads serve the interpreter until it exits: py4j's callback server and
+# its connections (started by the first Spark foreachBatch, then shared by the session)
+_LIFETIME_THREAD_MODULES = ("py4j.",)
 
 Proc = tuple[int, int]   # (pid, start time in clock ticks): a pid cannot be mistaken after reuse
 
@@ -144,10 +147,17 @@ def _leaked_processes(before: set[Proc]) -> list[str]:
     return described
 
 
+def _library_thread(t: threading.Thread) -> bool:
+    if t.name.startswith(_POOL_THREAD_PREFIXES):
+        return True
+    module = getattr(getattr(t, "_target", None), "__module__", None) or type(t).__module__
+    return module.startswith(_LIFETIME_THREAD_MODULES)
+
+
 def _leaked_threads(before: set[threading.Thread]) -> list[str]:
     def alive():
         return [t for t in threading.enumerate()
-                if t not in before and t.is_alive() and not t.name.startswith(_POOL_THREAD_PREFIXES)]
+                if t not in before and t.is_alive() and not _library_thread(t)]
     deadline = time.monotonic() + leak_grace_s
     leaked = alive()
     while leaked and time.monotonic() < deadline:

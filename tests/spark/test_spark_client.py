@@ -29,6 +29,7 @@ class _Stub:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                self.send_header("Connection", "close")   # no keep-alive handler thread outlives the test
                 self.end_headers()
                 self.wfile.write(data)
 
