@@ -195,7 +195,10 @@ def test_exactly_once_across_broker_and_pipeline_kill_9(tmp_path):
     checkpoint = str(tmp_path / "chk")
     source, target = "in-" + uuid.uuid4().hex[:8], "out-" + uuid.uuid4().hex[:8]
     runs: list[PipelineProcess] = []
-    c = ReplicatedCluster(base, brokers=3, broker_config={"min_insync_replicas": 2})
+    # a long broker session: the stopped broker must still lead output partition 0 when the
+    # released task sends to it (after kill -9, followers' refused fetches fence it at once)
+    c = ReplicatedCluster(base, brokers=3, broker_config={"min_insync_replicas": 2},
+                          controller_args=["--broker-session-timeout-ms", "60000"])
     t0 = time.monotonic()
     try:
         c.start()
