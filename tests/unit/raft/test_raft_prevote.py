@@ -266,6 +266,17 @@ async def test_isolated_follower_keeps_its_term_and_rejoins_without_an_election(
         term = logs[leader].term
         follower = next(i for i in logs if i != leader)
         other = next(i for i in logs if i not in (leader, follower))
+        history: list = []     # (s since the cut, {node: (term, leader)}) at every change, for failures
+        t0 = asyncio.get_running_loop().time()
+
+        async def sample():
+            while True:
+                state = {i: (lg.term, lg.leader_id) for i, lg in logs.items()}
+                if not history or history[-1][1] != state:
+                    history.append((round(asyncio.get_running_loop().time() - t0, 3), state))
+                await asyncio.sleep(0.01)
+
+        sampler = asyncio.ensure_future(sample())
         cut = _Cut(logs)
         cut.cut.add(follower)
         # several election timeouts (0.3-0.6 s) with its links up: without pre-vote it starts
@@ -282,7 +293,9 @@ async def test_isolated_follower_keeps_its_term_and_rejoins_without_an_election(
                      10, f"the healed node {follower} follows a leader and catches up", logs)
         await asyncio.sleep(1.0)
         terms = {i: lg.term for i, lg in logs.items()}
-        assert len(set(terms.values())) == 1 and terms[follower] <= majority_term + 1, (terms, majority_term)
+        sampler.cancel()
+        assert len(set(terms.values())) == 1 and terms[follower] <= majority_term + 1, (
+            terms, majority_term, f"isolated {follower}", history)
     finally:
         for lg in logs.values():
             lg.stop()
