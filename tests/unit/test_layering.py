@@ -83,12 +83,22 @@ def layer_of(module: str) -> str:
 
 def _imports(module: str, path: pathlib.Path) -> tuple[set[str], set[str]]:
     """(project modules imported, external top-level names imported) by one file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    is_pkg = path.name == "__init__.py"
+    return _imports_of_source(module, path.read_text(), is_pkg=path.name == "__init__.py", filename=str(path))
+
+
+def _imports_of_source(module: str, source: str, *, is_pkg: bool = False,
+                       filename: str = "<source>") -> tuple[set[str], set[str]]:
+    """As `_imports`, for source text. A process pool counts as the external name
+    `multiprocessing` (concurrent.futures.ProcessPoolExecutor spawns processes too)."""
+    tree = ast.parse(source, filename=filename)
     project: set[str] = set()
     external: set[str] = set()
     for node in ast.walk(tree):
         names: list[str] = []
+        if (isinstance(node, ast.Name) and node.id == "ProcessPoolExecutor") or (
+                isinstance(node, ast.Attribute) and node.attr == "ProcessPoolExecutor") or (
+                isinstance(node, ast.alias) and node.name == "ProcessPoolExecutor"):
+            external.add("multiprocessing")
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -175,10 +185,15 @@ def test_guard_catches_an_upward_import_and_a_forbidden_framework():
     assert "shell" not in ALLOWED["core"]
     assert layer_of("metadata_quorum.controller_server") == "shell"
     assert layer_of("metadata_quorum.controller") == "core"
-    tree = ast.parse("import multiprocessing\nfrom aiohttp import web\n")
-    roots = {n.names[0].name.split(".")[0] if isinstance(n, ast.Import) else n.module
-             for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))}
-    assert roots & IO_FRAMEWORKS == {"multiprocessing", "aiohttp"}
+    _, external = _imports_of_source("partitions.log.x", "import multiprocessing\nfrom aiohttp import web\n")
+    assert external & IO_FRAMEWORKS == {"multiprocessing", "aiohttp"}
+    _, external = _imports_of_source("partitions.log.x", "import concurrent.futures as cf\n"
+                                     "def f():\n    return cf.ProcessPoolExecutor(1)\n")
+    assert "multiprocessing" in external
+    _, external = _imports_of_source("partitions.log.x", "from concurrent.futures import ProcessPoolExecutor\n")
+    assert "multiprocessing" in external
+    project, _ = _imports_of_source("partitions.log.x", "def f():\n    from http_api.wire import codecs\n")
+    assert project and all(layer_of(m) == "shell" for m in project)
 
 
 def test_cycle_finder_finds_a_cycle():
