@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from http_api import codecs  # noqa: E402
+from http_api.wire import codecs  # noqa: E402
 from partitions.log import record_batch as rb  # noqa: E402
 
 TOPIC = "avail"

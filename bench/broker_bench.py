@@ -28,7 +28,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from deploy.local_node import LocalNode, free_port  # noqa: E402
-from http_api import codecs  # noqa: E402
+from http_api.wire import codecs  # noqa: E402
 from partitions.log import record_batch as rb  # noqa: E402
 
 RECORD_BYTES = 100

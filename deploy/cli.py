@@ -48,7 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from deploy.config import NodeConfig
     from deploy.supervisor import serve_combined
 
-    from http_api.config import DeprecatedSettingWarning
+    from http_api.broker.config import DeprecatedSettingWarning
 
     try:
         with warnings.catch_warnings(record=True) as caught:

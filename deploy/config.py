@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from http_api.config import GROUPS, BrokerConfig, ListenerConfig, renamed
+from http_api.broker.config import GROUPS, BrokerConfig, ListenerConfig, renamed
 from metadata_quorum.controller import ControllerSettings
 
 PROCESS_ROLES = ("broker", "controller")

@@ -4,7 +4,7 @@
     kraftlog log-cleaner status [--output json]
 
 Each broker cleans its own replicas (POST /admin/v1/log-cleaner/run, see
-http_api/log_cleaner_routes.py); the brokers are found through GET /v1/metadata on the
+http_api/broker/log_cleaner.py); the brokers are found through GET /v1/metadata on the
 bootstrap URL. `--force` compacts every compacted log with something cleanable, whatever
 its dirty ratio.
 """

@@ -91,7 +91,7 @@ def controller_command(cfg: NodeConfig) -> list[str]:
 
 def broker_command(cfg: NodeConfig) -> list[str]:
     """The broker process of `cfg`: `cfg.broker` as flat JSON settings."""
-    return [sys.executable, "-m", "http_api.broker_server", "--config-json", json.dumps(cfg.broker.to_dict()),
+    return [sys.executable, "-m", "http_api.broker.server", "--config-json", json.dumps(cfg.broker.to_dict()),
             "--log-level", cfg.log_level]
 
 

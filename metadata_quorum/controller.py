@@ -67,7 +67,7 @@ def _validate_topic_configs(configs: dict) -> None:
 class MinInsyncReplicasDefault:
     """The broker-wide default of the topic config min.insync.replicas, declared once for the
     two roles that need it: the brokers gate the high watermark on it, the controller's ELR
-    rule relies on that (http_api.config.ReplicationConfig and ControllerSettings inherit it)."""
+    rule relies on that (http_api.broker.config.ReplicationConfig and ControllerSettings inherit it)."""
 
     min_insync_replicas: int = 1
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 from aiohttp import web
 
-from http_api.errors import http_status
+from http_api.wire.errors import http_status
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.image import MetadataImage

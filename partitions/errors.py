@@ -3,7 +3,7 @@
 `ErrorCode` names an error the way Kafka does and says whether retrying (after a metadata
 refresh where relevant) can succeed; `KraftlogError` carries one across layers. How an error
 crosses a wire is the wire's business: the HTTP status of each code lives in
-`http_api.errors.HTTP_STATUS`. This module imports nothing of the project, so pure cores,
+`http_api.wire.errors.HTTP_STATUS`. This module imports nothing of the project, so pure cores,
 shells and clients all may import it.
 """
 from __future__ import annotations

@@ -268,7 +268,7 @@ class PartitionedProducer:
             self._append_topic(topic, rows, pa)
 
     def _append_topic(self, topic: str, rows, pa) -> None:
-        from http_api.partitioner import partition_for_key
+        from http_api.wire.partitioner import partition_for_key
 
         names = rows.schema.names
         n = self.num_partitions(topic)

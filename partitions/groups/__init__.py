@@ -6,6 +6,6 @@
   join / heartbeat / leave / session expiry, member epochs, revocation before assignment)
   plus the committed-offsets cache of one `__consumer_offsets` partition, rebuilt by replay.
 
-The broker shell (`http_api/group_routes.py`) writes the records this core returns into
+The broker shell (`http_api/broker/groups.py`) writes the records this core returns into
 `__consumer_offsets` with acks=all and serves HTTP.
 """

@@ -42,7 +42,7 @@ TRUNCATION_ROUNDS_MAX = 50
 
 
 class FetchedPartition(Protocol):
-    """One partition of a replica fetch answer (http_api.replica_client.PartitionData)."""
+    """One partition of a replica fetch answer (http_api.broker.replica_client.PartitionData)."""
 
     topic: str
     partition: int
@@ -53,7 +53,7 @@ class FetchedPartition(Protocol):
 
 
 class ReplicaTransport(Protocol):
-    """How a follower reaches its leaders (http_api.replica_client.ReplicaClient; the wire
+    """How a follower reaches its leaders (http_api.broker.replica_client.ReplicaClient; the wire
     documents are the `partitions` dicts of API.md's internal replication routes)."""
 
     async def fetch(self, leader_url: str, replica_id: int, broker_epoch: int, partitions: list[dict], *,

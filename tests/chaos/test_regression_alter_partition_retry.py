@@ -7,15 +7,15 @@ epoch: the ISR stays shrunk forever although the follower is caught up. With
 min.insync.replicas=2 and an ISR stuck at one member, every acks=all produce is refused
 (NOT_ENOUGH_REPLICAS) for good: an unavailability that outlives the fault.
 
-Fix (owner: replication, http_api/broker_server.py `_isr_loop`): forget the pending mark
+Fix (owner: replication, http_api/broker/server.py `_isr_loop`): forget the pending mark
 when the call fails (or after a timeout), so the next check asks again.
 """
 from __future__ import annotations
 
 import asyncio
 
-import http_api.broker_server as broker_server
-from http_api.config import BrokerConfig
+import http_api.broker.server as broker_server
+from http_api.broker.config import BrokerConfig
 from partitions.replication.partition import Partition
 
 

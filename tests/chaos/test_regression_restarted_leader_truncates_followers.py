@@ -14,7 +14,7 @@ What happens (broker logs of seed 3):
   the acknowledged record is gone from every replica.
 
 Fixed in 6c3f54a (replication: a restarted broker leads only once the metadata holds this
-process's registration). Root cause: http_api/broker_server.py starts the MetadataFollower (and so applies partition
+process's registration). Root cause: http_api/broker/server.py starts the MetadataFollower (and so applies partition
 leadership to the ReplicaManager) before `lifecycle.start()` registers the new incarnation,
 so a restarted broker acts on its previous incarnation's leaderships. Fix (owner:
 replication/broker): do not become leader (nor answer replica fetch / epoch-end-offset as

@@ -17,7 +17,7 @@ Why: the old coordinator is the __consumer_offsets partition leader in its own (
 metadata: its links were blackholed, so its metadata long poll hangs until the client
 timeout, and `GroupCoordinator.route` serves `fetch_offsets` locally whenever the local
 view says "leader here". Kafka bounds the same window with the leader epoch check on the
-partition; a fix here (owner: consumer groups, http_api/group_routes.py): answer offsets
+partition; a fix here (owner: consumer groups, http_api/broker/groups.py): answer offsets
 fetches only while the local replica is provably leader (e.g. its followers fetched within
 replica.lag.time.max.ms / a fresh metadata heartbeat), else NOT_COORDINATOR /
 COORDINATOR_NOT_AVAILABLE so the client retries on the new coordinator.

@@ -17,14 +17,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from fake_controller import FakeControllerClient  # noqa: E402
 
-from http_api.broker_app import BrokerDeps, create_app  # noqa: E402
-from http_api.config import BrokerConfig  # noqa: E402
-from http_api.group_offsets import GroupOffsetStore  # noqa: E402
-from http_api.metadata_view import MetadataView  # noqa: E402
+from http_api.broker.app import BrokerDeps, create_app  # noqa: E402
+from http_api.broker.config import BrokerConfig  # noqa: E402
+from http_api.broker.group_offsets import GroupOffsetStore  # noqa: E402
+from http_api.broker.metadata_view import MetadataView  # noqa: E402
 from partitions.replication.replica_manager import ReplicaManager  # noqa: E402
 from partitions.replication.replica_fetcher import ReplicaFetcherManager  # noqa: E402
-from http_api.internal_auth import internal_token  # noqa: E402
-from http_api.replica_client import ReplicaTransport  # noqa: E402
+from http_api.broker.internal_auth import internal_token  # noqa: E402
+from http_api.broker.replica_client import ReplicaTransport  # noqa: E402
 
 
 def make_log_manager(log_dir: str):

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fake_controller import FakeControllerClient
 from broker_harness import start_broker, stop_broker
-from http_api.broker_app import BROKER_KEY
-from http_api.log_cleaner_routes import scheduler_for
+from http_api.broker.app import BROKER_KEY
+from http_api.broker.log_cleaner import scheduler_for
 from partitions.log import record_batch as rb
 
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "300", "delete.retention.ms": "0",

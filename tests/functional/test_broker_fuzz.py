@@ -5,7 +5,7 @@ import random
 
 import cbor2
 
-from http_api import codecs
+from http_api.wire import codecs
 from partitions.log import record_batch as rb
 
 

@@ -2,7 +2,7 @@
 proposals, truncation to the leader's epoch end after a leader change."""
 import asyncio
 
-from http_api import codecs
+from http_api.wire import codecs
 from partitions.log import record_batch as rb
 
 

@@ -5,7 +5,7 @@ import json
 
 import cbor2
 
-from http_api import codecs
+from http_api.wire import codecs
 from partitions.log import record_batch as rb
 
 
@@ -416,7 +416,7 @@ async def test_group_offsets_survive_a_broker_restart(tmp_path):
 async def test_legacy_group_offset_store_reopens_with_the_latest_commits(tmp_path):
     """The per-broker file store (offsets committed before `__consumer_offsets` existed) read
     back by a second instance on the same file."""
-    from http_api.group_offsets import GroupOffsetStore
+    from http_api.broker.group_offsets import GroupOffsetStore
     path = str(tmp_path / "g.json")
     s1 = GroupOffsetStore(path)
     await s1.commit("g", [("t", 0, 7), ("t", 1, 3)])

@@ -1,6 +1,6 @@
 """Two in-process brokers: 421 with the leader's URL, topic-level produce forwarded to
 the leader, leadership moves."""
-from http_api import codecs
+from http_api.wire import codecs
 from partitions.log import record_batch as rb
 
 

@@ -1,8 +1,8 @@
-"""Exactly-once consume-transform-produce (http_api/exactly_once.py): the input position
+"""Exactly-once consume-transform-produce (http_api/client/exactly_once.py): the input position
 travels in the output records' headers; a processor that crashes after writing output but
 before committing to the group resumes from the output and writes every result once."""
 from http_api.client import AdminClient, Consumer, Producer
-from http_api.exactly_once import output_partition_for, parse_source, recover_position, source_header
+from http_api.client.exactly_once import output_partition_for, parse_source, recover_position, source_header
 
 IN, OUT, N = "eo-in", "eo-out", 40
 

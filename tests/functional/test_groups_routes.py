@@ -240,7 +240,7 @@ async def test_new_partitions_are_assigned_and_deleted_topics_lose_their_offsets
 
 
 async def test_offsets_of_the_legacy_per_broker_store_are_imported(broker):
-    from http_api.broker_app import BROKER_KEY
+    from http_api.broker.app import BROKER_KEY
     c = broker.client
     await create(c, "tl", 2)
     legacy = c.server.app[BROKER_KEY].deps.groups
@@ -268,7 +268,7 @@ async def test_delete_group(broker):
     assert (await c.get("/v1/groups/gd")).status == 404
     assert (await c.delete("/v1/groups/gd")).status == 404
     # imported legacy offsets are not revived after the group is deleted
-    from http_api.broker_app import BROKER_KEY
+    from http_api.broker.app import BROKER_KEY
     await c.server.app[BROKER_KEY].deps.groups.commit("gl2", [("td", 0, 7)])
     assert (await (await c.get("/v1/groups/gl2/offsets")).json())["offsets"][0]["offset"] == 7
     assert (await c.delete("/v1/groups/gl2")).status == 204
@@ -307,7 +307,7 @@ async def test_offsets_topic_cannot_be_deleted(broker):
 
 
 async def test_offsets_of_groups_without_members_expire_after_offsets_retention_minutes(broker):
-    from http_api.group_routes import SERVICE_KEY
+    from http_api.broker.groups import SERVICE_KEY
     c = broker.client
     gc = c.server.app[SERVICE_KEY]
     await create(c, "tr", 1)

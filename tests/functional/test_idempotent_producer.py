@@ -1,7 +1,7 @@
 """Idempotent producer end to end (in-process broker): producer ids from the controller
 through POST /v1/producer-ids, duplicates answered with their original offsets, and the
 Python Producer idempotent by default so a retried batch is written once."""
-from http_api import codecs
+from http_api.wire import codecs
 from http_api.client import Consumer, Producer
 from partitions.log import record_batch as rb
 
@@ -48,7 +48,7 @@ async def test_python_producer_is_idempotent_by_default(broker, monkeypatch):
             res = await real(method, u, **kw)
             if "/records" in u and lost["n"] == 0:
                 lost["n"] += 1
-                from http_api.errors import ErrorCode, KraftlogError
+                from http_api.wire.errors import ErrorCode, KraftlogError
                 raise KraftlogError(ErrorCode.REQUEST_TIMED_OUT, "answer lost")
             return res
         monkeypatch.setattr(producer.t, "request", lossy)

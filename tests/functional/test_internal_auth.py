@@ -4,7 +4,7 @@ import pytest
 from broker_harness import running_broker
 from fake_controller import FakeControllerClient
 
-from http_api.internal_auth import INTERNAL_TOKEN_HEADER, internal_token
+from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER, internal_token
 
 SECRET = "s3cret-of-the-cluster"
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from http_api import codecs
-from http_api.errors import ErrorCode, http_status
+from http_api.wire import codecs
+from http_api.wire.errors import ErrorCode, http_status
 from partitions.log import record_batch as rb
 from tests.rigs.cluster import ReplicatedCluster, http
 

@@ -24,8 +24,8 @@ def test_a_cluster_that_fails_to_start_kills_what_it_started(tmp_path, monkeypat
         with pytest.raises(RuntimeError, match="broker 1 exited"):
             c.start()
         assert len(started) == 3   # 1 controller + 2 brokers were started
-        assert [p.args[2] for p in started] == ["metadata_quorum.controller_server", "http_api.broker_server",
-                                                "http_api.broker_server"]
+        assert [p.args[2] for p in started] == ["metadata_quorum.controller_server", "http_api.broker.server",
+                                                "http_api.broker.server"]
         assert all(p.poll() is not None for p in started), [p.args[:3] for p in started if p.poll() is None]
         assert c.procs == {} and c.controllers.procs == {}
     finally:

@@ -1,7 +1,7 @@
 """Real replicated clusters for integration tests and benchmarks (processes, free ports).
 
 `ReplicatedCluster(base_dir, brokers=3)` starts one controller process (or `controllers`
-of them) and N broker processes (`python -m http_api.broker_server`), each on free ports
+of them) and N broker processes (`python -m http_api.broker.server`), each on free ports
 with its own data dir; brokers can be killed (-9), paused (SIGSTOP/SIGCONT), stopped with
 SIGTERM (controlled shutdown) and restarted on the same port and data.
 """
@@ -79,7 +79,7 @@ class ReplicatedCluster:
         os.makedirs(d, exist_ok=True)
         cfg = {"broker_id": broker_id, "http_port": self.ports[broker_id], "log_dirs": [os.path.join(d, "logs")],
                "state_dir": d, "controller_urls": self.controllers.urls, **self.broker_config}
-        cmd = [sys.executable, "-m", "http_api.broker_server", "--config-json", json.dumps(cfg),
+        cmd = [sys.executable, "-m", "http_api.broker.server", "--config-json", json.dumps(cfg),
                "--log-level", os.environ.get("KRAFTLOG_TEST_LOG_LEVEL", "INFO")]
         log = open(os.path.join(d, "broker.log"), "ab")
         self.procs[broker_id] = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

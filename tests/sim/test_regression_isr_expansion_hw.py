@@ -11,7 +11,7 @@ expansion is pending, the HW counts the proposed members too, so it never passes
 of a replica the controller may consider in sync.
 
 Where to fix: partitions/replication/partition.py (a pending ISR used by
-maybe_increment_high_watermark) + http_api/broker_server.py `_isr_loop` (set it when
+maybe_increment_high_watermark) + http_api/broker/server.py `_isr_loop` (set it when
 sending AlterPartition, clear it when metadata answers). Owner: replication.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 from deploy.cli import build_parser, serve_overrides
 from deploy.config import NodeConfig
 from deploy.supervisor import broker_command, controller_command
-from http_api.config import (GROUPS, RENAMED_SETTINGS, BrokerConfig, DeprecatedSettingWarning, GroupCoordinatorConfig,
+from http_api.broker.config import (GROUPS, RENAMED_SETTINGS, BrokerConfig, DeprecatedSettingWarning, GroupCoordinatorConfig,
                              ListenerConfig, LogCleanerConfig, LogDefaults, MemoryConfig, ReplicationConfig,
                              RequestLimits)
 from metadata_quorum.controller import ControllerSettings, MinInsyncReplicasDefault

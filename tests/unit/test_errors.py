@@ -1,9 +1,9 @@
-"""The error vocabulary (partitions.errors) and its HTTP mapping (http_api.errors)."""
+"""The error vocabulary (partitions.errors) and its HTTP mapping (http_api.wire.errors)."""
 from __future__ import annotations
 
 import pytest
 
-from http_api.errors import HTTP_STATUS, http_status
+from http_api.wire.errors import HTTP_STATUS, http_status
 from partitions.errors import ErrorCode, KraftlogError
 
 

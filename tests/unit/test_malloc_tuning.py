@@ -1,13 +1,13 @@
-"""http_api.malloc_tuning: large short-lived buffers stop page-faulting once applied."""
+"""http_api.broker.malloc_tuning: large short-lived buffers stop page-faulting once applied."""
 import subprocess
 import sys
 
-from http_api import malloc_tuning
-from http_api.config import BrokerConfig
+from http_api.broker import malloc_tuning
+from http_api.broker.config import BrokerConfig
 
 CHURN = r"""
 import resource, sys
-from http_api import malloc_tuning
+from http_api.broker import malloc_tuning
 if sys.argv[1] == "tuned":
     assert malloc_tuning.apply(64 << 20, 256 << 20) == {"mmap_threshold_bytes": 64 << 20,
                                                         "trim_threshold_bytes": 256 << 20}

@@ -178,14 +178,14 @@ class ChaosCluster:
                            os.path.join(self.node_dir(i), "controller.log"))
 
     def _broker_spec(self, i: int) -> ProcessSpec:
-        from http_api.config import BrokerConfig
+        from http_api.broker.config import BrokerConfig
 
         state = os.path.join(self.node_dir(i), f"broker-{i}")
         cfg = BrokerConfig(broker_id=i, cluster_id=self.cluster_id, http_host="127.0.0.1",
                            http_port=self.http_port[i], advertised_url=self.broker_proxy[i].url,
                            log_dirs=[os.path.join(state, "logs")], state_dir=state,
                            controller_urls=[self.ctl_proxy[j].url for j in self.ids], **self.s.broker)
-        cmd = [sys.executable, "-m", "http_api.broker_server", "--config-json",
+        cmd = [sys.executable, "-m", "http_api.broker.server", "--config-json",
                json.dumps(dataclasses.asdict(cfg)), "--log-level", self.s.log_level]
         return ProcessSpec("broker", i, cmd, {}, os.path.join(self.node_dir(i), "broker.log"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from http_api.group_routes import GroupCoordinator
+from http_api.broker.groups import GroupCoordinator
 from partitions.groups.records import partition_for_group
 
 

@@ -5,8 +5,8 @@ import json
 import cbor2
 import pytest
 
-from http_api import codecs
-from http_api.errors import ErrorCode, KraftlogError, http_status
+from http_api.wire import codecs
+from http_api.wire.errors import ErrorCode, KraftlogError, http_status
 from partitions.log import record_batch as rb
 
 

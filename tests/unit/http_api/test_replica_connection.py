@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from http_api import replica_client
-from http_api.errors import ErrorCode, KraftlogError
-from http_api.replica_client import ReplicaTransport, decode_fetch_response, encode_fetch_header
-from http_api.replica_connection import ReplicaConnectionPool
+from http_api.broker import replica_client
+from http_api.wire.errors import ErrorCode, KraftlogError
+from http_api.broker.replica_client import ReplicaTransport, decode_fetch_response, encode_fetch_header
+from http_api.broker.replica_connection import ReplicaConnectionPool
 
 
 def _answer(chunks: list[bytes]) -> tuple[list[dict], bytes]:
@@ -23,7 +23,7 @@ def _answer(chunks: list[bytes]) -> tuple[list[dict], bytes]:
 
 
 async def _leader_app(chunks: list[bytes], seen: list, refuse: bool = False) -> TestServer:
-    """An aiohttp leader answering replica-fetch the way broker_app does (StreamResponse,
+    """An aiohttp leader answering replica-fetch the way the broker app does (StreamResponse,
     Content-Length, header then chunks written separately), or refusing it."""
     entries, _ = _answer(chunks)
 

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from http_api.errors import ErrorCode, KraftlogError
+from http_api.wire.errors import ErrorCode, KraftlogError
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
 from partitions.log import record_batch as rb
@@ -14,7 +14,7 @@ from partitions.log.log import Log
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_LEADER, ReplicaManager
 from partitions.replication.replica_state import ReplicaFetchRequest
-from http_api.replica_client import PartitionData
+from http_api.broker.replica_client import PartitionData
 
 
 class DiskLogManager:

@@ -137,7 +137,7 @@ def openapi_document(server_url: str) -> dict:
                          "responses": {"200": _json("GroupOffsets")}},
                 "get": {"summary": "Committed group offsets", "responses": {"200": _json("GroupOffsets")}},
             },
-            # consumer groups (http_api/group_routes.py): any broker answers, forwarding to the coordinator
+            # consumer groups (http_api/broker/groups.py): any broker answers, forwarding to the coordinator
             "/v1/groups": {"get": {"summary": "List groups (every coordinator)", "responses": {"200": _obj(
                 "{groups: [{group_id, state, members, coordinator_id}]}")}}},
             "/v1/groups/{group}": {"parameters": [_G], "get": {
@@ -173,7 +173,7 @@ def openapi_document(server_url: str) -> dict:
             },
             "/internal/v1/replica-fetch": {
                 "post": {"summary": "Broker-to-broker: a follower's batched long poll of every partition it "
-                                    "follows from this leader (see http_api/replica_client.py)",
+                                    "follows from this leader (see http_api/broker/replica_client.py)",
                          "responses": {"200": {"description": "4-byte header length, JSON header, raw batches",
                                                "content": {"application/vnd.kraftlog.replica-fetch": {"schema": {
                                                    "type": "string", "format": "binary"}}}},
@@ -185,7 +185,7 @@ def openapi_document(server_url: str) -> dict:
                                                "content": {"application/json": {"schema": {"type": "object"}}}},
                                        "401": _err("CLUSTER_AUTHORIZATION_FAILED: without the token of the cluster secret (brokers only)")}},
             },
-            "/admin/v1/log-cleaner/run": {"post": {  # http_api/log_cleaner_routes.py
+            "/admin/v1/log-cleaner/run": {"post": {  # http_api/broker/log_cleaner.py
                 "summary": "Run retention and/or compaction now (waits for it); body optional: "
                            "{topic?, compaction?: bool, retention?: bool, force?: bool (ignore dirty ratio)}",
                 "requestBody": {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}},

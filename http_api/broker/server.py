@@ -1,7 +1,7 @@
 """The broker process: storage + metadata follower + lifecycle + HTTP API.
 
-    python -m http_api.broker_server --config-json '{"broker_id": 1, ...}'   (BrokerConfig fields)
-    python -m http_api.broker_server --broker-id 1 --http-port 8082 --log-dir DIR --controller-url URL
+    python -m http_api.broker.server --config-json '{"broker_id": 1, ...}'   (BrokerConfig fields)
+    python -m http_api.broker.server --broker-id 1 --http-port 8082 --log-dir DIR --controller-url URL
 
 Startup: open the LogManager (recovery, off the event loop), bind the HTTP port (healthz
 answers 503 until ready), follow metadata from the controllers, register and heartbeat
@@ -25,14 +25,14 @@ from typing import Optional
 
 from aiohttp import web
 
-from http_api.broker_app import BrokerDeps, create_app
-from http_api.config import BrokerConfig
-from http_api.errors import ErrorCode, KraftlogError
-from http_api.group_offsets import GroupOffsetStore
-from http_api.metadata_view import MetadataView
-from http_api.producer_ids import ProducerIdAllocator
-from http_api.internal_auth import CLUSTER_SECRET_ENV, internal_token
-from http_api.replica_client import ReplicaTransport
+from http_api.broker.app import BrokerDeps, create_app
+from http_api.broker.config import BrokerConfig
+from http_api.broker.group_offsets import GroupOffsetStore
+from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, internal_token
+from http_api.broker.metadata_view import MetadataView
+from http_api.broker.producer_ids import ProducerIdAllocator
+from http_api.broker.replica_client import ReplicaTransport
+from http_api.wire.errors import ErrorCode, KraftlogError
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
 
@@ -350,7 +350,7 @@ async def run_broker_async(config: BrokerConfig, stop: Optional[asyncio.Event] =
 
 def run_broker(config: BrokerConfig) -> None:
     """Blocking entry point (uvloop when available) until SIGINT/SIGTERM."""
-    from http_api import malloc_tuning
+    from http_api.broker import malloc_tuning
     malloc_tuning.apply(config.malloc_mmap_threshold_bytes, config.malloc_trim_threshold_bytes)
     try:
         import uvloop
@@ -360,7 +360,7 @@ def run_broker(config: BrokerConfig) -> None:
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m http_api.broker_server", description="Run one kraftlog broker.")
+    p = argparse.ArgumentParser(prog="python -m http_api.broker.server", description="Run one kraftlog broker.")
     p.add_argument("--config-json", help="BrokerConfig fields as a JSON object")
     p.add_argument("--broker-id", type=int)
     p.add_argument("--http-host")

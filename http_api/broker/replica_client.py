@@ -19,9 +19,9 @@ import json
 import struct
 from dataclasses import dataclass
 
-from http_api.errors import ErrorCode, KraftlogError
-from http_api.internal_auth import INTERNAL_TOKEN_HEADER
-from http_api.replica_connection import ConnectionRefused, ProtocolError, ReplicaConnectionPool
+from http_api.wire.errors import ErrorCode, KraftlogError
+from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
+from http_api.broker.replica_connection import ConnectionRefused, ProtocolError, ReplicaConnectionPool
 
 INTERNAL_PREFIX = "/internal/v1"
 REPLICA_FETCH_MEDIA = "application/vnd.kraftlog.replica-fetch"

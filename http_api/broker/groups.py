@@ -47,11 +47,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from http_api import codecs
-from http_api.codecs import JSON
-from http_api.errors import ErrorCode, KraftlogError
-from http_api.group_offsets import validate_group_id
-from http_api.internal_auth import INTERNAL_TOKEN_HEADER
+from http_api.broker.group_offsets import validate_group_id
+from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
+from http_api.wire import codecs
+from http_api.wire.codecs import JSON
+from http_api.wire.errors import ErrorCode, KraftlogError
 from partitions.groups import records as grec
 from partitions.groups.coordinator import GroupConfig, GroupCoordinatorState, GroupError
 from partitions.log import record_batch as rb
@@ -587,7 +587,7 @@ class GroupCoordinator:
 
     async def _import_legacy(self, ld: _Loaded, group: str) -> None:
         """Offsets committed before `__consumer_offsets` existed (per-broker file,
-        http_api/group_offsets.py) are written into the group on its first offsets fetch, when
+        http_api/broker/group_offsets.py) are written into the group on its first offsets fetch, when
         the file is on the coordinator's broker (always, on a single node)."""
         legacy = getattr(self.deps, "groups", None)
         if legacy is None or group in ld.state.groups or ld.state.fetch_offsets(group):

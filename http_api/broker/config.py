@@ -160,7 +160,7 @@ class LogCleanerConfig(_Group):
 
 @dataclass(frozen=True)
 class GroupCoordinatorConfig(_Group):
-    """Consumer groups (http_api/group_routes.py; Kafka's offsets.topic.* and group.* settings)."""
+    """Consumer groups (http_api/broker/groups.py; Kafka's offsets.topic.* and group.* settings)."""
 
     offsets_topic_num_partitions: int = 10     # __consumer_offsets partitions (fixed once created)
     offsets_topic_replication_factor: int = 3  # capped at the number of live brokers when created
@@ -185,7 +185,7 @@ class GroupCoordinatorConfig(_Group):
 
 @dataclass(frozen=True)
 class MemoryConfig(_Group):
-    """glibc malloc tuning at broker start (http_api/malloc_tuning.py; 0 keeps glibc's default)."""
+    """glibc malloc tuning at broker start (http_api/broker/malloc_tuning.py; 0 keeps glibc's default)."""
 
     malloc_mmap_threshold_bytes: int = 64 * MiB    # buffers below this come from the heap, not fresh mmaps
     malloc_trim_threshold_bytes: int = 256 * MiB   # freed heap kept for reuse up to this much
@@ -225,7 +225,7 @@ class BrokerConfig:
     controller_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:9093"])
     advertised_url: str | None = None          # default http://{advertised_host or http_host}:{http_port}
     # the cluster secret (the node config's `password`, passed as $KRAFTLOG_RAFT_PASSWORD, never
-    # on the command line): when set, /internal/ routes need its token (http_api/internal_auth.py)
+    # on the command line): when set, /internal/ routes need its token (http_api/broker/internal_auth.py)
     cluster_secret: str | None = None
     listeners: ListenerConfig = field(default_factory=ListenerConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
@@ -281,7 +281,7 @@ class BrokerConfig:
             raise ValueError(str(e)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat settings (what `from_dict` and `python -m http_api.broker_server --config-json` take)."""
+        """Flat settings (what `from_dict` and `python -m http_api.broker.server --config-json` take)."""
         return {name: getattr(self, name) for name in self.setting_names()}
 
     @property

@@ -7,7 +7,7 @@ CLUSTER_AUTHORIZATION_FAILED, and sends the token on its own internal requests (
 fetches, epoch end offsets, group listings). The token is a SHA-256 of the secret, so the
 secret itself (the raft key) never crosses the wire. Plain HTTP: the token keeps out
 strangers and misconfigured nodes, not an eavesdropper on the network; keep broker ports on
-a private network. No secret configured (tests, a bare `python -m http_api.broker_server`):
+a private network. No secret configured (tests, a bare `python -m http_api.broker.server`):
 no check.
 """
 from __future__ import annotations

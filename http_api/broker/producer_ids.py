@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from http_api.errors import ErrorCode, KraftlogError
+from http_api.wire.errors import ErrorCode, KraftlogError
 
 
 class ProducerIdAllocator:

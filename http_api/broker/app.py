@@ -3,7 +3,7 @@
 `create_app(config, deps)` builds the app from a `BrokerConfig` and injected dependencies
 (`BrokerDeps`: replica manager, metadata view, controller client, group offset store), so
 functional tests run it in-process with a fake controller and the broker process
-(`broker_server.py`) wires the real ones.
+(`server.py`) wires the real ones.
 
 Routing rules: partition-level produce/fetch/offsets answer only on the partition leader
 (else 421 NOT_LEADER_OR_FOLLOWER with leader_id/leader_url); topic-level produce works on
@@ -23,19 +23,20 @@ from aiohttp import web
 import aiohttp
 import prometheus_client as prom
 
-from http_api import codecs, replica_client
-from http_api.codecs import CBOR, JSON, RAW_BATCH
-from http_api.config import BrokerConfig
-from http_api.errors import ErrorCode, KraftlogError, http_status
-from http_api.group_offsets import GroupOffsetStore
-from http_api.internal_auth import INTERNAL_PATH_PREFIX, INTERNAL_TOKEN_HEADER, internal_token, token_ok
-from http_api.partitioner import RoundRobin, partition_for_key
+from http_api.broker import replica_client
+from http_api.broker.config import BrokerConfig
+from http_api.broker.group_offsets import GroupOffsetStore
+from http_api.broker.internal_auth import INTERNAL_PATH_PREFIX, INTERNAL_TOKEN_HEADER, internal_token, token_ok
+from http_api.wire import codecs
+from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
+from http_api.wire.errors import ErrorCode, KraftlogError, http_status
+from http_api.wire.partitioner import RoundRobin, partition_for_key
 from partitions.groups import records as grec
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
 from partitions.replication.replica_state import ReplicaFetchRequest
 
 if TYPE_CHECKING:
-    from http_api.metadata_view import MetadataView
+    from http_api.broker.metadata_view import MetadataView
     from partitions.log.log_scheduler import LogScheduler
     from partitions.replication.replica_manager import ReplicaManager
 
@@ -630,7 +631,7 @@ class BrokerApp:
         lso = await self.rm.delete_records(name, partition, before)
         return _json_response({"log_start_offset": lso})
 
-    # ---- internal: replication (broker to broker; wire format in http_api/replica_client.py) ----
+    # ---- internal: replication (broker to broker; wire format in http_api/broker/replica_client.py) ----
 
     async def replica_fetch(self, request: web.Request) -> web.Response:
         """A follower's batched long poll for every partition it follows from this leader."""
@@ -700,12 +701,12 @@ class BrokerApp:
     async def init_producer_id(self, request: web.Request) -> web.Response:
         """A producer id for an idempotent producer (blocks come from the controller)."""
         if self.deps.producer_ids is None:
-            from http_api.producer_ids import ProducerIdAllocator
+            from http_api.broker.producer_ids import ProducerIdAllocator
             self.deps.producer_ids = ProducerIdAllocator(self.deps.controller, self.config.broker_id, lambda: -1).next
         pid = await self.deps.producer_ids()
         return _json_response({"producer_id": pid, "producer_epoch": 0})
 
-    # ---- groups: http_api/group_routes.py (coordinator on the __consumer_offsets leaders) --
+    # ---- groups: http_api/broker/groups.py (coordinator on the __consumer_offsets leaders) --
 
     # ---- ops ---------------------------------------------------------------------------
 
@@ -722,7 +723,7 @@ class BrokerApp:
                             headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
 
     async def openapi(self, request: web.Request) -> web.Response:
-        from http_api.openapi import openapi_document
+        from http_api.broker.openapi import openapi_document
         return _json_response(openapi_document(self.config.url))
 
 
@@ -761,7 +762,7 @@ async def _error_middleware(request: web.Request, handler):
 
 
 def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
-    """The broker aiohttp app; `deps` are injected (real in broker_server.py, fakes in tests)."""
+    """The broker aiohttp app; `deps` are injected (real in server.py, fakes in tests)."""
     app = web.Application(middlewares=[_error_middleware], client_max_size=config.socket_request_max_bytes)
     h = BrokerApp(config, deps)
     app[BROKER_KEY] = h
@@ -778,10 +779,10 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_get("/v1/topics/{topic}/partitions/{partition}/records", h.fetch)
     r.add_get("/v1/topics/{topic}/partitions/{partition}/offsets", h.offsets)
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", h.delete_records)
-    from http_api.group_routes import install_group_routes  # consumer groups: /v1/groups...
+    from http_api.broker.groups import install_group_routes  # consumer groups: /v1/groups...
     install_group_routes(app, h)
     r.add_post("/v1/producer-ids", h.init_producer_id)
-    from http_api.log_cleaner_routes import install_log_cleaner_routes  # /admin/v1/log-cleaner...
+    from http_api.broker.log_cleaner import install_log_cleaner_routes  # /admin/v1/log-cleaner...
     install_log_cleaner_routes(app, h)
     r.add_post("/internal/v1/replica-fetch", h.replica_fetch)
     r.add_post("/internal/v1/epoch-end-offsets", h.epoch_end_offsets)

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from http_api.errors import ErrorCode, KraftlogError
+from http_api.wire.errors import ErrorCode, KraftlogError
 
 
 def scheduler_for(deps) -> Any:

@@ -1,0 +1,58 @@
+"""`AdminClient`: create / list / describe / delete topics, metadata and consumer groups,
+against any broker (which forwards to the controller)."""
+from __future__ import annotations
+
+import aiohttp
+
+from http_api.client.transport import Transport
+
+
+class AdminClient:
+    """Topic administration against any broker (which forwards to the controller)."""
+
+    def __init__(self, bootstrap=None, *, client_id: str | None = None, request_timeout_ms: int = 30_000,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session)
+
+    async def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
+                           configs: dict | None = None) -> dict:
+        _, doc = await self.t.bootstrap_json("POST", "/v1/topics", json_body={
+            "name": name, "partitions": partitions, "replication_factor": replication_factor,
+            "configs": configs or {}})
+        return doc
+
+    async def list_topics(self) -> list[str]:
+        _, doc = await self.t.bootstrap_json("GET", "/v1/topics")
+        return doc["topics"]
+
+    async def describe_topic(self, name: str) -> dict:
+        _, doc = await self.t.bootstrap_json("GET", f"/v1/topics/{name}")
+        return doc
+
+    async def delete_topic(self, name: str) -> None:
+        await self.t.bootstrap_json("DELETE", f"/v1/topics/{name}")
+
+    async def metadata(self) -> dict:
+        _, doc = await self.t.bootstrap_json("GET", "/v1/metadata")
+        return doc
+
+    # consumer groups (http_api/broker/groups.py)
+    async def list_groups(self) -> list[dict]:
+        _, doc = await self.t.bootstrap_json("GET", "/v1/groups")
+        return doc["groups"]
+
+    async def describe_group(self, group: str) -> dict:
+        _, doc = await self.t.bootstrap_json("GET", f"/v1/groups/{group}")
+        return doc
+
+    async def delete_group(self, group: str) -> None:
+        await self.t.bootstrap_json("DELETE", f"/v1/groups/{group}")
+
+    async def close(self) -> None:
+        await self.t.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

@@ -1,0 +1,251 @@
+"""`Producer`: accumulates records per partition into record batches (`batch_size_bytes`,
+`linger_ms`), sends them as raw batches straight to each partition's leader, one request
+in flight per partition (ordering), retries retriable errors after refreshing metadata
+(NOT_LEADER_OR_FOLLOWER, connection errors), optional per-batch compression.
+
+Idempotent by default with acks=all (`enable_idempotence`): a producer id from
+`POST /v1/producer-ids`, a sequence number per partition in every batch, so a retried
+batch (timeout, leader change) is never written twice — the leader answers a duplicate
+with its original offsets. A batch that fails for good makes the producer take a new
+producer id (its outcome is unknown; later batches must not be matched against it).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import aiohttp
+
+from http_api.client.transport import MetadataCache, Transport
+from http_api.wire import codecs
+from http_api.wire.partitioner import partition_for_key
+from partitions.errors import ErrorCode, KraftlogError
+from partitions.log import record_batch as rb
+
+@dataclass
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass
+class _Batch:
+    records: list = field(default_factory=list)
+    futures: list = field(default_factory=list)
+    size: int = 0
+    created: float = field(default_factory=time.monotonic)
+
+
+class Producer:
+    """Batching, ordered, retrying producer (see module docstring). `send` returns a
+    future resolving to RecordMetadata once the batch is acknowledged."""
+
+    def __init__(self, bootstrap=None, *, acks: str | int = "all", linger_ms: int = 5,
+                 batch_size_bytes: int = 256 * 1024, compression: str | None = None, retries: int = 2**31 - 1,
+                 retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000, delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000, client_id: str | None = None,
+                 buffer_memory_bytes: int = 64 * 1024 * 1024, producer_id: int = -1, producer_epoch: int = -1,
+                 enable_idempotence: bool = True, session: aiohttp.ClientSession | None = None) -> None:
+        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session)
+        self.meta = MetadataCache(self.t)
+        self.acks = "all" if str(acks) in ("all", "-1") else str(acks)
+        if self.acks not in ("0", "1", "all"):
+            raise ValueError(f"acks={acks!r}: use 0, 1 or all")
+        self.linger_s = linger_ms / 1000
+        self.batch_size_bytes = batch_size_bytes
+        self.compression = rb.Compression.from_name(compression)
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self.buffer_memory_bytes = buffer_memory_bytes
+        # idempotence needs acks=all (as in Kafka); an explicit producer_id is used as given
+        self.enable_idempotence = enable_idempotence and self.acks == "all"
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self._sequences: dict[tuple[str, int], tuple[int, int]] = {}   # tp -> (producer id, next sequence)
+        self._pid_lock = asyncio.Lock()
+        self._open: dict[tuple[str, int], _Batch] = {}
+        self._queues: dict[tuple[str, int], asyncio.Queue] = {}
+        self._senders: dict[tuple[str, int], asyncio.Task] = {}
+        self._lingers: dict[tuple[str, int], asyncio.TimerHandle] = {}
+        self._sticky: dict[str, int] = {}
+        self._buffered = 0
+        self._space = asyncio.Event()
+        self._closed = False
+
+    async def _partition_for(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        n = await self.meta.partitions(topic)
+        if n == 0:
+            await self._auto_create(topic)
+            n = await self.meta.partitions(topic)
+            if n == 0:
+                raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"topic {topic!r} does not exist; create it first (kraftlog topic create)")
+        if partition is not None:
+            if partition >= n:
+                raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")
+            return partition
+        if key is not None:
+            return partition_for_key(key, n)
+        p = self._sticky.get(topic)
+        if p is None or p >= n:
+            p = self._sticky[topic] = random.randrange(n)
+        return p
+
+    async def _auto_create(self, topic: str) -> None:
+        """Like a Kafka producer's metadata request: the broker creates a missing topic with
+        its defaults only if its auto.create.topics.enable is on (else UNKNOWN_TOPIC_OR_PARTITION)."""
+        await self.t.bootstrap_json("GET", f"/v1/topics/{topic}?allow_auto_create=true")
+        await self.meta.refresh()
+
+    async def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
+                   headers: dict | Iterable | None = None, partition: int | None = None,
+                   timestamp: int | None = None) -> asyncio.Future:
+        """Queue one record; await the returned future for its RecordMetadata."""
+        if self._closed:
+            raise RuntimeError("producer is closed; create a new one")
+        if isinstance(value, str):
+            value = value.encode()
+        if isinstance(key, str):
+            key = key.encode()
+        hdrs: tuple = ()
+        if headers:
+            items = headers.items() if isinstance(headers, dict) else headers
+            hdrs = tuple((k, v.encode() if isinstance(v, str) else v) for k, v in items)
+        p = await self._partition_for(topic, key, partition)
+        size = 24 + len(key or b"") + len(value or b"") + sum(6 + len(k) + len(v or b"") for k, v in hdrs)
+        while self._buffered + size > self.buffer_memory_bytes and self._buffered > 0:
+            self._space.clear()
+            await self._space.wait()
+        tp = (topic, p)
+        batch = self._open.get(tp)
+        if batch is None:
+            batch = self._open[tp] = _Batch()
+            self._lingers[tp] = asyncio.get_running_loop().call_later(self.linger_s, self._seal, tp)
+        fut = asyncio.get_running_loop().create_future()
+        batch.records.append(rb.Record(key, value, hdrs, timestamp))
+        batch.futures.append(fut)
+        batch.size += size
+        self._buffered += size
+        if batch.size >= self.batch_size_bytes:
+            self._seal(tp)
+        return fut
+
+    def _seal(self, tp) -> None:
+        batch = self._open.pop(tp, None)
+        h = self._lingers.pop(tp, None)
+        if h is not None:
+            h.cancel()
+        if batch is None:
+            return
+        if self._sticky.get(tp[0]) == tp[1]:
+            self._sticky.pop(tp[0], None)  # next keyless batch goes elsewhere
+        q = self._queues.get(tp)
+        if q is None:
+            q = self._queues[tp] = asyncio.Queue()
+            self._senders[tp] = asyncio.ensure_future(self._sender(tp, q))
+        q.put_nowait(batch)
+
+    async def _sender(self, tp, q: asyncio.Queue) -> None:
+        """One request in flight per partition, in order."""
+        while True:
+            batch: _Batch = await q.get()
+            try:
+                if batch is None:
+                    return
+                try:
+                    base = await self._send_batch(tp, batch)
+                    for i, fut in enumerate(batch.futures):
+                        if not fut.done():
+                            fut.set_result(RecordMetadata(tp[0], tp[1], base + i if base >= 0 else -1))
+                except Exception as e:  # noqa: BLE001 - delivered to each record's future
+                    for fut in batch.futures:
+                        if not fut.done():
+                            fut.set_exception(e)
+            finally:
+                if batch is not None:
+                    self._buffered -= batch.size
+                    self._space.set()
+                q.task_done()
+
+    async def _init_producer_id(self) -> None:
+        """A fresh producer id from a broker (sequences restart at 0 for it)."""
+        async with self._pid_lock:
+            if self.producer_id >= 0:
+                return
+            _, doc = await self.t.bootstrap_json("POST", "/v1/producer-ids", json_body={})
+            self.producer_id, self.producer_epoch = int(doc["producer_id"]), int(doc.get("producer_epoch", 0))
+
+    async def _send_batch(self, tp, batch: _Batch) -> int:
+        topic, p = tp
+        if self.enable_idempotence and self.producer_id < 0:
+            await self._init_producer_id()
+        pid, seq = self.producer_id, -1
+        if pid >= 0:
+            owner, nxt = self._sequences.get(tp, (pid, 0))
+            seq = nxt if owner == pid else 0
+        payload = rb.build_batch(batch.records, compression=self.compression, producer_id=pid,
+                                 producer_epoch=self.producer_epoch, base_sequence=seq)
+        try:
+            base = await self._send_payload(tp, payload)
+        except Exception:
+            if pid >= 0 and self.enable_idempotence and self.producer_id == pid:
+                # unknown outcome: the next batch must not reuse (or follow) this sequence
+                self.producer_id = -1
+            raise
+        if pid >= 0:  # (a producer id replaced meanwhile makes the next batch start at 0 anyway)
+            self._sequences[tp] = (pid, seq + len(batch.records))
+        return base
+
+    async def _send_payload(self, tp, payload: bytes) -> int:
+        topic, p = tp
+        attempt = 0
+        refresh = False
+        deadline = time.monotonic() + self.delivery_timeout_s
+        while True:
+            try:
+                url = await self.meta.leader_url(topic, p, refresh=refresh)
+                status, _, body = await self.t.request(
+                    "POST", f"{url}/v1/topics/{topic}/partitions/{p}/records", data=payload,
+                    content_type=codecs.RAW_BATCH, params={"acks": self.acks})
+                if status == 202:
+                    return -1
+                return int(json.loads(body)["offsets"][0]["offset"])
+            except KraftlogError as e:
+                attempt += 1
+                if not e.code.retriable or attempt > self.retries or time.monotonic() >= deadline:
+                    raise
+                # the leader may have moved (failover, controlled shutdown): ask again
+                refresh = e.code is not ErrorCode.THROTTLING_QUOTA_EXCEEDED
+                if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
+                    self.t.rotate()
+                await asyncio.sleep(min(self.retry_backoff_s * attempt, self.retry_backoff_max_s,
+                                        max(0.0, deadline - time.monotonic())))
+
+    async def flush(self) -> None:
+        """Send everything buffered and wait for the answers."""
+        for tp in list(self._open):
+            self._seal(tp)
+        await asyncio.gather(*(q.join() for q in list(self._queues.values())))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        for q in self._queues.values():
+            q.put_nowait(None)
+        await asyncio.gather(*self._senders.values(), return_exceptions=True)
+        await self.t.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

@@ -1,0 +1,4 @@
+"""What crosses the wire, shared by the broker, the controller and the clients: record codecs
+and content negotiation (`codecs`), the HTTP status of each error code and the one error
+middleware (`errors`), and the key -> partition rule (`partitioner`, also shipped to Spark
+executors, so this package imports nothing at import time)."""
