@@ -40,18 +40,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import uuid
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from http_api.broker.context import BrokerContext
 from http_api.broker.group_offsets import validate_group_id
 from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
 from http_api.wire import codecs
 from http_api.wire.codecs import JSON
 from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.groups import records as grec
 from partitions.groups.coordinator import GroupConfig, GroupCoordinatorState, GroupError
 from partitions.log import record_batch as rb
@@ -66,10 +67,6 @@ LOAD_READ_BYTES = 1 << 20
 MEMBER_ID_MAX_CHARS = 255
 COORDINATOR_WAIT_MS = 10_000     # how long a request waits for a coordinator to be elected / loaded
 SERVICE_KEY: web.AppKey = web.AppKey("group_coordinator", object)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _error(e: GroupError) -> KraftlogError:
@@ -121,12 +118,13 @@ class _Loaded:
 class GroupCoordinator:
     """The broker's group coordinator shell (see module docstring)."""
 
-    def __init__(self, broker_app: Any) -> None:
-        self.app = broker_app
-        self.config = broker_app.config
-        self.deps = broker_app.deps
-        self.rm = broker_app.deps.replica_manager
-        token = broker_app.internal_token
+    def __init__(self, ctx: BrokerContext, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.ctx = ctx
+        self.clock = clock
+        self.config = ctx.config
+        self.deps = ctx.deps
+        self.rm = ctx.deps.replica_manager
+        token = ctx.internal_token
         self._internal_headers = {INTERNAL_TOKEN_HEADER: token} if token else {}
         c = self.config
         self.group_config = GroupConfig(
@@ -185,7 +183,7 @@ class GroupCoordinator:
 
     async def _topics_changed(self, ld: _Loaded, topics: dict, gone: set) -> None:
         try:
-            records = ld.state.update_topics(topics, _now_ms())
+            records = ld.state.update_topics(topics, self.clock.now_ms())
             for t in gone:
                 records += ld.state.delete_topic_offsets(t)
             await self._append(ld, records, apply=True)
@@ -208,11 +206,11 @@ class GroupCoordinator:
     async def _load(self, ld: _Loaded) -> None:
         """Replay the partition from its log start to its log end into a fresh state."""
         try:
-            t0 = time.monotonic()
+            t0 = self.clock.monotonic_ms()
             lg = self.rm.logs.get((OFFSETS_TOPIC, ld.partition))
             n = 0
             if lg is not None:
-                now = _now_ms()
+                now = self.clock.now_ms()
                 offset, end = lg.log_start_offset, lg.log_end_offset
                 while offset < end:
                     data = lg.read(offset, LOAD_READ_BYTES, max_offset=end)
@@ -228,7 +226,7 @@ class GroupCoordinator:
                     offset = max(data.next_offset, offset + 1)
                     await asyncio.sleep(0)
             ld.state.topics = dict(self._topics)
-            records = ld.state.refresh_targets(_now_ms())   # topics may have changed meanwhile
+            records = ld.state.refresh_targets(self.clock.now_ms())   # topics may have changed meanwhile
             if not ld.ready.done():
                 ld.ready.set_result(None)
             if records:
@@ -237,7 +235,7 @@ class GroupCoordinator:
                 except KraftlogError as e:  # leadership moving again: the next load redoes it
                     log.info("%s-%d: writing refreshed targets failed: %s", OFFSETS_TOPIC, ld.partition, e)
             log.info("group coordinator for %s-%d loaded %d records (%d groups) in %.0f ms",
-                     OFFSETS_TOPIC, ld.partition, n, len(ld.state.groups), (time.monotonic() - t0) * 1000)
+                     OFFSETS_TOPIC, ld.partition, n, len(ld.state.groups), self.clock.monotonic_ms() - t0)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -254,11 +252,11 @@ class GroupCoordinator:
                 if not ld.ready.done() or ld.ready.exception() is not None:
                     continue
                 nxt = ld.state.next_expiry_ms()
-                if nxt is None or nxt > _now_ms():
+                if nxt is None or nxt > self.clock.now_ms():
                     continue
                 try:
                     waits = []
-                    for gid, mid, records in ld.state.expire(_now_ms()):
+                    for gid, mid, records in ld.state.expire(self.clock.now_ms()):
                         log.info("group %s: member %s expired (no heartbeat within its session timeout)", gid, mid)
                         waits.append(self._append(ld, records))
                     for r in await asyncio.gather(*waits, return_exceptions=True):
@@ -277,7 +275,7 @@ class GroupCoordinator:
         loaded partition (Kafka's offsets retention; the rule is in coordinator.py). A
         partition with writes in flight is skipped until the next check: a commit decided
         but not yet applied must not be deleted by a tombstone. Returns records written."""
-        now = _now_ms() if now_ms is None else now_ms
+        now = self.clock.now_ms() if now_ms is None else now_ms
         retention_ms = self.config.offsets_retention_minutes * 60_000
         written = 0
         for ld in list(self.loaded.values()):
@@ -313,7 +311,7 @@ class GroupCoordinator:
         def written(t: asyncio.Task) -> None:
             ld.writes_in_flight -= 1
             if not t.cancelled() and t.exception() is None and apply and self.loaded.get(ld.partition) is ld:
-                ld.state.apply(records, t.result().first_offset, _now_ms())
+                ld.state.apply(records, t.result().first_offset, self.clock.now_ms())
         task.add_done_callback(written)
         return _as_coordinator_error(asyncio.shield(task), ld.partition)
 
@@ -358,11 +356,11 @@ class GroupCoordinator:
         still_leader()
 
     async def _ensure_offsets_topic(self) -> None:
-        img = self.app.image
+        img = self.ctx.image
         if OFFSETS_TOPIC in img.topics:
             return
         async with self._create_lock:
-            if OFFSETS_TOPIC in self.app.image.topics:
+            if OFFSETS_TOPIC in self.ctx.image.topics:
                 return
             # as Kafka (KRaft): RF = min(offsets.topic.replication.factor, registered brokers),
             # and no creation until that many are live (a fenced broker may be restarting)
@@ -396,7 +394,7 @@ class GroupCoordinator:
             reg = t.partitions.get(grec.partition_for_group(group, len(t.partitions)))
             return reg is not None and reg.leader >= 0
         await self.deps.metadata.wait_until(has_leader, COORDINATOR_WAIT_MS / 1000)
-        img = self.app.image
+        img = self.ctx.image
         t = img.topics.get(OFFSETS_TOPIC)
         if t is None:
             raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -461,7 +459,7 @@ class GroupCoordinator:
                                 f"cannot reach the group coordinator at {url}: {e}; retry") from None
 
     async def _doc(self, request: web.Request) -> dict:
-        doc = await self.app._read_document(request)
+        doc = await self.ctx.read_document(request)
         if not isinstance(doc, dict):
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "body must be a JSON object")
         return doc
@@ -496,7 +494,7 @@ class GroupCoordinator:
         opts.setdefault("client_id", request.headers.get("X-Client-Id", ""))
 
         async def go(ld: _Loaded) -> web.Response:
-            res, records = ld.state.join(group, member_id or uuid.uuid4().hex, topics, _now_ms(), **opts)
+            res, records = ld.state.join(group, member_id or uuid.uuid4().hex, topics, self.clock.now_ms(), **opts)
             await self._append(ld, records)
             return _json(res.to_json())
         return await self.route(request, group, go)
@@ -516,7 +514,7 @@ class GroupCoordinator:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "subscribed_topics: must be a list of topic names")
 
         async def go(ld: _Loaded) -> web.Response:
-            res, records = ld.state.heartbeat(group, member_id, epoch, _now_ms(), owned=owned,
+            res, records = ld.state.heartbeat(group, member_id, epoch, self.clock.now_ms(), owned=owned,
                                               subscribed_topics=topics)
             await self._append(ld, records)
             return _json(res.to_json())
@@ -530,7 +528,7 @@ class GroupCoordinator:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, 'body must be {"member_id": str}')
 
         async def go(ld: _Loaded) -> web.Response:
-            records = ld.state.leave(group, member_id, _now_ms())
+            records = ld.state.leave(group, member_id, self.clock.now_ms())
             await self._append(ld, records)
             return _json({"member_id": member_id, "member_epoch": -1})
         return await self.route(request, group, go)
@@ -543,7 +541,7 @@ class GroupCoordinator:
         if not isinstance(entries, list):
             raise KraftlogError(ErrorCode.INVALID_REQUEST,
                                 'offsets: body must be {"offsets": [{"topic", "partition", "offset"}]}')
-        img = self.app.image
+        img = self.ctx.image
         parsed = []
         for i, e in enumerate(entries):
             if not isinstance(e, dict):
@@ -569,7 +567,7 @@ class GroupCoordinator:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "member_epoch: must be an integer")
 
         async def go(ld: _Loaded) -> web.Response:
-            records = ld.state.prepare_commit(group, parsed, _now_ms(), member_id=member_id,
+            records = ld.state.prepare_commit(group, parsed, self.clock.now_ms(), member_id=member_id,
                                               member_epoch=epoch)
             await self._append(ld, records, apply=True)
             return _json({"offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o, _ in parsed]})
@@ -592,11 +590,11 @@ class GroupCoordinator:
         legacy = getattr(self.deps, "groups", None)
         if legacy is None or group in ld.state.groups or ld.state.fetch_offsets(group):
             return
-        img = self.app.image
+        img = self.ctx.image
         entries = [(e["topic"], e["partition"], e["offset"]) for e in legacy.fetch(group)
                    if img.partition(e["topic"], e["partition"]) is not None]
         if entries:
-            await self._append(ld, ld.state.prepare_commit(group, entries, _now_ms()), apply=True)
+            await self._append(ld, ld.state.prepare_commit(group, entries, self.clock.now_ms()), apply=True)
             log.info("group %s: imported %d offsets from the legacy per-broker store", group, len(entries))
         if legacy.fetch(group):
             await legacy.forget(group)   # imported once: a later delete of the group must not revive them
@@ -620,7 +618,7 @@ class GroupCoordinator:
 
         async def go(ld: _Loaded) -> web.Response:
             await self._read_barrier(ld)
-            now = _now_ms()
+            now = self.clock.now_ms()
             d = ld.state.describe(group, now)
             if d is None:
                 raise KraftlogError(ErrorCode.GROUP_ID_NOT_FOUND,
@@ -678,7 +676,7 @@ class GroupCoordinator:
 
     async def list_groups(self, request: web.Request) -> web.Response:
         """Every group of the cluster: ask each broker leading an offsets partition."""
-        img = self.app.image
+        img = self.ctx.image
         t = img.topics.get(OFFSETS_TOPIC)
         leaders = sorted({reg.leader for reg in t.partitions.values() if reg.leader >= 0}) if t else []
         groups: list[dict] = []
@@ -745,12 +743,12 @@ def _register_metrics(gc: GroupCoordinator, registry) -> None:
     g.set_function(count(lambda st: 1))
 
 
-def install_group_routes(app: web.Application, broker_app: Any) -> GroupCoordinator:
+def install_group_routes(app: web.Application, ctx: BrokerContext, clock: Clock = SYSTEM_CLOCK) -> GroupCoordinator:
     """Add the consumer group routes to the broker app; the coordinator starts with the app."""
-    gc = GroupCoordinator(broker_app)
+    gc = GroupCoordinator(ctx, clock)
     app[SERVICE_KEY] = gc
-    if getattr(broker_app.deps, "registry", None) is not None:
-        _register_metrics(gc, broker_app.deps.registry)
+    if getattr(ctx.deps, "registry", None) is not None:
+        _register_metrics(gc, ctx.deps.registry)
     r = app.router
     r.add_get("/v1/groups", gc.list_groups)
     r.add_get("/v1/groups/{group}", gc.describe)

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from http_api.broker.context import BrokerContext
 from http_api.wire.errors import ErrorCode, KraftlogError
 
 
@@ -80,9 +81,9 @@ def _flag(doc: dict, name: str, default: bool) -> bool:
     return v
 
 
-def install_log_cleaner_routes(app: web.Application, h) -> None:
-    """Add the routes above and register the metrics (h: the BrokerApp)."""
-    deps = h.deps
+def install_log_cleaner_routes(app: web.Application, ctx: BrokerContext) -> None:
+    """Add the routes above and register the metrics."""
+    deps = ctx.deps
     sched = scheduler_for(deps)
     if sched is not None:
         deps.registry.register(LogCleanerCollector(sched))

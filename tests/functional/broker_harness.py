@@ -25,6 +25,7 @@ from partitions.replication.replica_manager import ReplicaManager  # noqa: E402
 from partitions.replication.replica_fetcher import ReplicaFetcherManager  # noqa: E402
 from http_api.broker.internal_auth import internal_token  # noqa: E402
 from http_api.broker.replica_client import ReplicaTransport  # noqa: E402
+from partitions.clock import SYSTEM_CLOCK, Clock  # noqa: E402
 
 
 def make_log_manager(log_dir: str):
@@ -50,8 +51,10 @@ class BrokerHarness:
         self.log_manager = log_manager
 
 
-async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: int = 1, **overrides):
-    """One broker in-process; whatever it had opened is closed again if it fails to start."""
+async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: int = 1, *,
+                       clock: Clock = SYSTEM_CLOCK, **overrides):
+    """One broker in-process; whatever it had opened is closed again if it fails to start.
+    `clock` is the group coordinator's (BrokerDeps.clock)."""
     cfg = BrokerConfig(broker_id=broker_id, log_dirs=[str(tmp_path / f"b{broker_id}" / "logs")],
                        state_dir=str(tmp_path / f"b{broker_id}"), **overrides)
     lm, factory = make_log_manager(cfg.log_dirs[0])
@@ -70,7 +73,8 @@ async def start_broker(tmp_path, controller: FakeControllerClient, broker_id: in
         view.add_listener(h.fetcher.sync)
         controller.views.append(view)
         deps = BrokerDeps(replica_manager=rm, metadata=view, controller=controller,
-                          groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")))
+                          groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")),
+                          clock=clock)
         app = create_app(cfg, deps)
         server = TestServer(app)
         h.client = TestClient(server)

@@ -1,0 +1,65 @@
+"""Fetch routes of a partition (the leader only): `GET .../records` (long polls bounded by
+`fetch_max_wait_ms`; JSON, CBOR or raw batches), `GET .../offsets` (log start, high
+watermark, or the first offset at a timestamp) and `POST .../delete-records`.
+"""
+from __future__ import annotations
+
+from aiohttp import web
+
+from http_api.broker.context import Routes, int_param, json_response, partition_param
+from http_api.wire import codecs
+from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
+from http_api.wire.errors import ErrorCode, KraftlogError
+
+
+class FetchRoutes(Routes):
+    """Consumer fetch, offsets and delete-records handlers."""
+
+    async def fetch(self, request: web.Request) -> web.Response:
+        return await self.ctx.measured(self._fetch, request, self.metrics.fetch_requests, self.metrics.fetch_latency)
+
+    async def _fetch(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = partition_param(request)
+        q = request.query
+        offset = int_param(q.get("offset"), "offset")
+        max_bytes = min(int_param(q.get("max_bytes"), "max_bytes", default=self.config.fetch_default_max_bytes,
+                                   minimum=1), self.config.fetch_max_bytes)
+        min_bytes = int_param(q.get("min_bytes"), "min_bytes", default=1)
+        max_wait_ms = min(int_param(q.get("max_wait_ms"), "max_wait_ms", default=0),
+                          self.config.fetch_max_wait_ms)
+        media = codecs.negotiate_response_type(request.headers.get("Accept"), JSON)
+        res = await self.rm.fetch(name, partition, offset, max_bytes=max_bytes, min_bytes=min_bytes,
+                                  max_wait_ms=max_wait_ms)
+        self.metrics.fetch_bytes.inc(len(res.records))
+        if media == RAW_BATCH:
+            return web.Response(body=res.records, content_type=RAW_BATCH, headers={
+                codecs.HEADER_HIGH_WATERMARK: str(res.high_watermark),
+                codecs.HEADER_NEXT_OFFSET: str(res.next_offset),
+                codecs.HEADER_LOG_START_OFFSET: str(res.log_start_offset),
+            })
+        records, next_offset = codecs.decode_fetched(res.records, offset, binary=(media == CBOR))
+        return json_response({"records": records, "next_offset": next_offset,
+                               "high_watermark": res.high_watermark,
+                               "log_start_offset": res.log_start_offset}, 200, media)
+
+    async def offsets(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = partition_param(request)
+        ts = request.query.get("timestamp")
+        if ts is not None:
+            t = int_param(ts, "timestamp")
+            return json_response({"offset": self.rm.offset_for_timestamp(name, partition, t)})
+        return json_response(self.rm.offsets(name, partition))
+
+    async def delete_records(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = partition_param(request)
+        doc = await self.ctx.read_document(request)
+        before = doc.get("before_offset") if isinstance(doc, dict) else None
+        if isinstance(before, bool) or not isinstance(before, int) or before < -1:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                'before_offset: body must be {"before_offset": N} with N >= 0 '
+                                "(or -1 for the high watermark)")
+        lso = await self.rm.delete_records(name, partition, before)
+        return json_response({"log_start_offset": lso})

@@ -1,0 +1,243 @@
+"""Produce routes: `POST /v1/topics/{t}/records` (any broker: records are assigned partitions
+and each partition's batch is appended locally or forwarded to its leader as a raw batch),
+`POST /v1/topics/{t}/partitions/{p}/records` (the leader only: JSON/CBOR records or raw
+batches, idempotent producers' duplicates answered with their original offsets) and
+`POST /v1/producer-ids`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+import aiohttp
+
+from http_api.broker.context import Routes, json_response, partition_param
+from http_api.broker.producer_ids import ProducerIdAllocator
+from http_api.wire import codecs
+from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
+from http_api.wire.errors import ErrorCode, KraftlogError, http_status
+from http_api.wire.partitioner import RoundRobin, partition_for_key
+from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
+
+log = logging.getLogger("kraftlog.broker")
+
+METADATA_REFRESH_WAIT_S = 1.0   # topic-level produce: wait this long for newer metadata before retrying
+
+
+def _nothing_appended(e: KraftlogError) -> bool:
+    """Errors raised before any leader appended the batch, so a retry cannot duplicate it:
+    no leader, "not the leader" answered up front (it names the leader), refused connection."""
+    if e.code is ErrorCode.LEADER_NOT_AVAILABLE:
+        return True
+    if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER:
+        return "leader_id" in e.extra or "becoming leader" in e.message
+    return e.code is ErrorCode.BROKER_NOT_AVAILABLE and bool(e.extra.get("refused"))
+
+
+class ProduceRoutes(Routes):
+    """Produce handlers and producer ids."""
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.round_robin = RoundRobin()
+
+    async def produce_topic(self, request: web.Request) -> web.Response:
+        return await self.ctx.measured(self._produce_topic, request, self.metrics.produce_requests, self.metrics.produce_latency)
+
+    async def _produce_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        acks = parse_acks(request.query.get("acks"))
+        ct = request.headers.get("Content-Type")
+        mt = codecs.media_type(ct)
+        if mt == RAW_BATCH:
+            raise KraftlogError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                                "raw batches carry no partition: send them to "
+                                f"/v1/topics/{name}/partitions/{{p}}/records, or send JSON/CBOR records here")
+        body = await self.ctx.read_body(request)
+        records = codecs.parse_produce_body(ct, body, max_records=self.config.request_max_records)
+        topic = await self.ctx.ensure_topic(name)
+        n_parts = len(topic.partitions)
+        # assign partitions (validate all before storing anything)
+        by_partition: dict[int, list[int]] = {}
+        for i, r in enumerate(records):
+            p = r.partition
+            if p is None:
+                p = (partition_for_key(r.key, n_parts) if r.key is not None
+                     else self.round_robin.next(name, n_parts))
+            elif p >= n_parts:
+                raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"records[{i}].partition: topic {name!r} has partitions 0..{n_parts - 1}, "
+                                    f"not {p}")
+            by_partition.setdefault(p, []).append(i)
+        max_msg = self._max_message_bytes(name)
+        built = {p: codecs.build_batches([records[i] for i in idx], max_message_bytes=max_msg)
+                 for p, idx in by_partition.items()}
+        self.metrics.produce_bytes.inc(len(body))
+        self.metrics.produce_records.inc(len(records))
+        results = await asyncio.gather(*(self._append_anywhere(name, p, built[p], acks) for p in built))
+        entries: list[dict | None] = [None] * len(records)
+        first_error: KraftlogError | None = None
+        for (p, idx), res in zip(by_partition.items(), results):
+            if isinstance(res, KraftlogError):
+                first_error = first_error or res
+                for i in idx:
+                    entries[i] = {"partition": p, "error_code": res.code.name, "message": res.message}
+            else:
+                for j, i in enumerate(idx):
+                    entries[i] = {"partition": p, "offset": res + j}
+        if acks == ACKS_NONE and first_error is None:
+            return web.Response(status=202)
+        media = codecs.negotiate_response_type(request.headers.get("Accept"), mt)
+        if media == RAW_BATCH:
+            media = JSON
+        if first_error is not None:
+            doc = {"error_code": first_error.code.name, "message": first_error.message, "offsets": entries}
+            return json_response(doc, http_status(first_error), media)
+        return json_response({"offsets": entries}, 200, media)
+
+    def _max_message_bytes(self, topic: str) -> int:
+        raw = self.rm.topic_config(topic).get("max.message.bytes")
+        try:
+            return int(raw) if raw is not None else self.config.message_max_bytes
+        except ValueError:
+            return self.config.message_max_bytes
+
+    async def _append_anywhere(self, topic: str, partition: int, batches: list[bytes], acks: int):
+        """Append on the local leader or forward to the remote leader. Returns the first
+        offset or the KraftlogError (never raises, so one partition's failure is reported
+        per record)."""
+        payload = batches[0] if len(batches) == 1 else b"".join(batches)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        while True:
+            res = await self._append_once(topic, partition, payload, acks)
+            if not (isinstance(res, KraftlogError) and _nothing_appended(res)) or loop.time() >= deadline:
+                return res
+            # the leader moved (failover, controlled shutdown): wait for newer metadata, retry
+            view = self.deps.metadata
+            version = getattr(view, "version", None)
+            if version is None:
+                return res
+            await view.wait_until(lambda _img: view.version != version,
+                                  min(METADATA_REFRESH_WAIT_S, max(0.0, deadline - loop.time())))
+
+    async def _append_once(self, topic: str, partition: int, payload: bytes, acks: int):
+        try:
+            part = self.rm.partitions.get((topic, partition))
+            if part is not None and part.is_leader:
+                res = await self.rm.append(topic, partition, payload, acks=acks,
+                                           timeout_ms=self.config.request_timeout_ms)
+                return res.first_offset
+            leader_id, leader_url = self.rm.leader_info(topic, partition)
+            if leader_id < 0 or not leader_url:
+                raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE, self.rm.no_leader_message(topic, partition))
+            if leader_id == self.config.broker_id:
+                # metadata says we lead but the replica manager has not caught up yet
+                raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                    f"{topic}-{partition}: this broker is becoming leader; retry")
+            return await self._forward(leader_url, topic, partition, payload, acks)
+        except KraftlogError as e:
+            return e
+        except Exception as e:  # noqa: BLE001 - reported per record, logged
+            log.exception("append to %s-%s failed", topic, partition)
+            return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"append failed: {e}")
+
+    async def _forward(self, leader_url: str, topic: str, partition: int, payload: bytes, acks: int) -> int:
+        session = self.deps.http_session
+        if session is None:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "forwarding is not configured on this broker")
+        acks_s = "all" if acks == ACKS_ALL else str(acks)
+        url = f"{leader_url.rstrip('/')}/v1/topics/{topic}/partitions/{partition}/records?acks={acks_s}"
+        try:
+            async with session.post(url, data=payload, headers={"Content-Type": RAW_BATCH, "Accept": JSON},
+                                    timeout=aiohttp.ClientTimeout(
+                                        total=self.config.request_timeout_ms / 1000 + 5)) as resp:
+                body = await resp.read()
+                if resp.status == 202:
+                    return -1
+                doc = codecs.decode_document(JSON, body) if body else {}
+                if resp.status != 200:
+                    err = KraftlogError.from_body(doc, fallback=f"leader answered HTTP {resp.status}")
+                    if err is None:
+                        raise KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"leader answered HTTP {resp.status}")
+                    extra = {k: v for k, v in err.extra.items() if k in ("leader_id", "leader_url")}
+                    raise KraftlogError(err.code, err.message, **extra)
+                return int(doc["offsets"][0]["offset"])
+        except aiohttp.ClientConnectorError as e:  # refused: the request was never sent
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"cannot reach the leader of {topic}-{partition} at {leader_url}: {e}; "
+                                "retry after a metadata refresh", refused=True) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"cannot reach the leader of {topic}-{partition} at {leader_url}: {e}; "
+                                "retry after a metadata refresh") from None
+
+    async def produce_partition(self, request: web.Request) -> web.Response:
+        return await self.ctx.measured(self._produce_partition, request, self.metrics.produce_requests, self.metrics.produce_latency)
+
+    async def _produce_partition(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = partition_param(request)
+        acks = parse_acks(request.query.get("acks"))
+        ct = request.headers.get("Content-Type")
+        mt = codecs.media_type(ct)
+        if mt not in (JSON, CBOR, RAW_BATCH):
+            raise KraftlogError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                                f"Content-Type {mt!r} is not supported; use {JSON}, {CBOR} or {RAW_BATCH}")
+        body = await self.ctx.read_body(request)
+        max_msg = self._max_message_bytes(name)
+        if mt == RAW_BATCH:
+            # framing, sizes and counts here; the log checks every CRC before writing anything
+            headers = codecs.validate_raw_batches(body, max_message_bytes=max_msg,
+                                                  max_records=self.config.request_max_records,
+                                                  check_crc=False)
+            n_records = sum(h.record_count for h in headers)
+            payload = body
+        else:
+            records = codecs.parse_produce_body(ct, body, max_records=self.config.request_max_records)
+            for i, r in enumerate(records):
+                if r.partition is not None and r.partition != partition:
+                    raise KraftlogError(ErrorCode.INVALID_RECORD,
+                                        f"records[{i}].partition is {r.partition} but the URL names partition "
+                                        f"{partition}; drop the field or use the topic-level route")
+            headers = None
+            n_records = len(records)
+            if name not in self.image.topics:
+                await self.ctx.ensure_topic(name)
+            self.rm.leader_partition(name, partition)  # 404/421 before encoding
+            payload = b"".join(codecs.build_batches(records, max_message_bytes=max_msg))
+        if name not in self.image.topics:
+            await self.ctx.ensure_topic(name)
+        res = await self.rm.append(name, partition, payload, acks=acks, timeout_ms=self.config.request_timeout_ms)
+        self.metrics.produce_bytes.inc(len(body))
+        self.metrics.produce_records.inc(n_records)
+        if acks == ACKS_NONE:
+            return web.Response(status=202)
+        media = codecs.negotiate_response_type(request.headers.get("Accept"), mt)
+        if media == RAW_BATCH:
+            media = JSON
+        duplicate = bool(getattr(res, "duplicate", False))
+        unknown = duplicate and res.first_offset < 0  # appended before the cached 5 batches
+        if headers is not None:
+            entries = []
+            off = res.first_offset
+            for h in headers:
+                last = off + h.last_offset_delta
+                entries.append({"partition": partition, "offset": -1 if unknown else off,
+                                "last_offset": -1 if unknown else last})
+                off = last + 1
+        else:
+            entries = [{"partition": partition, "offset": -1 if unknown else res.first_offset + j}
+                       for j in range(n_records)]
+        if duplicate:  # an idempotent resend: nothing appended; offsets are the original ones (or -1)
+            for e in entries:
+                e["duplicate"] = True
+        return json_response({"offsets": entries}, 200, media)
+
+    async def init_producer_id(self, request: web.Request) -> web.Response:
+        """A producer id for an idempotent producer (blocks come from the controller)."""
+        if self.deps.producer_ids is None:
+            self.deps.producer_ids = ProducerIdAllocator(self.deps.controller, self.config.broker_id, lambda: -1).next
+        pid = await self.deps.producer_ids()
+        return json_response({"producer_id": pid, "producer_epoch": 0})

@@ -1,0 +1,82 @@
+"""Internal replication routes (broker to broker; wire format in `replica_client.py`):
+`POST /internal/v1/replica-fetch` (a follower's batched long poll) and
+`POST /internal/v1/epoch-end-offsets` (OffsetsForLeaderEpoch). They need the token of the
+cluster secret when one is set (checked by the app's middleware).
+"""
+from __future__ import annotations
+
+from aiohttp import web
+
+from http_api.broker import replica_client
+from http_api.broker.context import Routes, json_response
+from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.replication.replica_state import ReplicaFetchRequest
+
+
+class ReplicaRoutes(Routes):
+    """Leader-side handlers of follower fetches."""
+
+    async def replica_fetch(self, request: web.Request) -> web.Response:
+        """A follower's batched long poll for every partition it follows from this leader."""
+        doc = await self.ctx.read_document(request)
+        try:
+            replica_id = int(doc["replica_id"])
+            broker_epoch = int(doc.get("broker_epoch", -1))
+            parts = [ReplicaFetchRequest(str(e["topic"]), int(e["partition"]), int(e["offset"]),
+                                         int(e["leader_epoch"]), int(e.get("high_watermark", -1)))
+                     for e in doc["partitions"]]
+            max_wait_ms = min(max(0, int(doc.get("max_wait_ms", 0))), self.config.fetch_max_wait_ms)
+            max_bytes = min(max(1, int(doc.get("max_bytes", self.config.fetch_max_bytes))),
+                            self.config.fetch_max_bytes)
+            part_max = min(max(1, int(doc.get("partition_max_bytes", self.config.fetch_default_max_bytes))),
+                           max_bytes)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                "replica-fetch body needs replica_id and partitions: [{topic, partition, offset, "
+                                "leader_epoch}]") from None
+        results = await self.rm.replica_fetch(replica_id, parts, max_bytes=max_bytes, partition_max_bytes=part_max,
+                                              max_wait_ms=max_wait_ms, broker_epoch=broker_epoch)
+        entries, chunks = [], []
+        for req, res in zip(parts, results):
+            if isinstance(res, KraftlogError):
+                entries.append(replica_client.error_entry(req.topic, req.partition, res))
+            else:
+                entries.append({"topic": req.topic, "partition": req.partition, "size": len(res.records),
+                                "high_watermark": res.high_watermark, "log_start_offset": res.log_start_offset,
+                                "log_end_offset": res.log_end_offset})
+                chunks.append(res.records)
+        head = replica_client.encode_fetch_header(entries)
+        resp = web.StreamResponse(headers={"Content-Type": replica_client.REPLICA_FETCH_MEDIA})
+        body_bytes = sum(len(c) for c in chunks)
+        self.metrics.replica_fetch_requests.inc()
+        self.metrics.replica_fetch_bytes.inc(body_bytes)
+        resp.content_length = len(head) + body_bytes
+        if self.rm.closing:
+            resp.force_close()   # stopping: the follower must not re-fetch on this connection
+        await resp.prepare(request)
+        await resp.write(head)
+        for c in chunks:
+            if len(c):
+                await resp.write(c)
+        await resp.write_eof()
+        return resp
+
+    async def epoch_end_offsets(self, request: web.Request) -> web.Response:
+        """OffsetsForLeaderEpoch, batched: where each requested epoch ends in the leader's log."""
+        doc = await self.ctx.read_document(request)
+        try:
+            asks = [(str(e["topic"]), int(e["partition"]), int(e["epoch"]),
+                     int(e["leader_epoch"]) if e.get("leader_epoch") is not None else None)
+                    for e in doc["partitions"]]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                "epoch-end-offsets body needs partitions: [{topic, partition, epoch, "
+                                "leader_epoch}]") from None
+        out = []
+        for topic, p, epoch, leader_epoch in asks:
+            try:
+                e, end = self.rm.epoch_end_offset(topic, p, epoch, leader_epoch)
+                out.append({"topic": topic, "partition": p, "epoch": e, "end_offset": end})
+            except KraftlogError as err:
+                out.append(replica_client.error_entry(topic, p, err))
+        return json_response({"partitions": out})
