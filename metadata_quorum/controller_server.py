@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from http_api.wire.errors import http_status
+from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.image import MetadataImage
@@ -162,20 +163,15 @@ class ControllerConfig:
         )
 
 
-def _now_ms() -> int:
-    """Clock of the broker session leases: monotonic (leases are local soft state)."""
-    return int(time.monotonic() * 1000)
-
-
 class ControllerServer:
     """Wires the replicated log, the state machine, the pure controller and aiohttp."""
 
     def __init__(self, config: ControllerConfig, state_machine: MetadataStateMachine, raft_log,
-                 clock_ms: Callable[[], int] = _now_ms, rng: Optional[random.Random] = None):
+                 clock: Clock = SYSTEM_CLOCK, rng: Optional[random.Random] = None):
         self.config = config
         self.sm = state_machine
         self.log = raft_log
-        self.clock_ms = clock_ms
+        self.clock = clock   # leases on its monotonic clock (local soft state); registrations stamped with its wall clock
         self.controller = QuorumController(config.settings(), rng or random.Random())
         self._applied = asyncio.Event()
         self._activating: Optional[asyncio.Task] = None
@@ -219,7 +215,7 @@ class ControllerServer:
         self._applied = asyncio.Event()
         active = self.is_active
         if active and not self._was_active:
-            self.controller.reset_sessions(self.sm.image, self.clock_ms())
+            self.controller.reset_sessions(self.sm.image, self.clock.monotonic_ms())
             log.info("node %s is the active controller (epoch %s)", self.config.node_id, self.log.term)
         self._was_active = active
         if (self.log.is_leader and not active and (self._activating is None or self._activating.done())):
@@ -243,7 +239,7 @@ class ControllerServer:
 
     def _on_raft_event_after_activation(self) -> None:
         if self.is_active and not self._was_active:
-            self.controller.reset_sessions(self.sm.image, self.clock_ms())
+            self.controller.reset_sessions(self.sm.image, self.clock.monotonic_ms())
             self._was_active = True
 
     async def wait_applied(self, timeout_s: float) -> None:
@@ -298,7 +294,7 @@ class ControllerServer:
             await asyncio.sleep(interval)
             if not self.is_active:
                 continue
-            now = self.clock_ms()
+            now = self.clock.monotonic_ms()
             rebalance = now - self._last_rebalance_ms >= self.config.leader_imbalance_check_interval_ms
             if rebalance:
                 self._last_rebalance_ms = now
@@ -407,8 +403,8 @@ class ControllerServer:
     async def h_register(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         broker_id = body.get("broker_id")
-        now = self.clock_ms()
-        wall_ms = int(time.time() * 1000)
+        now = self.clock.monotonic_ms()
+        wall_ms = self.clock.now_ms()
         await self.write(lambda img: self.controller.register_broker(
             img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now, wall_ms,
             clean_shutdown=body.get("clean_shutdown", True)),
@@ -445,7 +441,7 @@ class ControllerServer:
     async def h_heartbeat(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         broker_id = body.get("broker_id")
-        now = self.clock_ms()
+        now = self.clock.monotonic_ms()
         want_shutdown = bool(body.get("want_shutdown", False))
         await self.write(lambda img: self.controller.heartbeat(
             img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, want_shutdown,
@@ -456,7 +452,7 @@ class ControllerServer:
     async def h_controlled_shutdown(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         broker_id = body.get("broker_id")
-        now = self.clock_ms()
+        now = self.clock.monotonic_ms()
         await self.write(lambda img: self.controller.heartbeat(
             img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, True),
             reason=f"controlled shutdown requested by broker {broker_id}")

@@ -13,6 +13,7 @@ from aiohttp import web
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
 from metadata_quorum.state_machine import MetadataStateMachine
+from partitions.clock import ManualClock
 from raft import InMemoryReplicatedLog
 from tests.rigs.controllers import free_port
 
@@ -29,14 +30,14 @@ async def _wait(pred, timeout_s: float = 10.0) -> None:
 
 async def test_fencing_unfencing_and_isr_changes_are_logged_with_reasons(caplog):
     caplog.set_level(logging.INFO, logger="kraftlog.controller")
-    now = [1_000_000]
+    clock = ManualClock()
     port = free_port()
     voters = {1: Voter(1, "127.0.0.1", free_port(), port)}
     config = ControllerConfig(node_id=1, data_dir="/nonexistent", voters=voters, cluster_id="c-log",
                               maintenance_interval_ms=20, broker_session_timeout_ms=SESSION_MS)
     sm = MetadataStateMachine("c-log")
     raft_log = InMemoryReplicatedLog(sm, node_id=1, leader=False)
-    server = ControllerServer(config, sm, raft_log, clock_ms=lambda: now[0], rng=random.Random(1))
+    server = ControllerServer(config, sm, raft_log, clock=clock, rng=random.Random(1))
     runner = web.AppRunner(server.build_app())
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -63,7 +64,7 @@ async def test_fencing_unfencing_and_isr_changes_are_logged_with_reasons(caplog)
                                     for r in caplog.records))
 
             # the leader stops heartbeating: its session expires and the controller fences it
-            now[0] += SESSION_MS + 1000
+            clock.advance(SESSION_MS + 1000)
             for b in (1, 2, 3):
                 if b != leader:
                     await c.heartbeat(b, epochs[b], 10**9)
