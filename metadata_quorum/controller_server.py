@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 from aiohttp import web
 
-from http_api.wire.errors import http_status
+from http_api.wire.middleware import ErrorMiddleware
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
@@ -318,7 +318,7 @@ class ControllerServer:
 
     # ------------------------------------------------------------------ app
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[_error_middleware], client_max_size=16 * 1024 * 1024)
+        app = web.Application(middlewares=[_ERRORS], client_max_size=16 * 1024 * 1024)
         r = app.router
         r.add_get("/healthz", self.h_healthz)
         r.add_get(PREFIX + "/healthz", self.h_healthz)
@@ -645,23 +645,8 @@ async def _connection_refused(url: Optional[str], timeout_s: float) -> bool:
     return False
 
 
-@web.middleware
-async def _error_middleware(request: web.Request, handler):
-    try:
-        return await handler(request)
-    except KraftlogError as exc:
-        return web.json_response(exc.to_body(), status=http_status(exc))
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            code = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.UNKNOWN_SERVER_ERROR
-            return web.json_response({"error_code": code.name, "message": exc.reason}, status=exc.status)
-        raise
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # never crash on a request
-        log.exception("controller request failed")
-        return web.json_response({"error_code": "UNKNOWN_SERVER_ERROR", "message": f"{type(exc).__name__}: {exc}"},
-                                 status=500)
+# error answers as json_response gave them (charset=utf-8); never crash on a request
+_ERRORS = ErrorMiddleware(log, unexpected_log="controller request failed", charset="utf-8")
 
 
 async def _json_body(request: web.Request, allow_empty: bool = False) -> dict:

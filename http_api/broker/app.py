@@ -14,7 +14,6 @@ go to the controller. Bad input is rejected with a 4xx before anything is stored
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from aiohttp import web
@@ -30,60 +29,50 @@ from http_api.broker.ops import OpsRoutes
 from http_api.broker.produce import ProduceRoutes
 from http_api.broker.replica import ReplicaRoutes
 from http_api.broker.topics import TopicRoutes
-from http_api.wire import codecs
-from http_api.wire.codecs import JSON
-from http_api.wire.errors import ErrorCode, KraftlogError, http_status
+from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
+from partitions.errors import ErrorCode, KraftlogError
 
 __all__ = ["BROKER_KEY", "BrokerDeps", "create_app"]
 
 log = logging.getLogger("kraftlog.broker")
 
 CORRELATION_HEADER = "X-Correlation-Id"
-CLIENT_ID_HEADER = "X-Client-Id"
 BROKER_KEY: web.AppKey = web.AppKey("broker", object)
 
 
-def _error_response(err: KraftlogError) -> web.Response:
-    return web.Response(body=codecs.error_body(err), status=http_status(err), content_type=JSON)
-
-
-@web.middleware
-async def _error_middleware(request: web.Request, handler):
-    cid = request.headers.get(CORRELATION_HEADER)
+def _admit(request: web.Request) -> None:
+    """Before every handler: a debug line naming the client; /internal/ routes need the token
+    of the cluster secret."""
     client_id = request.headers.get(CLIENT_ID_HEADER)
     if client_id and log.isEnabledFor(logging.DEBUG):
-        log.debug("%s %s client_id=%s correlation_id=%s", request.method, request.path, client_id, cid)
-    try:
-        if request.path.startswith(INTERNAL_PATH_PREFIX) and not token_ok(
-                request.app[BROKER_KEY].internal_token, request.headers.get(INTERNAL_TOKEN_HEADER)):
-            raise KraftlogError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                                f"{request.path} is for the brokers of this cluster: the request lacks the token "
-                                "of the cluster secret (set the same `password` on every node)")
-        resp = await handler(request)
-    except KraftlogError as e:
-        resp = _error_response(e)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        code = ErrorCode.RECORD_LIST_TOO_LARGE if e.status == 413 else ErrorCode.INVALID_REQUEST
-        msg = (f"no route {request.method} {request.path}; see GET /openapi.json" if e.status in (404, 405)
-               else e.reason)
-        resp = web.Response(body=codecs.error_body(KraftlogError(code, msg)), status=e.status,
-                            content_type=JSON)
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a bug must not kill the broker
-        log.exception("unhandled error in %s %s (client_id=%s)", request.method, request.path, client_id)
-        resp = _error_response(KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR,
-                                             f"internal error: {type(e).__name__}: {e}; see the broker log"))
-    if cid is not None:
-        resp.headers[CORRELATION_HEADER] = cid
-    return resp
+        log.debug("%s %s client_id=%s correlation_id=%s", request.method, request.path, client_id,
+                  request.headers.get(CORRELATION_HEADER))
+    if request.path.startswith(INTERNAL_PATH_PREFIX) and not token_ok(
+            request.app[BROKER_KEY].internal_token, request.headers.get(INTERNAL_TOKEN_HEADER)):
+        raise KraftlogError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                            f"{request.path} is for the brokers of this cluster: the request lacks the token "
+                            "of the cluster secret (set the same `password` on every node)")
+
+
+def _http_error(request: web.Request, e: web.HTTPException) -> KraftlogError:
+    """aiohttp's own errors: a body over client_max_size is RECORD_LIST_TOO_LARGE, a missing
+    route points at /openapi.json."""
+    code = ErrorCode.RECORD_LIST_TOO_LARGE if e.status == 413 else ErrorCode.INVALID_REQUEST
+    msg = (f"no route {request.method} {request.path}; see GET /openapi.json" if e.status in (404, 405)
+           else e.reason)
+    return KraftlogError(code, msg)
+
+
+_ERRORS = ErrorMiddleware(
+    log, unexpected_log="unhandled error in {method} {path} (client_id={client_id})",
+    http_error=_http_error,
+    internal_error=lambda e: f"internal error: {type(e).__name__}: {e}; see the broker log",
+    admit=_admit, echo_headers=(CORRELATION_HEADER,))
 
 
 def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     """The broker aiohttp app; `deps` are injected (real in server.py, fakes in tests)."""
-    app = web.Application(middlewares=[_error_middleware], client_max_size=config.socket_request_max_bytes)
+    app = web.Application(middlewares=[_ERRORS], client_max_size=config.socket_request_max_bytes)
     ctx = BrokerContext(config, deps)
     app[BROKER_KEY] = ctx
     topics, produce, fetch = TopicRoutes(ctx), ProduceRoutes(ctx), FetchRoutes(ctx)

@@ -1,4 +1,5 @@
 """What crosses the wire, shared by the broker, the controller and the clients: record codecs
-and content negotiation (`codecs`), the HTTP status of each error code and the one error
-middleware (`errors`), and the key -> partition rule (`partitioner`, also shipped to Spark
-executors, so this package imports nothing at import time)."""
+and content negotiation (`codecs`), the HTTP status of each error code (`errors`), the one
+error middleware of the broker and the controller (`middleware`), and the key -> partition
+rule (`partitioner`, also shipped to Spark executors, so this package imports nothing at
+import time)."""
