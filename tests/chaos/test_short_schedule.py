@@ -53,10 +53,13 @@ async def test_short_fault_schedule_keeps_every_acknowledged_write(tmp_path):
     # the faults were felt: some operations failed or had unknown outcomes
     assert sum(v for k, v in ops.items() if k.endswith((":fail", ":info"))) > 0, where
     assert (out / "throughput_latency.svg").exists() and (out / "history.jsonl").exists()
-    # compaction under faults: acknowledged writes of the compacted topic, checked per key,
-    # of which the final read shows compaction removed superseded ones
+    # compaction under faults: acknowledged writes of the compacted topic, checked per key.
+    # Whether the final read shows superseded writes removed depends on which replica leads
+    # at the end (a replica that caught up after a restart holds its copy in one active
+    # segment, which is never cleaned, as in Kafka): a figure, not a condition; that the
+    # cleaner ran on the compacted topic is asserted below.
     stats = result.stats
-    assert stats.get("compacted_keys_checked", 0) > 0 and stats.get("compacted_superseded_removed", 0) > 0, where
+    assert stats.get("compacted_keys_checked", 0) > 0, where
     assert sum(1 for op in result_ops(out) if op.f == "read_committed" and op.value.get("final")
                and op.type == "ok") == 3, where
     cleaner = figs["log_cleaner"]
