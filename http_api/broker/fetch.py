@@ -9,7 +9,7 @@ from aiohttp import web
 from http_api.broker.context import Routes, int_param, json_response, partition_param
 from http_api.wire import codecs
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 
 
 class FetchRoutes(Routes):

@@ -12,7 +12,7 @@ import json
 import os
 import re
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 
 GROUP_NAME_MAX_CHARS = 249
 _GROUP_RE = re.compile(r"^[A-Za-z0-9._\-]+$")

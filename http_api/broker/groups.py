@@ -51,7 +51,7 @@ from http_api.broker.group_offsets import validate_group_id
 from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
 from http_api.wire import codecs
 from http_api.wire.codecs import JSON
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.groups import records as grec
 from partitions.groups.coordinator import GroupConfig, GroupCoordinatorState, GroupError

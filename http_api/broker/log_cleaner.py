@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from http_api.broker.context import BrokerContext
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 
 
 def scheduler_for(deps) -> Any:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 
 
 class ProducerIdAllocator:

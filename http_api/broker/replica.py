@@ -9,7 +9,7 @@ from aiohttp import web
 
 from http_api.broker import replica_client
 from http_api.broker.context import Routes, json_response
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.replica_state import ReplicaFetchRequest
 
 

@@ -19,7 +19,7 @@ import json
 import struct
 from dataclasses import dataclass
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
 from http_api.broker.replica_connection import ConnectionRefused, ProtocolError, ReplicaConnectionPool
 

@@ -32,7 +32,7 @@ from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, internal_token
 from http_api.broker.metadata_view import MetadataView
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.broker.replica_client import ReplicaTransport
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
 

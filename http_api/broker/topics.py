@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from http_api.broker.context import Routes, json_response, validate_topic_name
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.groups import records as grec
 from partitions.log.config import validate_topic_configs
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any, Iterable
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 
 log = logging.getLogger("kraftlog.client.group")
 

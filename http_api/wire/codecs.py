@@ -17,7 +17,7 @@ from typing import Any
 
 import cbor2
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import record_batch as rb
 
 JSON = "application/json"

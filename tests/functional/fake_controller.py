@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import QuorumController
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import LeaderChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord

@@ -103,7 +103,7 @@ async def test_producer_auto_creates_only_when_the_broker_allows(broker, tmp_pat
     # auto.create.topics.enable=false: the producer must not create it behind the broker's back
     from broker_harness import start_broker, stop_broker
     from fake_controller import FakeControllerClient
-    from http_api.wire.errors import ErrorCode, KraftlogError
+    from partitions.errors import ErrorCode, KraftlogError
     h = await start_broker(tmp_path / "off", FakeControllerClient(), auto_create_topics_enable=False)
     try:
         async with Producer(h.config.url, linger_ms=0, delivery_timeout_ms=3000) as producer:

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.client import BrokerLifecycle, ControllerClient, MetadataFollower
 from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
 from metadata_quorum.state_machine import MetadataStateMachine

@@ -48,7 +48,7 @@ async def test_python_producer_is_idempotent_by_default(broker, monkeypatch):
             res = await real(method, u, **kw)
             if "/records" in u and lost["n"] == 0:
                 lost["n"] += 1
-                from http_api.wire.errors import ErrorCode, KraftlogError
+                from partitions.errors import ErrorCode, KraftlogError
                 raise KraftlogError(ErrorCode.REQUEST_TIMED_OUT, "answer lost")
             return res
         monkeypatch.setattr(producer.t, "request", lossy)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from http_api.wire.errors import KraftlogError
+from partitions.errors import KraftlogError
 from metadata_quorum.client import ControllerClient
 from tests.rigs.controllers import ControllerCluster, http_json
 

@@ -10,7 +10,7 @@ import time
 import aiohttp
 import pytest
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.client import ControllerClient
 from tests.rigs.controllers import ControllerCluster
 

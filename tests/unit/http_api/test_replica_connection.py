@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from http_api.broker import replica_client
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from http_api.broker.replica_client import ReplicaTransport, decode_fetch_response, encode_fetch_header
 from http_api.broker.replica_connection import ReplicaConnectionPool
 

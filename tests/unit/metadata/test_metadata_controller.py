@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.placement import assign_replicas
 from metadata_quorum.records import (
     FenceBrokerRecord, LeaderChangeRecord, PartitionChangeRecord, RegisterBrokerRecord, TopicRecord,

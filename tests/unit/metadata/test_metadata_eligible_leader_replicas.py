@@ -192,7 +192,7 @@ def test_elr_and_last_known_elr_survive_a_metadata_snapshot():
 
 def test_alter_partition_refuses_a_member_whose_fetches_came_from_an_earlier_registration():
     """KIP-903: the leader's view of a follower may come from the process before a restart."""
-    from http_api.wire.errors import ErrorCode, KraftlogError
+    from partitions.errors import ErrorCode, KraftlogError
     import pytest
 
     h, (a, b, c) = _setup()

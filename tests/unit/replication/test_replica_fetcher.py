@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
 from partitions.log import record_batch as rb

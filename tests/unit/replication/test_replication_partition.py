@@ -1,7 +1,7 @@
 """Partition state: roles, epochs, high watermark = min LEO over ISR, ISR shrink candidates."""
 import pytest
 
-from http_api.wire.errors import ErrorCode, KraftlogError
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.partition import Partition
 
 
