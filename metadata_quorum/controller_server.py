@@ -100,13 +100,9 @@ class ControllerConfig:
     cluster_id: str = "kraftlog-cluster"
     http_host: Optional[str] = None
     http_port: Optional[int] = None
-    broker_session_timeout_ms: int = 9000
-    broker_heartbeat_interval_ms: int = 2000
+    settings: ControllerSettings = field(default_factory=ControllerSettings)   # the controller role's decisions
     maintenance_interval_ms: int = 200
     unreachable_probe_timeout_ms: int = 1000   # probe of a broker reported unreachable (refused = fence now)
-    leader_imbalance_check_interval_ms: int = 30_000
-    auto_leader_rebalance_enable: bool = True
-    min_insync_replicas: int = 1    # topic default; must equal the brokers' min_insync_replicas
     propose_timeout_ms: int = 5000
     long_poll_max_wait_ms: int = 30_000
     feed_records_per_response_max: int = 5000
@@ -116,8 +112,8 @@ class ControllerConfig:
     auto_tick_period_s: float = 0.015
     connection_retry_time_s: float = 0.5
     leader_fallback_timeout_s: float = 1.5
-    log_compaction_min_entries: int = 5000
-    log_compaction_min_time_s: float = 300.0
+    raft_log_compaction_min_entries: int = 5000
+    raft_log_compaction_min_time_s: float = 300.0
     raft_fsync_journal: bool = True
     raft_bind_host: Optional[str] = None    # listen for raft here (default: every interface)
 
@@ -131,15 +127,6 @@ class ControllerConfig:
             self.http_host = me.host
         if self.http_port is None:
             self.http_port = me.http_port
-
-    def settings(self) -> ControllerSettings:
-        return ControllerSettings(
-            broker_session_timeout_ms=self.broker_session_timeout_ms,
-            broker_heartbeat_interval_ms=self.broker_heartbeat_interval_ms,
-            leader_imbalance_check_interval_ms=self.leader_imbalance_check_interval_ms,
-            auto_leader_rebalance_enable=self.auto_leader_rebalance_enable,
-            min_insync_replicas=self.min_insync_replicas,
-        )
 
     def raft_config(self):
         from raft.syncobj_log import RaftConfig
@@ -155,8 +142,8 @@ class ControllerConfig:
             auto_tick_period_s=self.auto_tick_period_s,
             connection_retry_time_s=self.connection_retry_time_s,
             leader_fallback_timeout_s=self.leader_fallback_timeout_s,
-            log_compaction_min_entries=self.log_compaction_min_entries,
-            log_compaction_min_time_s=self.log_compaction_min_time_s,
+            log_compaction_min_entries=self.raft_log_compaction_min_entries,
+            log_compaction_min_time_s=self.raft_log_compaction_min_time_s,
             propose_timeout_s=self.propose_timeout_ms / 1000,
             fsync_journal=self.raft_fsync_journal,
             bind_host=self.raft_bind_host,
@@ -172,7 +159,7 @@ class ControllerServer:
         self.sm = state_machine
         self.log = raft_log
         self.clock = clock   # leases on its monotonic clock (local soft state); registrations stamped with its wall clock
-        self.controller = QuorumController(config.settings(), rng or random.Random())
+        self.controller = QuorumController(config.settings, rng or random.Random())
         self._applied = asyncio.Event()
         self._activating: Optional[asyncio.Task] = None
         self._maintenance_task: Optional[asyncio.Task] = None
@@ -295,7 +282,7 @@ class ControllerServer:
             if not self.is_active:
                 continue
             now = self.clock.monotonic_ms()
-            rebalance = now - self._last_rebalance_ms >= self.config.leader_imbalance_check_interval_ms
+            rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
             if rebalance:
                 self._last_rebalance_ms = now
             try:
@@ -313,7 +300,7 @@ class ControllerServer:
             last = self.controller.sessions.get(fenced[0])
             silent = f"{now_ms - last} ms" if last is not None else "too long"
             return (f"session expired: no heartbeat from broker {fenced[0]} for {silent} "
-                    f"(broker_session_timeout_ms={self.config.broker_session_timeout_ms})")
+                    f"(broker_session_timeout_ms={self.config.settings.broker_session_timeout_ms})")
         return "maintenance: leader election for leaderless partitions or preferred leaders"
 
     # ------------------------------------------------------------------ app
@@ -434,8 +421,8 @@ class ControllerServer:
             "metadata_offset": img.offset,
             "controller_epoch": img.controller_epoch,
             "cluster_id": img.cluster_id,
-            "heartbeat_interval_ms": self.config.broker_heartbeat_interval_ms,
-            "session_timeout_ms": self.config.broker_session_timeout_ms,
+            "heartbeat_interval_ms": self.config.settings.broker_heartbeat_interval_ms,
+            "session_timeout_ms": self.config.settings.broker_session_timeout_ms,
         }
 
     async def h_heartbeat(self, request: web.Request) -> web.Response:
@@ -777,12 +764,14 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         cluster_id=args.cluster_id,
         http_host=args.http_host,
         http_port=args.http_port,
-        broker_session_timeout_ms=args.broker_session_timeout_ms,
-        broker_heartbeat_interval_ms=args.broker_heartbeat_interval_ms,
-        leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
-        min_insync_replicas=args.min_insync_replicas,
+        settings=ControllerSettings(
+            broker_session_timeout_ms=args.broker_session_timeout_ms,
+            broker_heartbeat_interval_ms=args.broker_heartbeat_interval_ms,
+            leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+            min_insync_replicas=args.min_insync_replicas,
+        ),
         raft_fsync_journal=not args.no_raft_fsync,
-        log_compaction_min_entries=args.raft_log_compaction_min_entries,
+        raft_log_compaction_min_entries=args.raft_log_compaction_min_entries,
         raft_bind_host=args.raft_bind_host,
     )
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.client import BrokerLifecycle, ControllerClient, MetadataFollower
+from metadata_quorum.controller import ControllerSettings
 from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
 from metadata_quorum.state_machine import MetadataStateMachine
 from tests.rigs.controllers import free_port
@@ -187,7 +188,7 @@ async def test_follower_long_poll_and_snapshot_fallback():
 
 
 async def test_broker_lifecycle_fencing_unfencing_and_controlled_shutdown():
-    n = await start_node(broker_session_timeout_ms=400, broker_heartbeat_interval_ms=100)
+    n = await start_node(settings=ControllerSettings(broker_session_timeout_ms=400, broker_heartbeat_interval_ms=100))
     try:
         async with ControllerClient([n.url]) as c:
             follower = MetadataFollower(c, max_wait_ms=500)

@@ -11,6 +11,7 @@ import random
 from aiohttp import web
 
 from metadata_quorum.client import ControllerClient
+from metadata_quorum.controller import ControllerSettings
 from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
 from metadata_quorum.state_machine import MetadataStateMachine
 from partitions.clock import ManualClock
@@ -34,7 +35,8 @@ async def test_fencing_unfencing_and_isr_changes_are_logged_with_reasons(caplog)
     port = free_port()
     voters = {1: Voter(1, "127.0.0.1", free_port(), port)}
     config = ControllerConfig(node_id=1, data_dir="/nonexistent", voters=voters, cluster_id="c-log",
-                              maintenance_interval_ms=20, broker_session_timeout_ms=SESSION_MS)
+                              maintenance_interval_ms=20,
+                              settings=ControllerSettings(broker_session_timeout_ms=SESSION_MS))
     sm = MetadataStateMachine("c-log")
     raft_log = InMemoryReplicatedLog(sm, node_id=1, leader=False)
     server = ControllerServer(config, sm, raft_log, clock=clock, rng=random.Random(1))

@@ -128,7 +128,7 @@ def test_a_node_config_file_yields_the_broker_and_controller_configs(tmp_path):
     assert BrokerConfig.from_dict(json.loads(cmd[cmd.index("--config-json") + 1])) == b
     cmd = controller_command(node)
     controller = controller_config_from_args(controller_arg_parser().parse_args(cmd[3:]))
-    assert controller.settings() == node.controller
+    assert controller.settings == node.controller
     assert (controller.node_id, controller.http_port, controller.voters[3].raft_port) == (3, 9094, 9194)
 
 
