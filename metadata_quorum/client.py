@@ -1,11 +1,12 @@
 """Broker-side access to the metadata quorum (asyncio + aiohttp).
 
 - `ControllerClient`: finds the active controller and retries on NOT_CONTROLLER,
-  connection errors and retriable errors until the request deadline; raises KraftlogError
-  otherwise. Writes carry a request id generated once per call and reused by its retries,
+  connection errors, timeouts and retriable errors until the request deadline; raises
+  KraftlogError otherwise. A try that times out moves to the other controllers at once. Writes carry a request id generated once per call and reused by its retries,
   so a retry after an unknown outcome is applied at most once.
 - `MetadataFollower`: keeps a MetadataImage current by long-polling the controllers'
-  metadata record feed (falls back to a snapshot when it is too far behind).
+  metadata record feed (falls back to a snapshot when it is too far behind); a long poll
+  moves to the new active controller as soon as the client finds one.
 - `BrokerLifecycle`: registers the broker (a new incarnation id per process start),
   heartbeats every interval, tracks `broker_epoch` / `is_fenced`, drives controlled shutdown.
 """
@@ -38,19 +39,37 @@ def _error_from_body(status: int, body: Any) -> KraftlogError:
 
 class ControllerClient:
     """Talks to whichever controller is active. `controller_urls` are the controllers'
-    HTTP base URLs (e.g. "http://127.0.0.1:9093")."""
+    HTTP base URLs (e.g. "http://127.0.0.1:9093").
+
+    A silent controller (a stopped process or a cut host accepts connects, or not, and never
+    answers) costs one try of at most `try_timeout_ms`: the client then asks the OTHER
+    controllers at once, follows the active controller named by their NOT_CONTROLLER
+    answers, and skips the silent one for `try_timeout_ms` (it is "suspect": the hints of
+    the other controllers still name it until they have elected a new leader). While a try
+    waits longer than `leader_check_after_ms` (0: never), the client asks the other
+    controllers whom they follow and moves at once to a new leader they name. It pauses
+    `retry_backoff_ms` only once every controller failed in a round. Long polls get their
+    wait plus `long_poll_margin_ms`. `active_changed()` is set whenever a write's answer
+    names a new active controller (the metadata feed follows it at once)."""
 
     def __init__(self, controller_urls: list, *, request_timeout_ms: int = 15_000,
-                 retry_backoff_ms: int = 50, session: Optional[aiohttp.ClientSession] = None):
+                 retry_backoff_ms: int = 50, session: Optional[aiohttp.ClientSession] = None,
+                 try_timeout_ms: int = 5_000, long_poll_margin_ms: int = 5_000,
+                 leader_check_after_ms: int = 0):
         if not controller_urls:
             raise ValueError("give at least one controller URL")
         self.controller_urls = [u.rstrip("/") for u in controller_urls]
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
+        self.try_timeout_ms = try_timeout_ms
+        self.long_poll_margin_ms = long_poll_margin_ms
+        self.leader_check_after_ms = leader_check_after_ms
         self._session = session
         self._own_session = session is None
         self._active: Optional[str] = None
         self._next = 0
+        self._suspect: dict[str, float] = {}   # url -> monotonic time of its last timeout / connection error
+        self._active_changed = asyncio.Event()
 
     async def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -73,58 +92,196 @@ class ControllerClient:
     def active_url(self) -> Optional[str]:
         return self._active
 
-    def _pick(self) -> str:
-        if self._active is not None:
+    def active_changed(self) -> asyncio.Event:
+        """An event set the next time a new active controller is found."""
+        return self._active_changed
+
+    def _set_active(self, url: Optional[str]) -> None:
+        if url == self._active:
+            return
+        self._active = url
+        if url is not None:
+            log.info("active controller is now %s", url)
+            self._active_changed.set()
+            self._active_changed = asyncio.Event()
+
+    def _is_suspect(self, url: str, now: float) -> bool:
+        failed_at = self._suspect.get(url)
+        return failed_at is not None and now - failed_at < self.try_timeout_ms / 1000
+
+    def _pick(self, asked: set) -> Optional[str]:
+        """The controller to try next: the active one, else the next in turn; never one
+        already asked in this round, nor a suspect one. None: the round is over."""
+        now = time.monotonic()
+        fresh = [u for u in self.controller_urls if u not in asked and not self._is_suspect(u, now)]
+        if not fresh:
+            return None
+        if self._active in fresh:
             return self._active
-        url = self.controller_urls[self._next % len(self.controller_urls)]
-        self._next += 1
-        return url
+        for _ in range(len(self.controller_urls)):
+            url = self.controller_urls[self._next % len(self.controller_urls)]
+            self._next += 1
+            if url in fresh:
+                return url
+        return fresh[0]
+
+    def _pick_after_round(self) -> str:
+        """A new round found every controller suspect: the one that failed longest ago
+        (with a single controller, it is asked again after the backoff)."""
+        return min(self.controller_urls, key=lambda u: self._suspect.get(u, 0.0))
+
+    async def _try(self, session: aiohttp.ClientSession, method: str, url: str, path: str, json: Any,
+                   params: Optional[dict], timeout_s: float, hedge: bool) -> tuple:
+        """One try -> (status, body, None), or (None, None, leader_url) when `url` has not
+        answered yet and another controller names a different leader (asked every
+        `leader_check_after_ms` while the try waits). Raises aiohttp/timeout errors of the try."""
+        async def send() -> tuple:
+            async with session.request(method, url + path, json=json, params=params,
+                                       timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                try:
+                    body = await resp.json(content_type=None)
+                except ValueError:
+                    body = None
+                return resp.status, body
+
+        if not hedge:
+            status, body = await send()
+            return status, body, None
+        attempt = asyncio.ensure_future(send())
+        check: Optional[asyncio.Future] = None
+        every_s = self.leader_check_after_ms / 1000
+        try:
+            while not attempt.done():
+                done, _ = await asyncio.wait({attempt}, timeout=every_s)
+                if done:
+                    break
+                check = asyncio.ensure_future(self._leader_elsewhere(url, every_s))
+                await asyncio.wait({attempt, check}, return_when=asyncio.FIRST_COMPLETED)
+                if attempt.done():
+                    break
+                moved_to = check.result()
+                check = None
+                if moved_to is not None:
+                    return None, None, moved_to
+            status, body = await attempt
+            return status, body, None
+        finally:
+            for task in (attempt, check):
+                if task is not None and not task.done():
+                    task.cancel()
+                    try:
+                        await task
+                    except (asyncio.CancelledError, Exception):
+                        pass
+
+    async def _leader_elsewhere(self, url: str, timeout_s: float) -> Optional[str]:
+        """The leader the other controllers name, if one of them names a leader other than
+        `url`; None when they all still name `url` (or none answers within `timeout_s`)."""
+        session = await self._get_session()
+
+        async def leader_of(other: str) -> Optional[str]:
+            try:
+                async with session.get(other + PREFIX + "/status",
+                                       timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                    st = await resp.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                return None
+            leader = (st or {}).get("leader_url") if isinstance(st, dict) else None
+            leader = leader.rstrip("/") if leader else None
+            return leader if leader in self.controller_urls and leader != url else None
+
+        pending = {asyncio.ensure_future(leader_of(u)) for u in self.controller_urls if u != url}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.result() is not None:
+                        return task.result()
+            return None
+        finally:
+            for task in pending:
+                task.cancel()
 
     async def request(self, method: str, path: str, *, json: Any = None, params: Optional[dict] = None,
-                      timeout_ms: Optional[int] = None, per_try_timeout_s: float = 5.0,
+                      timeout_ms: Optional[int] = None, try_timeout_ms: Optional[int] = None,
                       answered_by_active: bool = True) -> Any:
         """One logical request with retries until the deadline; returns the JSON body.
+        `try_timeout_ms`: bound of one try (default `self.try_timeout_ms`).
         `answered_by_active`: a success proves the URL is the active controller (writes and
         require_active reads); False for reads any controller serves."""
         deadline = time.monotonic() + (timeout_ms or self.request_timeout_ms) / 1000
+        per_try_s = (try_timeout_ms or self.try_timeout_ms) / 1000
         session = await self._get_session()
         last_error: Optional[BaseException] = None
         backoff = self.retry_backoff_ms / 1000
-        failures_in_round = 0
+        asked: set = set()                 # asked in this round without an answer that helped
+        forced: Optional[str] = None       # named by a NOT_CONTROLLER answer: ask it next
+
+        hedge = try_timeout_ms is None and len(self.controller_urls) > 1 and self.leader_check_after_ms > 0
+
+        async def pause() -> None:
+            await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+
         while True:
-            url = self._pick()
+            url = forced or self._pick(asked)
+            forced = None
+            if url is None:  # every controller failed once: back off, then a new round
+                await pause()
+                asked.clear()
+                url = self._pick(asked) or self._pick_after_round()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             try:
-                async with session.request(method, url + path, json=json, params=params,
-                                           timeout=aiohttp.ClientTimeout(total=min(remaining, per_try_timeout_s))) as resp:
-                    try:
-                        body = await resp.json(content_type=None)
-                    except ValueError:
-                        body = None
-                    if resp.status < 400:
-                        if answered_by_active:
-                            self._active = url
-                        return body
-                    err = _error_from_body(resp.status, body)
+                status, body, moved_to = await self._try(session, method, url, path, json, params,
+                                                         min(remaining, per_try_s), hedge)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                # silent or gone: try the others at once, skip this one while it is suspect
                 last_error = exc
-                self._active = None
-                failures_in_round += 1
-                if failures_in_round >= len(self.controller_urls):  # every controller tried: back off
-                    failures_in_round = 0
-                    await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                self._suspect[url] = time.monotonic()
+                if self._active == url:
+                    self._active = None
+                asked.add(url)
+                log.info("controller %s did not answer %s %s (%r); trying the others", url, method, path, exc)
                 continue
+            if moved_to is not None:
+                # still waiting on `url` while the other controllers name a new leader: it is
+                # deposed and silent (a slow but current leader is waited for)
+                last_error = KraftlogError(ErrorCode.NOT_CONTROLLER, f"controller {url} did not answer and "
+                                           f"the others name {moved_to} the leader", leader_url=moved_to)
+                self._suspect[url] = time.monotonic()
+                if self._active == url:
+                    self._active = None
+                asked.add(url)
+                forced = moved_to
+                log.info("controller %s did not answer %s %s; the others name %s the leader: asking it",
+                         url, method, path, moved_to)
+                continue
+            self._suspect.pop(url, None)
+            if status < 400:
+                if answered_by_active:
+                    self._set_active(url)
+                return body
+            err = _error_from_body(status, body)
             last_error = err
             if err.code is ErrorCode.NOT_CONTROLLER:
-                leader_url = err.extra.get("leader_url")
-                self._active = leader_url.rstrip("/") if leader_url and leader_url.rstrip("/") != url else None
-                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                hint = err.extra.get("leader_url")
+                hint = hint.rstrip("/") if hint else None
+                if self._active == url:
+                    self._active = None
+                if hint == url:  # just elected, not active yet: ask it again in a moment
+                    await pause()
+                    forced = url
+                    continue
+                asked.add(url)
+                if hint and hint in self.controller_urls and hint not in asked \
+                        and not self._is_suspect(hint, time.monotonic()):
+                    forced = hint
                 continue
             if err.code.retriable and err.code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and err.code not in (
                     ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER):
-                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                await pause()
+                forced = url
                 continue
             raise err
         if isinstance(last_error, KraftlogError):
@@ -225,7 +382,7 @@ class ControllerClient:
         return await self.request("GET", PREFIX + "/metadata/records",
                                   params={"after": str(after), "max_wait_ms": str(max_wait_ms)},
                                   timeout_ms=max_wait_ms + self.request_timeout_ms,
-                                  per_try_timeout_s=max_wait_ms / 1000 + 5, answered_by_active=False)
+                                  try_timeout_ms=max_wait_ms + self.long_poll_margin_ms, answered_by_active=False)
 
 
 class MetadataFollower:
@@ -252,8 +409,13 @@ class MetadataFollower:
 
     async def poll_once(self, max_wait_ms: Optional[int] = None) -> bool:
         """One feed request; True if the image changed."""
-        body = await self.client.metadata_records(self.image.offset,
+        return await self._apply(await self._fetch(max_wait_ms))
+
+    async def _fetch(self, max_wait_ms: Optional[int] = None) -> dict:
+        return await self.client.metadata_records(self.image.offset,
                                                   self.max_wait_ms if max_wait_ms is None else max_wait_ms)
+
+    async def _apply(self, body: dict) -> bool:
         changed: Optional[list]
         if body.get("snapshot") is not None:
             self.image = MetadataImage.from_snapshot(body["snapshot"])
@@ -283,10 +445,34 @@ class MetadataFollower:
                 log.exception("metadata on_change callback failed")
         return True
 
+    async def _fetch_following_active(self) -> Optional[dict]:
+        """One feed request, abandoned (None) when the client finds a new active controller
+        meanwhile: the next request goes to it instead of waiting on a controller that may
+        be silent. Only the request is abandoned, never the applying of an answer."""
+        changed = self.client.active_changed()
+        fetch = asyncio.ensure_future(self._fetch())
+        follow = asyncio.ensure_future(changed.wait())
+        try:
+            await asyncio.wait({fetch, follow}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            follow.cancel()
+            if not fetch.done():
+                fetch.cancel()
+                try:
+                    await fetch
+                except (asyncio.CancelledError, Exception):
+                    pass
+        if fetch.cancelled():
+            log.info("metadata feed follows the new active controller %s", self.client.active_url)
+            return None
+        return fetch.result()
+
     async def run(self) -> None:
         while not self._stopped:
             try:
-                await self.poll_once()
+                body = await self._fetch_following_active()
+                if body is not None:
+                    await self._apply(body)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -326,6 +512,8 @@ class BrokerLifecycle:
         self.in_controlled_shutdown = False
         self.should_shutdown = False
         self.last_heartbeat: Optional[dict] = None
+        self.session_timeout_ms: Optional[int] = None   # the controller's broker_session_timeout_ms
+        self._heartbeat_controller: Optional[str] = None  # the controller that answered the last heartbeat
         self._task: Optional[asyncio.Task] = None
         self._state_changed = asyncio.Event()
         self._paused = False
@@ -345,6 +533,10 @@ class BrokerLifecycle:
         self._update(body)
         if self.heartbeat_interval_ms is None:
             self.heartbeat_interval_ms = body.get("heartbeat_interval_ms", 2000)
+        # a try on a silent controller costs at most one heartbeat interval; a heartbeat
+        # gives up after the session timeout (the next one starts fresh)
+        self.client.try_timeout_ms = min(self.client.try_timeout_ms, self.heartbeat_interval_ms)
+        self.session_timeout_ms = body.get("session_timeout_ms", self.session_timeout_ms)
         return self.broker_epoch
 
     def _update(self, body: dict) -> None:
@@ -367,7 +559,8 @@ class BrokerLifecycle:
                 log.warning("cannot build log reports for unclean recovery: %r", exc)
         try:
             body = await self.client.heartbeat(self.broker_id, self.broker_epoch, self._metadata_offset(),
-                                               want_shutdown=want_shutdown, log_reports=reports)
+                                               want_shutdown=want_shutdown, log_reports=reports,
+                                               timeout_ms=self.session_timeout_ms)
         except KraftlogError as exc:
             if exc.code is ErrorCode.STALE_BROKER_EPOCH:
                 # our registration was lost or replaced: register again (same incarnation)
@@ -376,6 +569,9 @@ class BrokerLifecycle:
                                                    want_shutdown=want_shutdown, log_reports=reports)
             else:
                 raise
+        if self.client.active_url != self._heartbeat_controller:
+            self._heartbeat_controller = self.client.active_url
+            log.info("heartbeat answered by the active controller %s", self._heartbeat_controller)
         self._update(body)
         return body
 

@@ -103,10 +103,21 @@ class RequestLimits(_Group):
     long_poll_max_requests: int = 1024        # waiting fetches at once; 429 THROTTLING_QUOTA_EXCEEDED
     request_timeout_ms: int = 30_000          # acks=all wait bound; forwarded requests
     metadata_wait_ms: int = 10_000            # how long admin calls wait for the broker to see their result
+    # one try of a controller request (connect included); then the other controllers at once.
+    # Capped at the broker heartbeat interval the controller announces: a silent controller
+    # costs a heartbeat at most one interval, well inside broker_session_timeout_ms
+    controller_request_timeout_ms: int = 2_000
+    controller_long_poll_margin_ms: int = 1_000   # metadata feed try bound: its max wait plus this
+    controller_retry_backoff_ms: int = 100        # pause after every controller failed once
+    # a controller request unanswered this long asks the other controllers whom they follow,
+    # and moves at once to a new leader they name (then, and again every this long)
+    controller_leader_check_after_ms: int = 500
 
     def validate(self) -> None:
         _positive(self, "socket_request_max_bytes", "request_max_records", "message_max_bytes",
-                  "fetch_max_bytes", "fetch_default_max_bytes", "long_poll_max_requests", "request_timeout_ms")
+                  "fetch_max_bytes", "fetch_default_max_bytes", "long_poll_max_requests", "request_timeout_ms",
+                  "controller_request_timeout_ms", "controller_long_poll_margin_ms")
+        _non_negative(self, "controller_retry_backoff_ms", "controller_leader_check_after_ms")
         _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms")
 
 

@@ -103,7 +103,11 @@ class Broker:
             fetch_wait_max_ms=cfg.replica_fetch_wait_max_ms, backoff_ms=cfg.replica_fetch_backoff_ms,
             on_leader_unreachable=self._report_unreachable)
         self.view.add_listener(self.fetcher.sync)
-        self.client = ControllerClient(cfg.controller_urls, request_timeout_ms=cfg.request_timeout_ms)
+        self.client = ControllerClient(cfg.controller_urls, request_timeout_ms=cfg.request_timeout_ms,
+                                       try_timeout_ms=cfg.controller_request_timeout_ms,
+                                       long_poll_margin_ms=cfg.controller_long_poll_margin_ms,
+                                       retry_backoff_ms=cfg.controller_retry_backoff_ms,
+                                       leader_check_after_ms=cfg.controller_leader_check_after_ms)
         self.producer_ids = ProducerIdAllocator(self.client, cfg.broker_id,
                                                 lambda: getattr(self.lifecycle, "broker_epoch", None))
 
