@@ -107,7 +107,7 @@ class BrokerMetrics:
         g = prom.Gauge("kraftlog_long_polls_waiting", "Fetches waiting for data", registry=registry)
         g.set_function(lambda: rm.long_polls_waiting)
         g = prom.Gauge("kraftlog_replica_fetches_waiting", "Follower fetches parked on this leader", registry=registry)
-        g.set_function(lambda: getattr(rm, "replica_fetches_waiting", 0))
+        g.set_function(lambda: rm.replica_fetches_waiting)
         g = prom.Gauge("kraftlog_under_replicated_partitions", "Led partitions whose ISR is smaller than their "
                        "replica set", registry=registry)
         g.set_function(lambda: getattr(rm, "under_replicated_count", lambda: 0)())

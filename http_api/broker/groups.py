@@ -142,9 +142,7 @@ class GroupCoordinator:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        add = getattr(self.deps.metadata, "add_listener", None)
-        if add is not None:
-            add(self.on_metadata)
+        self.deps.metadata.add_listener(self.on_metadata)
         if self.deps.metadata.image is not None:
             self.on_metadata(self.deps.metadata.image)
         self._expiry_task = asyncio.ensure_future(self._expiry_loop())
@@ -364,7 +362,7 @@ class GroupCoordinator:
                 return
             # as Kafka (KRaft): RF = min(offsets.topic.replication.factor, registered brokers),
             # and no creation until that many are live (a fenced broker may be restarting)
-            live = sum(1 for b in img.brokers.values() if not getattr(b, "fenced", False))
+            live = sum(1 for b in img.brokers.values() if not b.fenced)
             rf = max(1, min(self.config.offsets_topic_replication_factor, len(img.brokers)))
             if live < rf:
                 raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -587,7 +585,7 @@ class GroupCoordinator:
         """Offsets committed before `__consumer_offsets` existed (per-broker file,
         http_api/broker/group_offsets.py) are written into the group on its first offsets fetch, when
         the file is on the coordinator's broker (always, on a single node)."""
-        legacy = getattr(self.deps, "groups", None)
+        legacy = self.deps.groups
         if legacy is None or group in ld.state.groups or ld.state.fetch_offsets(group):
             return
         img = self.ctx.image
@@ -747,7 +745,7 @@ def install_group_routes(app: web.Application, ctx: BrokerContext, clock: Clock 
     """Add the consumer group routes to the broker app; the coordinator starts with the app."""
     gc = GroupCoordinator(ctx, clock)
     app[SERVICE_KEY] = gc
-    if getattr(ctx.deps, "registry", None) is not None:
+    if ctx.deps.registry is not None:
         _register_metrics(gc, ctx.deps.registry)
     r = app.router
     r.add_get("/v1/groups", gc.list_groups)

@@ -116,9 +116,7 @@ class ProduceRoutes(Routes):
                 return res
             # the leader moved (failover, controlled shutdown): wait for newer metadata, retry
             view = self.deps.metadata
-            version = getattr(view, "version", None)
-            if version is None:
-                return res
+            version = view.version
             await view.wait_until(lambda _img: view.version != version,
                                   min(METADATA_REFRESH_WAIT_S, max(0.0, deadline - loop.time())))
 
@@ -217,7 +215,7 @@ class ProduceRoutes(Routes):
         media = codecs.negotiate_response_type(request.headers.get("Accept"), mt)
         if media == RAW_BATCH:
             media = JSON
-        duplicate = bool(getattr(res, "duplicate", False))
+        duplicate = res.duplicate
         unknown = duplicate and res.first_offset < 0  # appended before the cached 5 batches
         if headers is not None:
             entries = []

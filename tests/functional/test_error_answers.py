@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from http_api.broker.metadata_view import MetadataView
 from http_api.broker.app import BrokerDeps, create_app
 from http_api.broker.config import BrokerConfig
 from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
@@ -57,7 +58,8 @@ def _add_probe_routes(app: web.Application) -> None:
 
 def _broker_app() -> web.Application:
     config = BrokerConfig(broker_id=1, cluster_secret="s3cret")
-    deps = BrokerDeps(replica_manager=types.SimpleNamespace(), metadata=types.SimpleNamespace(image=None),
+    rm = types.SimpleNamespace()
+    deps = BrokerDeps(replica_manager=rm, metadata=MetadataView(rm),
                       controller=None, groups=None)
     app = create_app(config, deps)
     _add_probe_routes(app)
