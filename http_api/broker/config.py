@@ -130,10 +130,18 @@ class ReplicationConfig(MinInsyncReplicasDefault, _Group):
     replica_lag_time_max_ms: int = 30_000     # a follower not caught up for this long leaves the ISR
     replica_fetch_wait_max_ms: int = 500      # follower long poll on its leader
     replica_fetch_backoff_ms: int = 200       # after a failed replica fetch
+    # a follower that sent no fetch for this long while acks=all produces wait for it leaves
+    # the ISR (AlterPartition) at once, not after replica_lag_time_max_ms; 0 turns it off.
+    # Must stay well above replica_fetch_wait_max_ms (a healthy follower's longest silence)
+    replica_fetch_silence_max_ms: int = 1500
 
     def validate(self) -> None:
         _positive(self, "default_replication_factor", "min_insync_replicas", "replica_lag_time_max_ms")
-        _non_negative(self, "replica_fetch_wait_max_ms", "replica_fetch_backoff_ms")
+        _non_negative(self, "replica_fetch_wait_max_ms", "replica_fetch_backoff_ms", "replica_fetch_silence_max_ms")
+        if 0 < self.replica_fetch_silence_max_ms < 2 * self.replica_fetch_wait_max_ms:
+            raise ValueError(f"replica_fetch_silence_max_ms={self.replica_fetch_silence_max_ms} must be at least "
+                             f"twice replica_fetch_wait_max_ms={self.replica_fetch_wait_max_ms} (a healthy "
+                             "follower is silent for up to one long poll), or 0 to turn the rule off")
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ class Broker:
                                  request_timeout_ms=cfg.request_timeout_ms,
                                  max_concurrent_long_polls=cfg.long_poll_max_requests, executor=self.executor,
                                  topic_ids_path=os.path.join(cfg.state_dir, "partition-topic-ids.json"),
-                                 incarnation_id=self.lifecycle_incarnation)
+                                 incarnation_id=self.lifecycle_incarnation,
+                                 replica_fetch_silence_max_ms=cfg.replica_fetch_silence_max_ms or None)
         self.view = MetadataView(self.rm)
         self.replica_transport = ReplicaTransport(request_timeout_ms=cfg.request_timeout_ms,
                                                   internal_token=internal_token(cfg.cluster_secret))
@@ -227,8 +228,9 @@ class Broker:
         t.add_done_callback(self._bg.discard)
 
     async def _isr_loop(self) -> None:
-        """Leader side: shrink the ISR of lagging followers, expand it with caught-up ones,
-        through AlterPartition (the controller checks leader and partition epochs).
+        """Leader side: shrink the ISR of lagging followers (and of silent ones while acks=all
+        produces wait for them: `replica_fetch_silence_max_ms`), expand it with caught-up
+        ones, through AlterPartition (the controller checks leader and partition epochs).
 
         One proposal per partition epoch is in flight; it is asked again when it failed
         without an answer (controller unreachable, failover, lost answer) or got no
@@ -236,12 +238,16 @@ class Broker:
         (Partition.propose_isr_change) until the metadata answers or the controller
         refuses for good (`isr_change_rejected`)."""
         pending: dict[tuple[str, int], tuple[int, float]] = {}   # key -> (partition epoch asked, when)
+        # a follower silent for replica_fetch_silence_max_ms while acks=all waits must be out of
+        # the ISR within about that time plus one check: look every fifth of it
+        silence = self.config.replica_fetch_silence_max_ms
         while True:
             # Kafka checks every replica.lag.time.max.ms / 2 (topic configs may lower it)
             lag = min([self.config.replica_lag_time_max_ms] +
                       [self.rm.replica_lag_time_max_ms(t, self.config.replica_lag_time_max_ms)
                        for t in list(self.rm._topic_configs)])
-            await asyncio.sleep(max(50, min(ISR_CHECK_INTERVAL_MS, lag // 2)) / 1000)
+            interval = min(ISR_CHECK_INTERVAL_MS, lag // 2, silence // 5 if silence > 0 else ISR_CHECK_INTERVAL_MS)
+            await asyncio.sleep(max(50, interval) / 1000)
             epoch = self.lifecycle.broker_epoch if self.lifecycle is not None else None
             if epoch is None:
                 continue

@@ -188,13 +188,21 @@ class Partition:
         """The ISR from metadata plus members of a pending expansion (what the HW counts)."""
         return list(self.isr) + sorted(r for r in self.pending_isr_additions if r not in self.isr)
 
-    def propose_isr_change(self, now_ms: int, replica_lag_time_max_ms: int) -> list[int] | None:
+    def propose_isr_change(self, now_ms: int, replica_lag_time_max_ms: int, *,
+                           replica_fetch_silence_max_ms: int | None = None,
+                           acks_waiting_offset: int | None = None) -> list[int] | None:
         """The ISR the leader should ask the controller for (lagging members out, caught-up
         replicas in), or None. Proposed additions count for the HW from now on (until the
-        metadata brings a new partition epoch, or `isr_change_rejected`)."""
+        metadata brings a new partition epoch, or `isr_change_rejected`).
+
+        `acks_waiting_offset`: the highest offset acks=all produces wait for (None: none
+        waits); members silent for `replica_fetch_silence_max_ms` that hold such a produce
+        back leave too (`silent_replicas`)."""
         if not self.is_leader:
             return None
         drop = self.out_of_sync_replicas(now_ms, replica_lag_time_max_ms)
+        if replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None:
+            drop |= self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset)
         add = self.caught_up_out_of_isr()
         if not drop and not add:
             return None
@@ -224,6 +232,28 @@ class Partition:
                 continue
             state = self.remote_replicas.get(r)
             if state is None or now_ms - state.last_caught_up_time_ms > replica_lag_time_max_ms:
+                out.add(r)
+        return out
+
+    def silent_replicas(self, now_ms: int, replica_fetch_silence_max_ms: int,
+                        acks_waiting_offset: int) -> set[int]:
+        """ISR members (other than the leader) that sent no fetch request for
+        `replica_fetch_silence_max_ms` (counted from this leader epoch's start at the
+        earliest) and lack the record at `acks_waiting_offset` an acks=all produce waits
+        for: a stopped or cut-off follower leaves in about that time instead of
+        `replica.lag.time.max.ms`. A follower that fetches, however far behind, is never
+        silent (the lag rule alone judges it)."""
+        out: set[int] = set()
+        if not self.is_leader:
+            return out
+        for r in self.isr:
+            if r == self.local_broker_id:
+                continue
+            state = self.remote_replicas.get(r)
+            if state is None:
+                continue   # the lag rule drops it
+            last_heard = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
+            if now_ms - last_heard > replica_fetch_silence_max_ms and state.log_end_offset <= acks_waiting_offset:
                 out.add(r)
         return out
 

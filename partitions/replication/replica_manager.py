@@ -81,8 +81,12 @@ class ReplicaManager:
                  request_timeout_ms: int = 30_000, max_concurrent_long_polls: int = 1024,
                  default_log_config_factory: Callable[[dict], LogConfig | None] | None = None,
                  executor=None, clock: Clock = SYSTEM_CLOCK,
-                 topic_ids_path: str | None = None, incarnation_id: str | None = None) -> None:
+                 topic_ids_path: str | None = None, incarnation_id: str | None = None,
+                 replica_fetch_silence_max_ms: int | None = None) -> None:
         self.broker_id = broker_id
+        # a follower silent this long while acks=all produces wait for it leaves the ISR
+        # (None: only replica.lag.time.max.ms applies)
+        self.replica_fetch_silence_max_ms = replica_fetch_silence_max_ms
         self.log_manager = log_manager
         self.min_insync_replicas = min_insync_replicas
         self.request_timeout_ms = request_timeout_ms
@@ -506,11 +510,13 @@ class ReplicaManager:
 
     def isr_changes(self, replica_lag_time_max_ms: int) -> list[tuple[Partition, list[int]]]:
         """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
-        followers) or expand (caught-up replicas); the caller sends AlterPartition with
+        or silent followers while acks=all produces wait, see `replica_fetch_silence_max_ms`)
+        or expand (caught-up replicas); the caller sends AlterPartition with
         `part.broker_epochs(new_isr)` (KIP-903).
         `replica_lag_time_max_ms` is the broker default; a topic config overrides it."""
         return self.core.isr_changes(self._clock_ms(),
-                                     lambda topic: self.replica_lag_time_max_ms(topic, replica_lag_time_max_ms))
+                                     lambda topic: self.replica_lag_time_max_ms(topic, replica_lag_time_max_ms),
+                                     replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms)
 
     # ---- replication: follower side ----------------------------------------------------
 

@@ -7,7 +7,8 @@ high watermark) with its log, and makes every replication decision:
   partition's registration in the metadata (stale epochs ignored; a restarted broker
   never takes up the leadership of its previous incarnation);
 - leader bookkeeping: appends (`append_as_leader`), followers' fetch positions
-  (`replica_read`, `follower_fetched`), ISR proposals (`isr_changes`), acks=all waiters;
+  (`replica_read`, `follower_fetched`), ISR proposals (`isr_changes`: lagging followers,
+  and silent ones while acks=all produces wait for them), acks=all waiters;
 - follower bookkeeping: appending the leader's batches, adopting its HW, truncating.
 
 The high watermark has one owner: `Partition.high_watermark`, moved only by the rules in
@@ -259,6 +260,11 @@ class ReplicaState:
             if not lst:
                 self._ack_waiters.pop(tp, None)
 
+    def acks_waiting_offset(self, tp: TopicPartition) -> int | None:
+        """The highest offset an acks=all produce on `tp` waits for, None when none waits."""
+        waiters = self._ack_waiters.get(tp)
+        return max(offset for offset, _ in waiters) if waiters else None
+
     def ack_waiters(self, tp: TopicPartition) -> list[Waiter]:
         return [w for _, w in self._ack_waiters.get(tp, [])]
 
@@ -374,14 +380,18 @@ class ReplicaState:
             eff.wake(tp)
         return eff
 
-    def isr_changes(self, now_ms: int, replica_lag_time_max_ms: Callable[[str], int]
-                    ) -> list[tuple[Partition, list[int]]]:
+    def isr_changes(self, now_ms: int, replica_lag_time_max_ms: Callable[[str], int], *,
+                    replica_fetch_silence_max_ms: int | None = None) -> list[tuple[Partition, list[int]]]:
         """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
-        followers) or expand (caught-up replicas): the shell sends AlterPartition with
-        `part.broker_epochs(new_isr)` (KIP-903). Proposed additions hold the HW back from now on."""
+        followers; silent followers while acks=all produces wait for them, when
+        `replica_fetch_silence_max_ms` is set) or expand (caught-up replicas): the shell
+        sends AlterPartition with `part.broker_epochs(new_isr)` (KIP-903). Proposed additions
+        hold the HW back from now on."""
         out = []
-        for part in self.partitions.values():
-            new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic))
+        for tp, part in self.partitions.items():
+            new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
+                                              replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
+                                              acks_waiting_offset=self.acks_waiting_offset(tp))
             if new_isr is not None:
                 out.append((part, new_isr))
         return out
