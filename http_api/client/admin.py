@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import aiohttp
 
-from http_api.client.transport import Transport
+from http_api.client.transport import DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS, Transport
 
 
 class AdminClient:
     """Topic administration against any broker (which forwards to the controller)."""
 
     def __init__(self, bootstrap=None, *, client_id: str | None = None, request_timeout_ms: int = 30_000,
-                 session: aiohttp.ClientSession | None = None) -> None:
-        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session)
+                 session: aiohttp.ClientSession | None = None,
+                 request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS) -> None:
+        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
+                           request_attempt_timeout_ms=request_attempt_timeout_ms,
+                           connect_timeout_ms=connect_timeout_ms)
 
     async def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                            configs: dict | None = None) -> dict:

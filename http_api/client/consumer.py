@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import aiohttp
 
 from http_api.client.groups import GroupMembership
-from http_api.client.transport import MetadataCache, Transport
+from http_api.client.transport import DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS, MetadataCache, Transport
 from http_api.wire import codecs
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import record_batch as rb
@@ -45,10 +45,14 @@ class Consumer:
                  max_wait_ms: int = 500, max_bytes: int = 1024 * 1024, request_timeout_ms: int = 30_000,
                  client_id: str | None = None, session: aiohttp.ClientSession | None = None,
                  enable_auto_commit: bool = True, auto_commit_interval_ms: int = 5_000,
-                 session_timeout_ms: int | None = None, assignor: str | None = None) -> None:
+                 session_timeout_ms: int | None = None, assignor: str | None = None,
+                 request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")
-        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session)
+        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
+                           request_attempt_timeout_ms=request_attempt_timeout_ms,
+                           connect_timeout_ms=connect_timeout_ms)
         self.meta = MetadataCache(self.t)
         self.group_id = group_id
         self.auto_offset_reset = auto_offset_reset
@@ -179,7 +183,9 @@ class Consumer:
         _, headers, body = await self.t.request(
             "GET", f"{url}/v1/topics/{tp[0]}/partitions/{tp[1]}/records", accept=codecs.RAW_BATCH,
             params={"offset": str(offset), "max_bytes": str(self.max_bytes), "max_wait_ms": str(max_wait_ms)},
-            timeout_s=max_wait_ms / 1000 + self.t.request_timeout_ms / 1000)
+            # a fetch is safe to repeat: a leader silent past its long poll plus one attempt
+            # timeout is marked suspect and the next poll refreshes metadata (part E)
+            timeout_s=max_wait_ms / 1000 + self.t.attempt_timeout_s)
         return body, headers
 
     async def poll(self, timeout_ms: int | None = None) -> list[ConsumerRecord]:

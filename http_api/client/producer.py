@@ -8,6 +8,15 @@ Idempotent by default with acks=all (`enable_idempotence`): a producer id from
 batch (timeout, leader change) is never written twice — the leader answers a duplicate
 with its original offsets. A batch that fails for good makes the producer take a new
 producer id (its outcome is unknown; later batches must not be matched against it).
+
+Following a moved leader (docs/AVAILABILITY.md part E): an attempt unanswered for
+`request_attempt_timeout_ms` makes the producer mark that leader suspect and ask the other
+brokers who leads the partition now (newest leader epoch wins), again every
+`leader_check_interval_ms` while it stays unanswered. If the leader moved, the
+attempt is abandoned and the same bytes (same producer id, epoch and sequence) are sent to
+the new leader, which deduplicates them if the first attempt was written after all; a slow
+but current leader is waited for, up to `request_timeout_ms` + 5 s as before. A connection
+error marks the broker suspect and refreshes at once.
 """
 from __future__ import annotations
 
@@ -20,7 +29,8 @@ from typing import Iterable
 
 import aiohttp
 
-from http_api.client.transport import MetadataCache, Transport
+from http_api.client.transport import (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
+                                       MetadataCache, Transport)
 from http_api.wire import codecs
 from http_api.wire.partitioner import partition_for_key
 from partitions.errors import ErrorCode, KraftlogError
@@ -49,9 +59,14 @@ class Producer:
                  batch_size_bytes: int = 256 * 1024, compression: str | None = None, retries: int = 2**31 - 1,
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000, delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000, client_id: str | None = None,
                  buffer_memory_bytes: int = 64 * 1024 * 1024, producer_id: int = -1, producer_epoch: int = -1,
-                 enable_idempotence: bool = True, session: aiohttp.ClientSession | None = None) -> None:
-        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session)
+                 enable_idempotence: bool = True, session: aiohttp.ClientSession | None = None,
+                 request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, leader_check_interval_ms: int = 500) -> None:
+        self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
+                           request_attempt_timeout_ms=request_attempt_timeout_ms,
+                           connect_timeout_ms=connect_timeout_ms)
         self.meta = MetadataCache(self.t)
+        self.leader_check_interval_s = max(1, leader_check_interval_ms) / 1000
         self.acks = "all" if str(acks) in ("all", "-1") else str(acks)
         if self.acks not in ("0", "1", "all"):
             raise ValueError(f"acks={acks!r}: use 0, 1 or all")
@@ -211,9 +226,7 @@ class Producer:
         while True:
             try:
                 url = await self.meta.leader_url(topic, p, refresh=refresh)
-                status, _, body = await self.t.request(
-                    "POST", f"{url}/v1/topics/{topic}/partitions/{p}/records", data=payload,
-                    content_type=codecs.RAW_BATCH, params={"acks": self.acks})
+                status, _, body = await self._attempt(tp, url, payload)
                 if status == 202:
                     return -1
                 return int(json.loads(body)["offsets"][0]["offset"])
@@ -225,8 +238,42 @@ class Producer:
                 refresh = e.code is not ErrorCode.THROTTLING_QUOTA_EXCEEDED
                 if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
                     self.t.rotate()
+                    if attempt == 1:
+                        continue   # the broker is suspect now: ask the others who leads, at once
                 await asyncio.sleep(min(self.retry_backoff_s * attempt, self.retry_backoff_max_s,
                                         max(0.0, deadline - time.monotonic())))
+
+    async def _attempt(self, tp, url: str, payload: bytes) -> tuple[int, object, bytes]:
+        """One produce request to `url`, the leader as last known. After
+        `request_attempt_timeout_ms` without an answer, and then every
+        `leader_check_interval_ms`, metadata is asked from the other brokers; if they name
+        another leader the request is abandoned (BROKER_NOT_AVAILABLE, retriable: the caller
+        resends the same bytes there at once). Otherwise the bound is the transport's
+        (`request_timeout_ms` + 5 s)."""
+        topic, p = tp
+        task = asyncio.ensure_future(self.t.request(
+            "POST", f"{url}/v1/topics/{topic}/partitions/{p}/records", data=payload,
+            content_type=codecs.RAW_BATCH, params={"acks": self.acks}))
+        wait_s = self.t.attempt_timeout_s
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=wait_s)
+                wait_s = min(self.t.attempt_timeout_s, self.leader_check_interval_s)
+                if done:
+                    return task.result()
+                self.t.mark_suspect(url)
+                try:
+                    leader = await self.meta.leader_url(topic, p, refresh=True)
+                except KraftlogError:
+                    continue   # nobody answered or no leader yet: keep waiting, ask again
+                if leader != url:
+                    raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                        f"{url} did not answer within {self.t.request_attempt_timeout_ms} ms and "
+                                        f"{topic}-{p} has a new leader at {leader}; resending there")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def flush(self) -> None:
         """Send everything buffered and wait for the answers."""

@@ -1,6 +1,13 @@
 """How the Python client talks to brokers: bootstrap URLs, one aiohttp session, typed errors
 (`Transport`), and the cached cluster metadata the producer and consumer route by
-(`MetadataCache`: partition counts, leader URLs)."""
+(`MetadataCache`: partition counts, leader URLs).
+
+Following metadata (docs/AVAILABILITY.md part E): connects are bounded by
+`connect_timeout_ms`; a broker that timed out or refused a connection is *suspect* for
+`broker_suspect_ms` and skipped while another broker can answer; a metadata refresh asks
+every known broker that is not suspect in parallel, each bounded by
+`request_attempt_timeout_ms`, and per partition the answer with the highest leader epoch
+wins."""
 from __future__ import annotations
 
 import asyncio
@@ -33,6 +40,12 @@ def _urls(bootstrap: str | Iterable[str] | None) -> list[str]:
     return out
 
 
+def _base(url: str) -> str:
+    """scheme://host:port of a URL."""
+    parts = url.split("/", 3)
+    return "/".join(parts[:3]) if len(parts) >= 3 else url
+
+
 def _error_from(status: int, body: bytes) -> KraftlogError:
     try:
         doc = json.loads(body) if body else {}
@@ -44,29 +57,67 @@ def _error_from(status: int, body: bytes) -> KraftlogError:
     return KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, f"broker answered HTTP {status}: {body[:200]!r}")
 
 
+DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS = 2_000
+DEFAULT_CONNECT_TIMEOUT_MS = 1_000
+
+
 class Transport:
-    """HTTP to brokers: bootstrap rotation, JSON helpers, typed errors."""
+    """HTTP to brokers: bootstrap rotation, JSON helpers, typed errors, and the brokers
+    currently suspect (timed out or refused a connection less than `broker_suspect_ms` ago).
+
+    Invariant: a request is never bounded by less than it was before part E
+    (`request_timeout_ms` + 5 s) unless it is safe to repeat (metadata and other GETs)."""
 
     def __init__(self, bootstrap, *, client_id: str | None, request_timeout_ms: int,
-                 session: aiohttp.ClientSession | None = None) -> None:
+                 session: aiohttp.ClientSession | None = None,
+                 request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, broker_suspect_ms: int | None = None) -> None:
         self.urls = _urls(bootstrap)
         self.client_id = client_id or f"kraftlog-py-{os.getpid()}"
         self.request_timeout_ms = request_timeout_ms
+        # one attempt never waits longer than the whole request may
+        self.request_attempt_timeout_ms = max(1, min(request_attempt_timeout_ms, request_timeout_ms))
+        self.connect_timeout_ms = max(1, min(connect_timeout_ms, self.request_attempt_timeout_ms))
+        self.broker_suspect_ms = (broker_suspect_ms if broker_suspect_ms is not None
+                                  else max(1_000, 2 * self.request_attempt_timeout_ms))
+        self._suspect: dict[str, float] = {}   # broker base URL -> monotonic time it stops being suspect
         self._session = session
         self._own = session is None
         self._next = random.randrange(len(self.urls))
+
+    @property
+    def attempt_timeout_s(self) -> float:
+        return self.request_attempt_timeout_ms / 1000
+
+    def mark_suspect(self, url: str) -> None:
+        """`url` (a broker base URL or any URL on it) timed out or refused: skip it for a while."""
+        self._suspect[_base(url)] = time.monotonic() + self.broker_suspect_ms / 1000
+
+    def is_suspect(self, url: str) -> bool:
+        until = self._suspect.get(_base(url))
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            del self._suspect[_base(url)]
+            return False
+        return True
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_ms / 1000))
             self._own = True
         return self._session
 
     def bootstrap_url(self) -> str:
-        url = self.urls[self._next % len(self.urls)]
-        return url
+        """The next bootstrap broker, skipping suspect ones while another one is not suspect."""
+        for _ in range(len(self.urls)):
+            url = self.urls[self._next % len(self.urls)]
+            if not self.is_suspect(url):
+                return url
+            self._next += 1
+        return self.urls[self._next % len(self.urls)]
 
     def rotate(self) -> None:
         self._next += 1
@@ -83,7 +134,8 @@ class Transport:
             content_type = codecs.JSON
         if content_type:
             headers["Content-Type"] = content_type
-        to = aiohttp.ClientTimeout(total=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000 + 5)
+        to = aiohttp.ClientTimeout(total=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000 + 5,
+                                   sock_connect=self.connect_timeout_ms / 1000)
         try:
             async with s.request(method, url, data=data, headers=headers, params=params, timeout=to) as resp:
                 body = await resp.read()
@@ -91,6 +143,7 @@ class Transport:
                     raise _error_from(resp.status, body)
                 return resp.status, resp.headers, body
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            self.mark_suspect(url)
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"cannot reach broker at {url}: {e or type(e).__name__}; check that the broker "
                                 "is running and --bootstrap / KRAFTLOG_URL points at it") from None
@@ -98,6 +151,8 @@ class Transport:
     async def bootstrap_json(self, method: str, path: str, **kw) -> tuple[int, Any]:
         """Call `path` on a bootstrap broker, trying the next one on connection failure."""
         last: Exception | None = None
+        if method == "GET" and "timeout_s" not in kw:
+            kw["timeout_s"] = self.attempt_timeout_s   # safe to repeat on the next broker
         for _ in range(len(self.urls)):
             url = self.bootstrap_url() + path
             try:
@@ -126,14 +181,54 @@ class MetadataCache:
         self.fetched_at = 0.0
         self._refreshing: asyncio.Task | None = None
 
+    def broker_urls(self) -> list[str]:
+        """Every broker this client knows: bootstrap URLs, then those named by metadata."""
+        out = list(self.t.urls)
+        if self.doc is not None:
+            for b in self.doc.get("brokers", []):
+                u = str(b.get("url") or "").rstrip("/")
+                if u and u not in out:
+                    out.append(u)
+        return out
+
     async def refresh(self) -> dict:
+        """Fresh metadata from every known broker that is not suspect, in parallel (one shared
+        refresh at a time); per partition the highest leader epoch wins."""
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(self.t.bootstrap_json("GET", "/v1/metadata"))
-        _, doc = await asyncio.shield(self._refreshing)
+            self._refreshing = asyncio.ensure_future(self._fetch_newest())
+        doc = await asyncio.shield(self._refreshing)
         self.doc = doc
         self._topics = {t["name"]: t for t in doc["topics"]}
         self.fetched_at = time.monotonic()
         return doc
+
+    async def _fetch_newest(self) -> dict:
+        urls = self.broker_urls()
+        healthy = [u for u in urls if not self.t.is_suspect(u)]
+        answers: list[dict] = []
+        errors: list[BaseException] = []
+        for group in ([healthy, [u for u in urls if u not in healthy]] if healthy else [urls]):
+            if not group:
+                continue
+            results = await asyncio.gather(*(self._one(u) for u in group), return_exceptions=True)
+            for r in results:
+                if isinstance(r, dict):
+                    answers.append(r)
+                elif isinstance(r, asyncio.CancelledError):
+                    raise r
+                elif isinstance(r, BaseException):
+                    errors.append(r)
+            if answers:
+                return merge_metadata(answers)
+        # nobody answered: a broker's own error says more than a connection failure
+        typed = [e for e in errors if isinstance(e, KraftlogError) and e.code is not ErrorCode.BROKER_NOT_AVAILABLE]
+        if typed or errors:
+            raise (typed or errors)[-1]
+        raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "no broker answered")
+
+    async def _one(self, url: str) -> dict:
+        _, _, body = await self.t.request("GET", url + "/v1/metadata", timeout_s=self.t.attempt_timeout_s)
+        return json.loads(body)
 
     def _topic(self, topic: str) -> dict | None:
         if self.doc is None:
@@ -165,3 +260,33 @@ class MetadataCache:
         if url is None:
             raise KraftlogError(ErrorCode.LEADER_NOT_AVAILABLE, f"{topic}-{partition} has no leader right now; retry")
         return url.rstrip("/")
+
+
+def merge_metadata(answers: list[dict]) -> dict:
+    """One metadata document from several brokers' answers: per partition the entry with the
+    highest leader epoch (ties: the first answer), brokers united by id. A broker that lags
+    the controller therefore never hides a leader change another broker already applied."""
+    if len(answers) == 1:
+        return answers[0]
+    base = dict(answers[0])
+    brokers: dict = {}
+    topics: dict[str, dict] = {}
+    order: list[str] = []
+    for doc in answers:
+        for b in doc.get("brokers", []):
+            brokers.setdefault(b["id"], b)
+        for t in doc.get("topics", []):
+            name = t["name"]
+            if name not in topics:
+                topics[name] = {**t, "partitions": {p["partition"]: p for p in t["partitions"]}}
+                order.append(name)
+                continue
+            parts = topics[name]["partitions"]
+            for p in t["partitions"]:
+                cur = parts.get(p["partition"])
+                if cur is None or p.get("leader_epoch", -1) > cur.get("leader_epoch", -1):
+                    parts[p["partition"]] = p
+    base["brokers"] = list(brokers.values())
+    base["topics"] = [{**topics[n], "partitions": [topics[n]["partitions"][k] for k in sorted(topics[n]["partitions"])]}
+                      for n in order]
+    return base
