@@ -92,6 +92,9 @@ class SimConfig:
     metadata_push_interval_ms: int = 50
     maintenance_interval_ms: int = 100
     replica_lag_time_max_ms: int = 500
+    # the leader drops an ISR member silent this long while acks=all produces wait for it
+    # (the broker's replica_fetch_silence_max_ms, on by default there too); None: off
+    replica_fetch_silence_max_ms: Optional[int] = 150
     session_timeout_ms: int = 900
     produce_timeout_ms: int = 1500
     # Kafka's rule: the HW never passes the LEO of a member of the leader's ISR. Off, only
@@ -384,7 +387,8 @@ class Simulation:
         if part.is_leader and self.now - b.last_isr_ms >= self.cfg.isr_check_interval_ms:
             b.last_isr_ms = self.now
             # the broker's path: proposed additions count for the HW until metadata answers
-            changes = b.core.isr_changes(self.now, lambda topic: self.cfg.replica_lag_time_max_ms)
+            changes = b.core.isr_changes(self.now, lambda topic: self.cfg.replica_lag_time_max_ms,
+                                          replica_fetch_silence_max_ms=self.cfg.replica_fetch_silence_max_ms)
             new_isr = changes[0][1] if changes else None
             if new_isr is not None and (b.pending_alter_epoch != part.partition_epoch
                                         or self.now >= b.pending_alter_until):
