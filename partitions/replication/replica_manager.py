@@ -262,7 +262,8 @@ class ReplicaManager:
         (ISR / ELR / last known ELR, KIP-966) and the way out if they are gone for good."""
         img = self._image
         reg = img.partition(topic, partition) if img is not None else None
-        if reg is not None and reg.leader < 0 and (reg.elr or not reg.isr):
+        if reg is not None and reg.leader < 0:
+            # fenced ISR members (KIP-966 keeps the last ones), the ELR, else the last known ELR
             waiting = sorted(set(reg.isr) | set(reg.elr)) or sorted(reg.last_known_elr)
             return (f"{topic}-{partition} has no leader: it waits for brokers {waiting}, the replicas that may "
                     "hold every committed record, to come back (and, after unclean shutdowns, to report "

@@ -218,3 +218,18 @@ async def test_acks_all_fails_after_append_when_the_isr_shrank_below_min_isr():
     with pytest.raises(KraftlogError) as e:
         await asyncio.wait_for(task, 1)
     assert e.value.code is ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+@pytest.mark.parametrize("isr,elr,last_known_elr,waiting", [
+    ([], [3], [], [3]),          # the last ISR member left uncleanly: the ELR member holds every committed record
+    ([3], [], [2], [3]),         # a fenced last ISR member is kept in the ISR (KIP-966)
+    ([], [], [1, 2], [1, 2]),    # unclean recovery waits for the last known ELR to report
+])
+def test_a_leaderless_partition_names_the_brokers_it_waits_for(isr, elr, last_known_elr, waiting):
+    from types import SimpleNamespace
+    from partitions.replication.replica_manager import ReplicaManager
+    reg = SimpleNamespace(leader=-1, isr=isr, elr=elr, last_known_elr=last_known_elr)
+    rm = ReplicaManager.__new__(ReplicaManager)
+    rm._image = SimpleNamespace(partition=lambda topic, partition: reg)
+    message = rm.no_leader_message("s", 0)
+    assert f"waits for brokers {waiting}" in message and "unclean.leader.election.enable" in message
