@@ -187,6 +187,17 @@ async def _settle(futures: list) -> int:
     return errors
 
 
+def first_unprinted_offsets(records) -> dict:
+    """(topic, partition) -> offset of the first of `records` in that partition: where a
+    consumer that stops before these records must resume (and commit)."""
+    out: dict = {}
+    for r in records:
+        tp = (r.topic, r.partition)
+        if tp not in out or r.offset < out[tp]:
+            out[tp] = r.offset
+    return out
+
+
 async def _consume(args: argparse.Namespace) -> int:
     from http_api.client import Consumer
 
@@ -203,10 +214,12 @@ async def _consume(args: argparse.Namespace) -> int:
         try:
             while args.max_records is None or count < args.max_records:
                 records = await consumer.poll(args.max_wait_ms)
-                for r in records:
+                for i, r in enumerate(records):
                     if args.max_records is not None and count >= args.max_records:
-                        # don't commit past what we printed
-                        consumer.seek((r.topic, r.partition), r.offset)
+                        # don't commit past what we printed: every partition of the unprinted
+                        # rest of this poll goes back to its first unprinted record
+                        for tp, offset in first_unprinted_offsets(records[i:]).items():
+                            consumer.seek(tp, offset)
                         break
                     if args.output == "json":
                         out.write(json.dumps(_record_json(r)).encode() + b"\n")

@@ -50,3 +50,15 @@ def test_serve_says_which_key_replaces_a_renamed_one(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert "kraftlog: warning: " in err
     assert "'max_concurrent_long_polls' is deprecated, use 'long_poll_max_requests' instead" in err
+
+
+def test_consume_max_records_rewinds_every_partition_of_the_unprinted_rest():
+    """`kraftlog consume --max-records N` stops inside a poll that may hold records of several
+    partitions: each of them resumes (and commits) at its first unprinted record, not only the
+    partition of the record it stopped at (committed offsets past unprinted records lose them)."""
+    from types import SimpleNamespace as R
+
+    from deploy.cli import first_unprinted_offsets
+    rest = [R(topic="gl", partition=0, offset=8), R(topic="gl", partition=1, offset=0),
+            R(topic="gl", partition=1, offset=1), R(topic="gl", partition=0, offset=9)]
+    assert first_unprinted_offsets(rest) == {("gl", 0): 8, ("gl", 1): 0}
