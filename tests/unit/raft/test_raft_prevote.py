@@ -252,7 +252,7 @@ async def test_isolated_follower_keeps_its_term_and_rejoins_without_an_election(
     try:
         for i in voters:
             cfg = RaftConfig(node_id=i, voters=voters, data_dir=str(tmp_path / f"n{i}"), password=password,
-                             fsync_journal=False)
+                             fsync_journal=False, prevote=True)
             logs[i] = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
             logs[i].start()
         await _propose_on_leader(logs, {"n": 1})
