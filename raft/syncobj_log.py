@@ -17,8 +17,9 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
   detected dead before they are needed (otherwise the first use after a failure wastes an
   election round);
 - followers never truncate entries that match the leader's (raft/append_entries_guard.py);
-- pre-vote (raft/prevote.py): a node starts an election only once a majority says it would
-  vote for it, so an isolated node keeps its term and rejoins without forcing elections.
+- pre-vote (raft/prevote.py, opt-in with RaftConfig.prevote): a node starts an election only
+  once a majority says it would vote for it, so an isolated node keeps its term and rejoins
+  without forcing elections.
 
 Durability: pysyncobj's own file journal is an mmap that is never synced while running
 (only on destroy), and its term/vote file is renamed without fsync: an acknowledged entry
