@@ -75,6 +75,9 @@ class ErrorCode(enum.Enum):
     OFFSET_METADATA_TOO_LARGE = (False,)
     NON_EMPTY_GROUP = (False,)
     CLUSTER_AUTHORIZATION_FAILED = (False,)   # /internal/ routes without the cluster token
+    SASL_AUTHENTICATION_FAILED = (False,)     # no or bad credentials (HTTP 401 with WWW-Authenticate)
+    TOPIC_AUTHORIZATION_FAILED = (False,)
+    GROUP_AUTHORIZATION_FAILED = (False,)
 
     @property
     def retriable(self) -> bool:

@@ -63,6 +63,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.OFFSET_METADATA_TOO_LARGE: 400,
     ErrorCode.NON_EMPTY_GROUP: 409,
     ErrorCode.CLUSTER_AUTHORIZATION_FAILED: 401,
+    ErrorCode.SASL_AUTHENTICATION_FAILED: 401,
+    ErrorCode.TOPIC_AUTHORIZATION_FAILED: 403,
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: 403,
 }
 
 _missing = [c.name for c in ErrorCode if c not in HTTP_STATUS]

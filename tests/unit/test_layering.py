@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, str]] = [
     ("metadata_quorum.image", "core"),
     ("metadata_quorum.controller", "core"),        # exact module: controller_server is a shell
     ("metadata_quorum.placement", "core"),
+    ("metadata_quorum.security", "core"),        # ACL decisions, SCRAM, [security] settings
     ("metadata_quorum", "shell"),
     ("raft", "shell"),
     ("http_api", "shell"),
