@@ -271,4 +271,10 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ValueError(f"config file {path!r} must hold a table/object of settings")
     if "kraftlog" in doc and isinstance(doc["kraftlog"], dict):
         doc = doc["kraftlog"]
+    section = doc.pop("security", None) if isinstance(doc.get("security"), dict) else None
+    if section is not None:   # TOML/JSON [security] table: its keys are flat settings (tls_cert_file, ...)
+        for k, v in section.items():
+            if k in doc:
+                raise ValueError(f"config file {path!r}: {k!r} is set both at top level and in [security]; keep one")
+            doc[k] = v
     return doc

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from metadata_quorum.controller import MinInsyncReplicasDefault
+from metadata_quorum.security.config import SecurityConfig
 
 MiB = 1024 * 1024
 
@@ -222,6 +223,7 @@ GROUPS: dict[str, type] = {
     "cleaner": LogCleanerConfig,
     "groups": GroupCoordinatorConfig,
     "memory": MemoryConfig,
+    "security": SecurityConfig,   # [security]: TLS, authentication, authorizer (API.md, Security)
 }
 # setting name -> the group field holding it
 SETTING_GROUP: dict[str, str] = {f.name: g for g, cls in GROUPS.items() for f in dataclasses.fields(cls)}
@@ -253,6 +255,7 @@ class BrokerConfig:
     cleaner: LogCleanerConfig = field(default_factory=LogCleanerConfig)
     groups: GroupCoordinatorConfig = field(default_factory=GroupCoordinatorConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __init__(self, **settings: Any) -> None:
         own = {f.name: f for f in dataclasses.fields(self)}

@@ -30,11 +30,15 @@ class SecurityConfig:
     super_users: tuple[str, ...] = ()              # principals allowed everything, e.g. User:admin
 
     def __post_init__(self) -> None:
+        for name in ("authentication", "super_users"):   # JSON/TOML give lists; a comma string from flags
+            v = getattr(self, name)
+            v = [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+            object.__setattr__(self, name, tuple(v))
         self.validate()
 
     def validate(self) -> None:
         def bad(setting: str, what: str, value) -> None:
-            raise ValueError(f"{setting} must be {what}, got {value!r}; fix {setting} in the [security] config")
+            raise ValueError(f"{setting} must be {what}, got {value!r}; fix {setting} in the config ([security] section)")
 
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             bad("tls_key_file" if self.tls_cert_file else "tls_cert_file",

@@ -14,6 +14,7 @@ import pytest
 from deploy.cli import build_parser, serve_overrides
 from deploy.config import NodeConfig
 from deploy.supervisor import broker_command, controller_command
+from metadata_quorum.security.config import SecurityConfig
 from http_api.broker.config import (GROUPS, RENAMED_SETTINGS, BrokerConfig, DeprecatedSettingWarning, GroupCoordinatorConfig,
                              ListenerConfig, LogCleanerConfig, LogDefaults, MemoryConfig, ReplicationConfig,
                              RequestLimits)
@@ -43,6 +44,7 @@ INVALID = [
     (GroupCoordinatorConfig, "offsets_topic_num_partitions", 0),
     (GroupCoordinatorConfig, "group_max_session_timeout_ms", 500),   # below the min (1000)
     (MemoryConfig, "malloc_trim_threshold_bytes", -1),
+    (SecurityConfig, "tls_client_auth", "always"),
     (ControllerSettings, "broker_session_timeout_ms", 0),
     (ControllerSettings, "leader_imbalance_check_interval_ms", -1),
 ]
