@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from partitions.errors import ErrorCode, KraftlogError
+from partitions import internal_topics
 from metadata_quorum.image import MetadataImage, PartitionRegistration
 from metadata_quorum.placement import assign_replicas
 from metadata_quorum.records import (
@@ -392,12 +393,14 @@ class QuorumController:
         t = image.topics.get(name) if isinstance(name, str) else None
         if t is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist; list topics with GET /v1/topics")
+        internal_topics.check_deletion(t.name)
         return [RemoveTopicRecord(name=t.name, topic_id=t.topic_id)]
 
     def create_partitions(self, image: MetadataImage, name: Any, count: Any) -> list:
         t = image.topics.get(name) if isinstance(name, str) else None
         if t is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        internal_topics.check_partition_change(t.name)
         current = len(t.partitions)
         if not _is_int(count) or count <= current:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
@@ -421,6 +424,7 @@ class QuorumController:
         if t is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
         changes = _config_map(configs, allow_null=True)
+        internal_topics.check_config_change(t.name, changes)
         merged = dict(t.configs)
         for k, v in changes.items():
             if v is None:

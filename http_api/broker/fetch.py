@@ -9,6 +9,7 @@ from aiohttp import web
 from http_api.broker.context import Routes, int_param, json_response, partition_param
 from http_api.wire import codecs
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
+from partitions import internal_topics
 from partitions.errors import ErrorCode, KraftlogError
 
 
@@ -54,6 +55,7 @@ class FetchRoutes(Routes):
 
     async def delete_records(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
+        internal_topics.check_client_write(name, "delete-records")
         partition = partition_param(request)
         doc = await self.ctx.read_document(request)
         before = doc.get("before_offset") if isinstance(doc, dict) else None

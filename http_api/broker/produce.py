@@ -18,6 +18,7 @@ from http_api.wire import codecs
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
 from http_api.wire.errors import ErrorCode, KraftlogError, http_status
 from http_api.wire.partitioner import RoundRobin, partition_for_key
+from partitions import internal_topics
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
 
 log = logging.getLogger("kraftlog.broker")
@@ -47,6 +48,7 @@ class ProduceRoutes(Routes):
 
     async def _produce_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
+        internal_topics.check_client_write(name, "produce")
         acks = parse_acks(request.query.get("acks"))
         ct = request.headers.get("Content-Type")
         mt = codecs.media_type(ct)
@@ -176,6 +178,7 @@ class ProduceRoutes(Routes):
 
     async def _produce_partition(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
+        internal_topics.check_client_write(name, "produce")
         partition = partition_param(request)
         acks = parse_acks(request.query.get("acks"))
         ct = request.headers.get("Content-Type")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from http_api.broker.context import Routes, json_response, validate_topic_name
+from partitions import internal_topics
 from partitions.errors import ErrorCode, KraftlogError
-from partitions.groups import records as grec
 from partitions.log.config import validate_topic_configs
 
 
@@ -32,6 +32,7 @@ class TopicRoutes(Routes):
             raise KraftlogError(ErrorCode.INVALID_REQUEST, f"unknown field(s) {sorted(map(str, unknown))}; "
                                 "allowed: name, partitions, replication_factor, configs")
         name = validate_topic_name(doc.get("name"))
+        internal_topics.check_client_write(name, "creation")
         partitions = doc.get("partitions", self.config.num_partitions)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
@@ -67,7 +68,8 @@ class TopicRoutes(Routes):
         allow_auto_topic_creation, what producers send) a missing topic is created when the
         broker's auto.create.topics.enable is on."""
         name = request.match_info["topic"]
-        if request.query.get("allow_auto_create", "").lower() == "true":
+        if (request.query.get("allow_auto_create", "").lower() == "true"
+                and not internal_topics.is_internal_topic(name)):   # its coordinator creates it
             await self.ctx.ensure_topic(name)
         topic = self.image.topic_json(name, include_configs=True)
         if topic is None:
@@ -80,10 +82,7 @@ class TopicRoutes(Routes):
         if name not in self.image.topics:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"topic {name!r} does not exist; list topics with GET /v1/topics")
-        if name == grec.OFFSETS_TOPIC:
-            raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION,
-                                f"{name} is an internal topic (every group's committed offsets) and cannot be "
-                                "deleted; delete groups with DELETE /v1/groups/{group} instead")
+        internal_topics.check_deletion(name)
         await self.deps.controller.delete_topic(name)
         self.deps.groups.delete_topic(name)
         await self.deps.metadata.wait_until(lambda img: name not in img.topics,
@@ -92,6 +91,7 @@ class TopicRoutes(Routes):
 
     async def create_partitions(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
+        internal_topics.check_partition_change(name)
         doc = await self.ctx.read_document(request)
         count = doc.get("partitions") if isinstance(doc, dict) else None
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -111,6 +111,7 @@ class TopicRoutes(Routes):
         if not isinstance(doc, dict) or not isinstance(doc.get("configs"), dict):
             raise KraftlogError(ErrorCode.INVALID_CONFIG,
                                 'body must be {"configs": {"key": "value" or null to reset}}')
+        internal_topics.check_config_change(name, doc["configs"])
         if name not in self.image.topics:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
         sets = {k: v for k, v in doc["configs"].items() if v is not None}
