@@ -298,10 +298,11 @@ class ControllerClient:
         return body["broker_epoch"]
 
     async def register_broker_full(self, broker_id: int, incarnation_id: str, url: str,
-                                   rack: Optional[str] = None, clean_shutdown: bool = True) -> dict:
+                                   rack: Optional[str] = None, clean_shutdown: bool = True,
+                                   kafka_address: Optional[str] = None) -> dict:
         return await self.request("POST", PREFIX + "/brokers/register", json={
             "broker_id": broker_id, "incarnation_id": incarnation_id, "url": url, "rack": rack,
-            "clean_shutdown": clean_shutdown})
+            "clean_shutdown": clean_shutdown, "kafka_address": kafka_address})
 
     async def heartbeat(self, broker_id: int, broker_epoch: int, metadata_offset: int,
                         want_shutdown: bool = False, timeout_ms: Optional[int] = None,
@@ -523,13 +524,15 @@ class BrokerLifecycle:
         # () -> [{topic, partition, last_epoch, log_end_offset}] for partitions awaiting
         # unclean recovery that list this broker (sent with every heartbeat)
         self.log_reports_fn: Optional[Callable[[], list]] = None
+        self.kafka_address: Optional[str] = None   # "host:port" of this broker's Kafka listener
 
     def _metadata_offset(self) -> int:
         return self.follower.image.offset if self.follower is not None else 0
 
     async def register(self) -> int:
         body = await self.client.register_broker_full(self.broker_id, self.incarnation_id, self.url, self.rack,
-                                                      clean_shutdown=self.clean_shutdown)
+                                                      clean_shutdown=self.clean_shutdown,
+                                                      kafka_address=self.kafka_address)
         self._update(body)
         if self.heartbeat_interval_ms is None:
             self.heartbeat_interval_ms = body.get("heartbeat_interval_ms", 2000)

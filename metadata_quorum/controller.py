@@ -440,7 +440,7 @@ class QuorumController:
     # ================================================================ brokers
     def register_broker(self, image: MetadataImage, broker_id: Any, incarnation_id: Any, url: Any,
                         rack: Any = None, now_ms: int = 0, timestamp_ms: Optional[int] = None,
-                        clean_shutdown: Any = True) -> list:
+                        clean_shutdown: Any = True, kafka_address: Any = None) -> list:
         """Same incarnation = idempotent retry ([]); new incarnation = restart: the new
         registration starts fenced and the old incarnation's ISR memberships and
         leaderships are removed in the same batch. `clean_shutdown=False` (the broker's logs
@@ -453,6 +453,11 @@ class QuorumController:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, f"url must be the broker's http(s) URL, got {url!r}")
         if rack is not None and not isinstance(rack, str):
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "rack must be a string or null")
+        if kafka_address is not None and (not isinstance(kafka_address, str)
+                                          or not kafka_address.rpartition(":")[2].isdigit()):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                f"kafka_address must be the broker's Kafka listener as host:port or null, "
+                                f"got {kafka_address!r}")
         self.sessions[broker_id] = now_ms
         b = image.brokers.get(broker_id)
         if b is not None and b.incarnation_id == incarnation_id:
@@ -463,7 +468,7 @@ class QuorumController:
         if b is not None and (not b.fenced or not clean_shutdown):
             records.extend(self._remove_broker_changes(image, broker_id, unclean=not clean_shutdown))
         stamp = now_ms if timestamp_ms is None else timestamp_ms
-        records.append(RegisterBrokerRecord(broker_id, incarnation_id, -1, url, rack, True, stamp))
+        records.append(RegisterBrokerRecord(broker_id, incarnation_id, -1, url, rack, True, stamp, kafka_address))
         return records
 
     def heartbeat(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, metadata_offset: Any,

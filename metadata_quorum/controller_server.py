@@ -394,7 +394,7 @@ class ControllerServer:
         wall_ms = self.clock.now_ms()
         await self.write(lambda img: self.controller.register_broker(
             img, broker_id, body.get("incarnation_id"), body.get("url"), body.get("rack"), now, wall_ms,
-            clean_shutdown=body.get("clean_shutdown", True)),
+            clean_shutdown=body.get("clean_shutdown", True), kafka_address=body.get("kafka_address")),
             reason=f"broker {broker_id} registered a new process (clean_shutdown="
                    f"{body.get('clean_shutdown', True)})")
         b = self.sm.image.brokers.get(broker_id)

@@ -38,6 +38,7 @@ class BrokerRegistration:
     rack: Optional[str] = None
     fenced: bool = True
     in_controlled_shutdown: bool = False
+    kafka_address: Optional[str] = None   # "host:port" of its Kafka listener (None: none)
 
     def to_json(self) -> dict:
         return {"id": self.id, "url": self.url, "rack": self.rack, "fenced": self.fenced}
@@ -166,6 +167,7 @@ class MetadataImage:
             rack=r.rack,
             fenced=r.fenced,
             in_controlled_shutdown=False,
+            kafka_address=r.kafka_address,
         )
 
     def _replay_registration_change(self, r: BrokerRegistrationChangeRecord, offset: int) -> None:
@@ -325,7 +327,8 @@ class MetadataImage:
             "controller_epoch": self.controller_epoch,
             "next_producer_id": self.next_producer_id,
             "brokers": [
-                [b.id, b.epoch, b.incarnation_id, b.url, b.rack, b.fenced, b.in_controlled_shutdown]
+                [b.id, b.epoch, b.incarnation_id, b.url, b.rack, b.fenced, b.in_controlled_shutdown,
+                 b.kafka_address]
                 for b in self.brokers.values()
             ],
             "topics": [
@@ -352,7 +355,7 @@ class MetadataImage:
         image.controller_epoch = data["controller_epoch"]
         image.next_producer_id = data["next_producer_id"]
         for b in data["brokers"]:
-            reg = BrokerRegistration(b[0], b[1], b[2], b[3], b[4], b[5], b[6])
+            reg = BrokerRegistration(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] if len(b) > 7 else None)
             image.brokers[reg.id] = reg
         for t in data["topics"]:
             ti = TopicImage(name=t["name"], topic_id=t["topic_id"], configs=dict(t["configs"]))

@@ -28,6 +28,7 @@ class RegisterBrokerRecord:
     rack: Optional[str] = None
     fenced: bool = True
     timestamp_ms: int = 0
+    kafka_address: Optional[str] = None   # "host:port" of its Kafka listener (None: none)
 
 
 @dataclass(frozen=True)
