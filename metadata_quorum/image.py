@@ -27,6 +27,8 @@ from metadata_quorum.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
+from metadata_quorum.security.image import SecurityImage
+from metadata_quorum.security.records import SECURITY_RECORDS
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class MetadataImage:
         self.topics: dict[str, TopicImage] = {}
         self.broker_configs: dict[str, dict] = {}
         self.next_producer_id = 0
+        self.security = SecurityImage()   # users, tokens, ACLs (immutable, replaced on change)
 
     # ---------------------------------------------------------------- queries
     def topic(self, name: str) -> Optional[TopicImage]:
@@ -232,6 +235,9 @@ class MetadataImage:
     def _replay_producer_ids(self, r: ProducerIdsRecord, offset: int) -> None:
         self.next_producer_id = max(self.next_producer_id, r.next_producer_id)
 
+    def _replay_security(self, r, offset: int) -> None:
+        self.security = self.security.replay(r, offset)
+
     def _replay_leader_change(self, r: LeaderChangeRecord, offset: int) -> None:
         self.controller_id = r.leader_id
         self.controller_epoch = r.epoch
@@ -307,6 +313,8 @@ class MetadataImage:
                         return f"topic {r.resource_name} does not exist"
         except Exception as exc:  # a check must never raise into the raft apply path
             return f"malformed batch: {exc!r}"
+        if any(type(r) in _SECURITY_TYPES for r in records):
+            return self.security.check_batch(records)
         return None
 
     def _topic_id(self, name: str, new_topics: dict, removed: set) -> Optional[str]:
@@ -345,6 +353,7 @@ class MetadataImage:
                 for t in self.topics.values()
             ],
             "broker_configs": {k: dict(v) for k, v in self.broker_configs.items()},
+            "security": self.security.to_snapshot(),
         }
 
     @classmethod
@@ -365,6 +374,7 @@ class MetadataImage:
                                                             tuple(p[7]) if len(p) > 7 else ())
             image.topics[ti.name] = ti
         image.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
+        image.security = SecurityImage.from_snapshot(data.get("security"))
         return image
 
 
@@ -381,5 +391,7 @@ _HANDLERS = {
     ProducerIdsRecord: MetadataImage._replay_producer_ids,
     LeaderChangeRecord: MetadataImage._replay_leader_change,
     NoOpRecord: None,
+    **{cls: MetadataImage._replay_security for cls in SECURITY_RECORDS},
 }
+_SECURITY_TYPES = frozenset(SECURITY_RECORDS)
 _HANDLERS = {k: v for k, v in _HANDLERS.items() if v is not None}

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from metadata_quorum.security.records import SECURITY_RECORDS
+
 NO_LEADER = -1
 
 
@@ -154,6 +156,7 @@ RECORD_TYPES: dict[str, type] = {
         ProducerIdsRecord,
         LeaderChangeRecord,
         NoOpRecord,
+        *SECURITY_RECORDS,   # users, delegation tokens, ACLs (metadata_quorum/security/records.py)
     )
 }
 

@@ -78,6 +78,8 @@ class ErrorCode(enum.Enum):
     SASL_AUTHENTICATION_FAILED = (False,)     # no or bad credentials (HTTP 401 with WWW-Authenticate)
     TOPIC_AUTHORIZATION_FAILED = (False,)
     GROUP_AUTHORIZATION_FAILED = (False,)
+    RESOURCE_NOT_FOUND = (False,)             # a user, token or ACL that does not exist (Kafka's RESOURCE_NOT_FOUND)
+    DUPLICATE_RESOURCE = (False,)             # a user or ACL that already exists
 
     @property
     def retriable(self) -> bool:
