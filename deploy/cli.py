@@ -9,8 +9,8 @@
     kraftlog group list | describe G | delete G   (consumer groups, with lag)
     kraftlog cluster up|down|status ...
 
-Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082)
-and --output text|json. Every error message says what to do next.
+Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082),
+--ca-file F (default $KRAFTLOG_CA_FILE; https brokers) and --output text|json. Every error message says what to do next.
 """
 from __future__ import annotations
 
@@ -258,6 +258,8 @@ def _record_json(r) -> dict:
 
 
 def _run_client(coro_fn, args) -> int:
+    if getattr(args, "ca_file", None):   # every client of this command verifies https brokers with it
+        os.environ["KRAFTLOG_CA_FILE"] = args.ca_file
     try:
         return asyncio.run(coro_fn(args))
     except KraftlogError as e:
@@ -279,6 +281,9 @@ def _client_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--bootstrap", default=None, help=_BOOTSTRAP_HELP)
     p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument("--ca-file", default=None, metavar="F",
+                   help="CA certificate that https brokers are verified with (default $KRAFTLOG_CA_FILE; "
+                        "kraftlog cluster up --secure writes DATA_DIR/ca.pem)")
     return p
 
 
@@ -354,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, required=True)
     up.add_argument("--data-dir", required=True)
     up.add_argument("--base-port", type=int, default=8082)
+    up.add_argument("--secure", action="store_true",
+                    help="TLS on every listener, authentication and ACLs on: writes DATA_DIR/ca.pem (a new CA, "
+                         "node certificates) and DATA_DIR/admin.password (super user admin)")
     down = clsub.add_parser("down")
     down.add_argument("--data-dir", required=True)
     st = clsub.add_parser("status")

@@ -1,9 +1,18 @@
 """`kraftlog cluster up|down|status`: a local N-node cluster of background processes.
 
 Layout under --data-dir DIR:
-    DIR/cluster.json         nodes, ports, cluster id, raft password, process ids
+    DIR/cluster.json         nodes, ports, cluster id, raft password, process ids, secure
     DIR/node-<i>/            node i's data (controller-<i>/, broker-<i>/) and logs
                              (controller.log, broker.log)
+  with --secure (deploy/certs.py):
+    DIR/ca.pem, ca-key.pem   the cluster's CA (clients: --ca-file DIR/ca.pem)
+    DIR/node-<i>/tls/        node i's certificate (CN broker-<i>: mTLS principal User:broker-<i>)
+    DIR/admin.password       the super user admin's password (random, 0600)
+
+`--secure` serves every listener (brokers, controllers) over TLS, client certificates
+requested (brokers present theirs to each other and to the controllers), authentication
+basic + mtls, the ACL authorizer, super users admin and every broker. It sticks: `up`
+again on the same data dir stays secure.
 
 Ports for node i (1-based): broker HTTP base_port + i - 1 (API.md); controller HTTP
 base_port + 1000 + i - 1; raft base_port + 2000 + i - 1. `up` on an existing data dir
@@ -21,13 +30,15 @@ import sys
 import time
 
 from deploy.config import NodeConfig
-from deploy.supervisor import broker_command, controller_command, http_ok, port_in_use, spawn
+from deploy.supervisor import broker_command, client_ssl_context, controller_command, http_ok, port_in_use, spawn
 
 STATE_FILE = "cluster.json"
 CONTROLLER_PORT_OFFSET = 1000
 RAFT_PORT_OFFSET = 2000
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
+ADMIN_USER = "admin"
+ADMIN_PASSWORD_FILE = "admin.password"
 
 
 def _state_path(data_dir: str) -> str:
@@ -68,6 +79,32 @@ def alive(pid: int | None) -> bool:
         return True
 
 
+def security_settings(state: dict, node_id: int) -> dict:
+    """The [security] settings of node `node_id` of a --secure cluster (none otherwise)."""
+    if not state.get("secure"):
+        return {}
+    from deploy.certs import node_certificate_paths
+    data_dir = state["data_dir"]
+    cert, key = node_certificate_paths(os.path.join(data_dir, f"node-{node_id}"))
+    return dict(tls_cert_file=cert, tls_key_file=key, tls_ca_file=os.path.join(data_dir, "ca.pem"),
+                tls_client_auth="requested", authentication=["basic", "mtls"], authorizer="acl",
+                super_users=[f"User:{ADMIN_USER}"] + [f"User:broker-{i}" for i in range(1, state["nodes"] + 1)])
+
+
+def make_secrets(state: dict) -> None:
+    """CA, node certificates and the admin password of a --secure cluster (kept when present)."""
+    from deploy.certs import CertificateAuthority, ensure_node_certificate
+    data_dir = state["data_dir"]
+    ca = CertificateAuthority.load_or_create(data_dir)
+    for i in range(1, state["nodes"] + 1):
+        ensure_node_certificate(ca, os.path.join(data_dir, f"node-{i}"), f"broker-{i}")
+    path = os.path.join(data_dir, ADMIN_PASSWORD_FILE)
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24) + "\n")
+
+
 def node_configs(state: dict) -> list[NodeConfig]:
     n, base = state["nodes"], state["base_port"]
     voters = ",".join(f"{i}@127.0.0.1:{base + RAFT_PORT_OFFSET + i - 1}:{base + CONTROLLER_PORT_OFFSET + i - 1}"
@@ -81,7 +118,7 @@ def node_configs(state: dict) -> list[NodeConfig]:
             # replicated by default: topics created without a replication factor get min(3, N)
             # replicas, and acks=all needs two of them in sync once there are 3 or more
             default_replication_factor=min(3, n), min_insync_replicas=2 if n >= 3 else 1,
-            log_level="INFO"), source="cluster up"))
+            log_level="INFO", **security_settings(state, i)), source="cluster up"))
     return out
 
 
@@ -99,6 +136,10 @@ def up(args: argparse.Namespace) -> int:
                  "cluster_id": f"kraftlog-{secrets.token_hex(4)}", "password": secrets.token_hex(16),
                  "processes": []}
     state["data_dir"] = data_dir
+    if getattr(args, "secure", False) and not state.get("secure"):
+        state["secure"] = True
+    if state.get("secure"):
+        make_secrets(state)
     running = {(p["node_id"], p["role"]): p for p in state.get("processes", []) if alive(p.get("pid"))}
     cfgs = node_configs(state)
     for cfg in cfgs:
@@ -127,13 +168,14 @@ def up(args: argparse.Namespace) -> int:
     save_state(data_dir, state)
     deadline = time.monotonic() + READY_TIMEOUT_S
     pending = [c for c in cfgs]
+    tls_ctx = client_ssl_context(cfgs[0])
     while pending and time.monotonic() < deadline:
         for p in procs:
             if not alive(p["pid"]):
                 sys.stderr.write(f"kraftlog: node {p['node_id']}'s {p['role']} (pid {p['pid']}) exited; see "
                                  f"{os.path.join(data_dir, 'node-%d' % p['node_id'], p['role'] + '.log')}\n")
                 return 1
-        pending = [c for c in pending if not http_ok(c.broker_url + "/healthz")]
+        pending = [c for c in pending if not http_ok(c.broker_url + "/healthz", ssl_context=tls_ctx)]
         if pending:
             time.sleep(0.2)
     if pending:
@@ -142,6 +184,9 @@ def up(args: argparse.Namespace) -> int:
         return 1
     for cfg in cfgs:
         print(cfg.broker_url)
+    if state.get("secure"):
+        sys.stderr.write(f"kraftlog: TLS on every listener; clients: --ca-file {os.path.join(data_dir, 'ca.pem')} "
+                         f"--user {ADMIN_USER} --password-file {os.path.join(data_dir, ADMIN_PASSWORD_FILE)}\n")
     sys.stdout.flush()
     return 0
 

@@ -103,12 +103,17 @@ class NodeConfig:
         return self.listeners.host
 
     @property
+    def scheme(self) -> str:
+        """https when the node's [security] section turns TLS on (every listener)."""
+        return self.broker.security.scheme
+
+    @property
     def broker_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{self.scheme}://{self.host}:{self.http_port}"
 
     @property
     def controller_url(self) -> str:
-        return f"http://{self.host}:{self.controller_port}"
+        return f"{self.scheme}://{self.host}:{self.controller_port}"
 
     @property
     def voters(self) -> str:
@@ -124,7 +129,7 @@ class NodeConfig:
             _, _, addr = v.partition("@")
             parts = addr.split(":")
             host, cport = parts[0], parts[-1] if len(parts) >= 3 else str(self.controller_port)
-            urls.append(f"http://{host}:{cport}")
+            urls.append(f"{self.scheme}://{host}:{cport}")
         return urls
 
     def controller_data_dir(self) -> str:

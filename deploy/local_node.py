@@ -24,8 +24,10 @@ class LocalNode:
     `start()` waits for the ready line; `stop()` sends SIGTERM and waits; `output` is
     everything the node printed (stdout + stderr of the supervisor and its children)."""
 
-    def __init__(self, data_dir: str, node_id: int = 1, extra_args: list[str] | None = None) -> None:
+    def __init__(self, data_dir: str, node_id: int = 1, extra_args: list[str] | None = None,
+                 scheme: str = "http") -> None:
         self.data_dir = data_dir
+        self.scheme = scheme     # https when its --config turns TLS on ([security])
         self.node_id = node_id
         self.http_port = free_port()
         self.controller_port = free_port()
@@ -38,7 +40,7 @@ class LocalNode:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{self.scheme}://127.0.0.1:{self.http_port}"
 
     @property
     def output(self) -> str:

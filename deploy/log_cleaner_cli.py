@@ -48,7 +48,10 @@ async def _log_cleaner(args: argparse.Namespace) -> int:
     import aiohttp
 
     bootstrap = args.bootstrap.split(",")[0].rstrip("/")
-    async with aiohttp.ClientSession() as s:
+    from http_api.wire.tls import cli_client_context   # https brokers: --ca-file / $KRAFTLOG_CA_FILE
+
+    ssl_context = cli_client_context()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context or True)) as s:
         async with s.get(f"{bootstrap}/v1/metadata") as resp:
             brokers = [b for b in (await _json_or_raise(resp))["brokers"] if not b.get("fenced")]
         out = {}

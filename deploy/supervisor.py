@@ -3,10 +3,12 @@
 The two children run in their own session (a terminal's Ctrl-C reaches only the
 supervisor, which then stops them in order: broker first, so its controlled shutdown can
 still talk to the controller, then the controller). Each child also gets
-PR_SET_PDEATHSIG=SIGTERM on Linux, so it dies with the supervisor even on kill -9.
+PR_SET_PDEATHSIG=SIGTERM on Linux, so it dies with the supervisor even on kill -9. With
+TLS on, SIGHUP is forwarded to both children: they reload their certificate pairs.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -86,7 +88,22 @@ def controller_command(cfg: NodeConfig) -> list[str]:
             "--broker-session-timeout-ms", str(c.broker_session_timeout_ms),
             "--broker-heartbeat-interval-ms", str(c.broker_heartbeat_interval_ms),
             "--leader-imbalance-check-interval-ms", str(c.leader_imbalance_check_interval_ms)] + \
-        (["--raft-bind-host", cfg.raft_bind_host] if cfg.raft_bind_host else [])
+        (["--raft-bind-host", cfg.raft_bind_host] if cfg.raft_bind_host else []) + \
+        security_args(cfg)
+
+
+def security_args(cfg: NodeConfig) -> list[str]:
+    """The node's [security] settings for the controller process (none when at defaults)."""
+    sec = cfg.broker.security
+    if sec == type(sec)():
+        return []
+    return ["--security-json", json.dumps(dataclasses.asdict(sec))]
+
+
+def client_ssl_context(cfg: NodeConfig):
+    """What the supervisor's own health checks verify the node's https listeners with."""
+    from http_api.wire.tls import internal_client_context
+    return internal_client_context(cfg.broker.security)
 
 
 def broker_command(cfg: NodeConfig) -> list[str]:
@@ -113,9 +130,9 @@ def spawn(cmd: list[str], env_extra: dict | None = None, log_path: str | None = 
             out.close()
 
 
-def http_ok(url: str, timeout: float = 1.0) -> bool:
+def http_ok(url: str, timeout: float = 1.0, ssl_context=None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout, context=ssl_context) as r:
             return r.status == 200
     except Exception:
         return False
@@ -151,14 +168,23 @@ def serve_combined(cfg: NodeConfig) -> int:
     env = {"KRAFTLOG_RAFT_PASSWORD": raft_password(cfg)}
 
     stopping = {"sig": None}
+    children: list[subprocess.Popen] = []
 
     def on_signal(signum, _frame):
         stopping["sig"] = signum
 
+    def on_hup(_signum, _frame):   # reload TLS certificates: both children reload theirs
+        for p in children:
+            if p.poll() is None:
+                p.send_signal(signal.SIGHUP)
+
+    tls_ctx = client_ssl_context(cfg)
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
+    old_hup = signal.signal(signal.SIGHUP, on_hup) if tls_ctx is not None else None
     controller = spawn(controller_command(cfg), env)
     broker = spawn(broker_command(cfg), env)   # the broker guards its /internal/ routes with it too
+    children += [controller, broker]
     code = 0
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -169,7 +195,7 @@ def serve_combined(cfg: NodeConfig) -> int:
                     sys.stderr.write(f"kraftlog: the {name} process exited with code {p.returncode} during "
                                      "startup; see its log above\n")
                     return 1
-            if http_ok(cfg.broker_url + "/healthz"):
+            if http_ok(cfg.broker_url + "/healthz", ssl_context=tls_ctx):
                 ready = True
                 break
             if time.monotonic() > deadline:
@@ -197,6 +223,8 @@ def serve_combined(cfg: NodeConfig) -> int:
         stop_process(controller, CONTROLLER_STOP_TIMEOUT_S)
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+        if old_hup is not None:
+            signal.signal(signal.SIGHUP, old_hup)
         if stopping["sig"] not in (None, -1):
             sys.stdout.write("kraftlog stopped cleanly\n")
             sys.stdout.flush()

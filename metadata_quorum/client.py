@@ -55,7 +55,7 @@ class ControllerClient:
     def __init__(self, controller_urls: list, *, request_timeout_ms: int = 15_000,
                  retry_backoff_ms: int = 50, session: Optional[aiohttp.ClientSession] = None,
                  try_timeout_ms: int = 5_000, long_poll_margin_ms: int = 5_000,
-                 leader_check_after_ms: int = 0):
+                 leader_check_after_ms: int = 0, ssl_context=None):
         if not controller_urls:
             raise ValueError("give at least one controller URL")
         self.controller_urls = [u.rstrip("/") for u in controller_urls]
@@ -66,6 +66,7 @@ class ControllerClient:
         self.leader_check_after_ms = leader_check_after_ms
         self._session = session
         self._own_session = session is None
+        self._ssl = ssl_context   # https:// controllers: the node's CA and client certificate
         self._active: Optional[str] = None
         self._next = 0
         self._suspect: dict[str, float] = {}   # url -> monotonic time of its last timeout / connection error
@@ -73,7 +74,9 @@ class ControllerClient:
 
     async def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=2))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=2),
+                                                  connector=aiohttp.TCPConnector(ssl=self._ssl)
+                                                  if self._ssl is not None else None)
             self._own_session = True
         return self._session
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.image import MetadataImage
+from metadata_quorum.security.config import SecurityConfig
 from metadata_quorum.records import (BrokerRegistrationChangeRecord, FenceBrokerRecord, LeaderChangeRecord,
                                      PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
                                      record_to_dict)
@@ -56,6 +58,7 @@ class Voter:
     host: str
     raft_port: int
     http_port: int
+    scheme: str = "http"     # https when the controllers' TLS is on
 
     @property
     def raft_address(self) -> str:
@@ -63,7 +66,7 @@ class Voter:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{self.scheme}://{self.host}:{self.http_port}"
 
 
 def parse_voters(spec: str) -> dict[int, Voter]:
@@ -116,10 +119,13 @@ class ControllerConfig:
     raft_log_compaction_min_time_s: float = 300.0
     raft_fsync_journal: bool = True
     raft_bind_host: Optional[str] = None    # listen for raft here (default: every interface)
+    security: SecurityConfig = field(default_factory=SecurityConfig)   # [security]: TLS of the HTTP API, ...
 
     def __post_init__(self):
         if isinstance(self.voters, str):
             self.voters = parse_voters(self.voters)
+        scheme = self.security.scheme   # every controller of a quorum shares the [security] settings
+        self.voters = {nid: dataclasses.replace(v, scheme=scheme) for nid, v in self.voters.items()}
         me = self.voters.get(self.node_id)
         if me is None:
             raise ValueError(f"node id {self.node_id} is not among the voters {sorted(self.voters)}")
@@ -679,11 +685,16 @@ async def run_controller_async(config: ControllerConfig, started: Optional[async
     raft_log.start()
     runner = web.AppRunner(server.build_app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    from http_api.wire.tls import ReloadingServerContext
+    tls = ReloadingServerContext.from_security(config.security, name="controller")   # SIGHUP / file change
+    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True,
+                       ssl_context=tls.context if tls is not None else None)
     await site.start()
+    if tls is not None:
+        tls.start()
     maintenance = asyncio.create_task(server.maintenance_loop())
-    log.info("controller %s listening on http://%s:%s (raft %s)", config.node_id, config.http_host,
-             config.http_port, config.voters[config.node_id].raft_address)
+    log.info("controller %s listening on %s://%s:%s (raft %s)", config.node_id, config.security.scheme,
+             config.http_host, config.http_port, config.voters[config.node_id].raft_address)
     if started is not None:
         started.set()
     try:
@@ -693,6 +704,8 @@ async def run_controller_async(config: ControllerConfig, started: Optional[async
             await stop.wait()
     finally:
         maintenance.cancel()
+        if tls is not None:
+            tls.stop()
         await runner.cleanup()
         raft_log.stop()
 
@@ -736,8 +749,26 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="snapshot (pysyncobj full dump) and truncate the raft journal after this many entries")
     p.add_argument("--no-raft-fsync", action="store_true",
                    help="do not sync the raft journal per entry (survives kill -9, not power loss)")
+    p.add_argument("--security-json", default=None,
+                   help="the node's [security] settings (SecurityConfig fields) as a JSON object")
+    p.add_argument("--tls-cert-file", default=None, help="serve the controller API over TLS with this certificate")
+    p.add_argument("--tls-key-file", default=None)
+    p.add_argument("--tls-ca-file", default=None, help="CA that client certificates must chain to")
+    p.add_argument("--tls-client-auth", default=None, choices=("none", "requested", "required"))
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def security_from_args(args: argparse.Namespace) -> SecurityConfig:
+    """--security-json, then the --tls-* flags over it."""
+    values = json.loads(args.security_json) if args.security_json else {}
+    for name in ("tls_cert_file", "tls_key_file", "tls_ca_file", "tls_client_auth"):
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    try:
+        return SecurityConfig(**values)
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"controller [security] settings: {e}") from None
 
 
 def config_from_args(args: argparse.Namespace) -> ControllerConfig:
@@ -773,6 +804,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         raft_fsync_journal=not args.no_raft_fsync,
         raft_log_compaction_min_entries=args.raft_log_compaction_min_entries,
         raft_bind_host=args.raft_bind_host,
+        security=security_from_args(args),
     )
 
 

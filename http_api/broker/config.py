@@ -244,7 +244,7 @@ class BrokerConfig:
     log_dirs: list[str] = field(default_factory=lambda: ["./data/broker-1/logs"])
     state_dir: str = "./data/broker-1"         # group offsets, broker meta
     controller_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:9093"])
-    advertised_url: str | None = None          # default http://{advertised_host or http_host}:{http_port}
+    advertised_url: str | None = None          # default http(s)://{advertised_host or http_host}:{http_port}
     # the cluster secret (the node config's `password`, passed as $KRAFTLOG_RAFT_PASSWORD, never
     # on the command line): when set, /internal/ routes need its token (http_api/broker/internal_auth.py)
     cluster_secret: str | None = None
@@ -308,7 +308,7 @@ class BrokerConfig:
 
     @property
     def url(self) -> str:
-        return self.advertised_url or f"http://{self.listeners.host}:{self.listeners.http_port}"
+        return self.advertised_url or f"{self.security.scheme}://{self.listeners.host}:{self.listeners.http_port}"
 
 
 def _flat_property(group: str, name: str) -> property:

@@ -111,9 +111,9 @@ class ReplicaTransport:
     its address (the fetcher then reports the leader to the controller)."""
 
     def __init__(self, request_timeout_ms: int = 30_000, connect_timeout_ms: int = 3_000,
-                 internal_token: str | None = None) -> None:
+                 internal_token: str | None = None, ssl_context=None) -> None:
         self.request_timeout_ms = request_timeout_ms
-        self.pool = ReplicaConnectionPool(connect_timeout_ms / 1000)
+        self.pool = ReplicaConnectionPool(connect_timeout_ms / 1000, ssl_context=ssl_context)
         self.headers = {INTERNAL_TOKEN_HEADER: internal_token} if internal_token else {}
 
     async def close(self) -> None:
@@ -129,7 +129,7 @@ class ReplicaTransport:
         except ConnectionRefused as e:
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",
                                 refused=True) from None
-        except (ProtocolError, ValueError, asyncio.TimeoutError, OSError) as e:
+        except (ProtocolError, ValueError, asyncio.TimeoutError, OSError) as e:   # ssl.SSLError is an OSError
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"leader at {url} unreachable: {e or type(e).__name__}") from None
         if answer.status >= 400:

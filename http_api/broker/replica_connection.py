@@ -10,8 +10,9 @@ of it (no further copy).
 
 Scope, on purpose narrow: one request at a time per connection (no pipelining), answers
 framed by Content-Length (the broker's aiohttp server always sends it on these routes),
-keep-alive, `http://` only. Anything else on the wire is a `ProtocolError` and the
-connection is dropped. A request that is cancelled or times out drops its connection
+keep-alive, `http://`, or `https://` when the pool has a client TLS context (the node's
+CA and client certificate: brokers authenticate to each other by mTLS). Anything else on
+the wire is a `ProtocolError` and the connection is dropped. A request that is cancelled or times out drops its connection
 too (its answer may still arrive). A reused keep-alive connection that the peer closed
 while idle is retried once on a fresh connection (both routes are safe to repeat: they
 read, and a fetch only restates the follower's log end offset).
@@ -181,23 +182,30 @@ class ReplicaConnection(asyncio.BufferedProtocol):
 class ReplicaConnectionPool:
     """Keep-alive connections per leader address, for the follower's fetchers."""
 
-    def __init__(self, connect_timeout_s: float = 3.0) -> None:
+    def __init__(self, connect_timeout_s: float = 3.0, ssl_context=None) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.ssl_context = ssl_context   # https:// leaders (verified against the node's CA)
         self._idle: dict[tuple[str, int], deque] = {}
         self.closed = False
 
     @staticmethod
-    def address(url: str) -> tuple[str, int]:
+    def address(url: str, scheme: str = "http") -> tuple[str, int]:
         u = urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"{url!r}: only http://host:port leaders are spoken to here")
-        return u.hostname, u.port or 80
+        if u.scheme != scheme or not u.hostname:
+            raise ValueError(f"{url!r}: only {scheme}://host:port leaders are spoken to here"
+                             + (" (this broker's TLS is on: every broker needs it)" if scheme == "https" else
+                                " (set tls_cert_file/tls_key_file/tls_ca_file on this broker to reach https leaders)"))
+        return u.hostname, u.port or (443 if scheme == "https" else 80)
 
     async def _connect(self, addr: tuple[str, int]) -> ReplicaConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(ReplicaConnection, *addr)
+                if self.ssl_context is not None:
+                    _, conn = await loop.create_connection(ReplicaConnection, *addr, ssl=self.ssl_context,
+                                                           server_hostname=addr[0])
+                else:
+                    _, conn = await loop.create_connection(ReplicaConnection, *addr)
         except ConnectionRefusedError as e:
             raise ConnectionRefused(str(e)) from None
         return conn
@@ -207,7 +215,7 @@ class ReplicaConnectionPool:
         """POST `body` to `path` at the leader of `url`; -> the answer (status, headers, body)."""
         if self.closed:
             raise ProtocolError("the connection pool is closed")
-        addr = self.address(url)
+        addr = self.address(url, "https" if self.ssl_context is not None else "http")
         host = f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"   # IPv6 literal
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"

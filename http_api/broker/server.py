@@ -23,6 +23,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+import aiohttp
 from aiohttp import web
 
 from http_api.broker.app import BrokerDeps, create_app
@@ -32,6 +33,7 @@ from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, internal_token
 from http_api.broker.metadata_view import MetadataView
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.broker.replica_client import ReplicaTransport
+from http_api.wire.tls import ReloadingServerContext, TlsMetricsCollector, internal_client_context
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
@@ -64,6 +66,8 @@ class Broker:
         self.ready = False
         self._reported: dict[int, float] = {}
         self._bg: set = set()
+        self.tls = None
+        self.http_session = None
 
     async def _blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -96,8 +100,15 @@ class Broker:
                                  incarnation_id=self.lifecycle_incarnation,
                                  replica_fetch_silence_max_ms=cfg.replica_fetch_silence_max_ms or None)
         self.view = MetadataView(self.rm)
+        # TLS ([security]): the listener's context reloads on SIGHUP / file change, and the
+        # node's client certificate (replica fetches, controller, forwarding) rotates with it
+        self.tls = ReloadingServerContext.from_security(cfg.security, name="broker")
+        client_ssl = internal_client_context(cfg.security)
+        if self.tls is not None and client_ssl is not None:
+            self.tls.attach(client_ssl)
         self.replica_transport = ReplicaTransport(request_timeout_ms=cfg.request_timeout_ms,
-                                                  internal_token=internal_token(cfg.cluster_secret))
+                                                  internal_token=internal_token(cfg.cluster_secret),
+                                                  ssl_context=client_ssl)
         self.fetcher = ReplicaFetcherManager(
             self.rm, self.replica_transport, cfg.broker_id,
             broker_epoch=lambda: getattr(self.lifecycle, "broker_epoch", None) or -1,
@@ -108,7 +119,8 @@ class Broker:
                                        try_timeout_ms=cfg.controller_request_timeout_ms,
                                        long_poll_margin_ms=cfg.controller_long_poll_margin_ms,
                                        retry_backoff_ms=cfg.controller_retry_backoff_ms,
-                                       leader_check_after_ms=cfg.controller_leader_check_after_ms)
+                                       leader_check_after_ms=cfg.controller_leader_check_after_ms,
+                                       ssl_context=client_ssl)
         self.producer_ids = ProducerIdAllocator(self.client, cfg.broker_id,
                                                 lambda: getattr(self.lifecycle, "broker_epoch", None))
 
@@ -132,13 +144,21 @@ class Broker:
                           groups=GroupOffsetStore(os.path.join(cfg.state_dir, "group-offsets.json")),
                           health=self._health, producer_ids=self.producer_ids.next,
                           log_scheduler=self.log_scheduler)
+        if client_ssl is not None:   # forwarding and group listings to other brokers: https
+            self.http_session = deps.http_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=client_ssl))
+        if self.tls is not None:
+            deps.registry.register(TlsMetricsCollector([self.tls]))
         app = create_app(cfg, deps)
         # handler_cancellation: a long poll whose client went away stops waiting (frees its slot)
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                      shutdown_timeout=SHUTDOWN_HANDLERS_WAIT_S)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024)
+        site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024,
+                           ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
+        if self.tls is not None:
+            self.tls.start()
         log.info("broker %s listening on %s", cfg.broker_id, cfg.url)
         self.tasks.append(asyncio.create_task(self.follower.run(), name="metadata-follower"))
         while True:
@@ -307,8 +327,12 @@ class Broker:
                 await t
             except (asyncio.CancelledError, Exception):
                 pass
+        if self.tls is not None:
+            self.tls.stop()
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.http_session is not None:
+            await self.http_session.close()
         if self.client is not None:
             await self.client.close()
         if getattr(self, "log_scheduler", None) is not None:

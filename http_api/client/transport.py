@@ -14,12 +14,14 @@ import asyncio
 import json
 import os
 import random
+import ssl
 import time
 from typing import Any, Iterable
 
 import aiohttp
 
 from http_api.wire import codecs
+from http_api.wire.tls import cli_client_context
 from partitions.errors import ErrorCode, KraftlogError
 
 DEFAULT_URL = "http://127.0.0.1:8082"
@@ -71,8 +73,14 @@ class Transport:
     def __init__(self, bootstrap, *, client_id: str | None, request_timeout_ms: int,
                  session: aiohttp.ClientSession | None = None,
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
-                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, broker_suspect_ms: int | None = None) -> None:
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, broker_suspect_ms: int | None = None,
+                 ca_file: str | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.urls = _urls(bootstrap)
+        # https brokers: verified against `ca_file` / $KRAFTLOG_CA_FILE (else the system's trust store)
+        try:
+            self.ssl_context = ssl_context or cli_client_context(ca_file)
+        except (ValueError, OSError, ssl.SSLError) as e:
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, f"cannot use the CA file: {e}") from None
         self.client_id = client_id or f"kraftlog-py-{os.getpid()}"
         self.request_timeout_ms = request_timeout_ms
         # one attempt never waits longer than the whole request may
@@ -105,7 +113,8 @@ class Transport:
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60),
+                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60,
+                                               ssl=self.ssl_context if self.ssl_context is not None else True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_ms / 1000))
             self._own = True
         return self._session
@@ -142,6 +151,12 @@ class Transport:
                 if resp.status >= 400:
                     raise _error_from(resp.status, body)
                 return resp.status, resp.headers, body
+        except aiohttp.ClientSSLError as e:
+            self.mark_suspect(url)
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"TLS handshake with the broker at {url} failed: {e}; give the cluster's CA "
+                                "certificate with --ca-file or $KRAFTLOG_CA_FILE (kraftlog cluster up --secure "
+                                "writes DATA_DIR/ca.pem)") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             self.mark_suspect(url)
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,

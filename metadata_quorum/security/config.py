@@ -25,6 +25,7 @@ class SecurityConfig:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     tls_client_auth: str = "none"                  # none | requested | required
+    tls_reload_check_interval_ms: int = 5_000      # certificate/key files checked for changes (0: SIGHUP only)
     authentication: tuple[str, ...] = ()           # any subset of basic, bearer, mtls
     authorizer: str | None = None                  # "acl": Kafka's ACL model, default deny
     super_users: tuple[str, ...] = ()              # principals allowed everything, e.g. User:admin
@@ -55,6 +56,8 @@ class SecurityConfig:
             bad("tls_client_auth", "requested or required when authentication includes mtls", self.tls_client_auth)
         if self.authorizer is not None and self.authorizer not in AUTHORIZERS:
             bad("authorizer", " | ".join(AUTHORIZERS), self.authorizer)
+        if self.tls_reload_check_interval_ms < 0:
+            bad("tls_reload_check_interval_ms", ">= 0 (0: reload on SIGHUP only)", self.tls_reload_check_interval_ms)
         if self.authorizer and not self.authentication:
             bad("authentication", "non-empty when an authorizer is on (everyone would be denied)",
                 list(self.authentication))
