@@ -371,6 +371,43 @@ class ControllerClient:
         body = {} if partitions is None else {"partitions": [{"topic": t, "partition": p} for t, p in partitions]}
         return await self.request("POST", PREFIX + "/elect-leaders", json=body)
 
+    # ---- security (metadata_quorum/controller_security.py): every answer carries
+    # "metadata_offset", the offset to wait for before the change shows in a broker's image
+    async def create_user(self, name: str, credential: dict) -> dict:
+        """A new SCRAM user from a credential derived by the caller (DUPLICATE_RESOURCE if it exists)."""
+        return await self.request("POST", PREFIX + "/security/users", json={
+            "name": name, "credential": credential, "request_id": uuid.uuid4().hex})
+
+    async def alter_user(self, name: str, credential: dict) -> dict:
+        """Replace (or create) the SCRAM credential of `name`."""
+        return await self.request("PUT", PREFIX + f"/security/users/{name}", json={
+            "credential": credential, "request_id": uuid.uuid4().hex})
+
+    async def delete_user(self, name: str) -> dict:
+        return await self.request("DELETE", PREFIX + f"/security/users/{name}",
+                                  params={"request_id": uuid.uuid4().hex})
+
+    async def create_token(self, principal: str, token_id: str, token_hash: str,
+                           lifetime_ms: Optional[int] = None) -> dict:
+        """Store a bearer token by its hash (the caller made the token and keeps it)."""
+        return await self.request("POST", PREFIX + "/security/tokens", json={
+            "principal": principal, "token_id": token_id, "token_hash": token_hash, "lifetime_ms": lifetime_ms,
+            "request_id": uuid.uuid4().hex})
+
+    async def delete_token(self, token_id: str) -> dict:
+        return await self.request("DELETE", PREFIX + f"/security/tokens/{token_id}",
+                                  params={"request_id": uuid.uuid4().hex})
+
+    async def create_acls(self, bindings: list) -> dict:
+        """`bindings`: AclBinding.to_dict() objects (DUPLICATE_RESOURCE if one exists)."""
+        return await self.request("POST", PREFIX + "/security/acls", json={
+            "acls": bindings, "request_id": uuid.uuid4().hex})
+
+    async def delete_acls(self, bindings: list) -> dict:
+        """RESOURCE_NOT_FOUND if one of them does not exist (then none is removed)."""
+        return await self.request("POST", PREFIX + "/security/acls/delete", json={
+            "acls": bindings, "request_id": uuid.uuid4().hex})
+
     async def metadata_json(self, require_active: bool = True) -> dict:
         """The API.md `GET /v1/metadata` body plus "metadata_offset" and "controller_epoch".
         From the active controller (reads its own writes) unless require_active=False, in

@@ -39,6 +39,7 @@ from http_api.wire.middleware import ErrorMiddleware
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
+from metadata_quorum.controller_security import ControllerSecurityRoutes
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.security.config import SecurityConfig
 from metadata_quorum.records import (BrokerRegistrationChangeRecord, FenceBrokerRecord, LeaderChangeRecord,
@@ -173,6 +174,9 @@ class ControllerServer:
         self._last_rebalance_ms = 0
         self._probing: set = set()
         self.writes = 0
+        # users, tokens, ACLs; bootstraps [security] bootstrap_users_file
+        self.security = ControllerSecurityRoutes(self, config.security.bootstrap_users_file,
+                                                 _json_body, _request_id)
         raft_log.add_listener(self._on_raft_event)
 
     # ------------------------------------------------------------------ state
@@ -287,6 +291,10 @@ class ControllerServer:
             await asyncio.sleep(interval)
             if not self.is_active:
                 continue
+            try:
+                await self.security.bootstrap_if_needed()
+            except Exception as exc:   # retried next round
+                log.info("bootstrap of users failed: %s", exc)
             now = self.clock.monotonic_ms()
             rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
             if rebalance:
@@ -329,6 +337,7 @@ class ControllerServer:
         r.add_post(PREFIX + "/topics/{topic}/configs", self.h_alter_configs)
         r.add_post(PREFIX + "/producer-ids", self.h_producer_ids)
         r.add_post(PREFIX + "/elect-leaders", self.h_elect_leaders)
+        self.security.install(r, PREFIX)   # /security/users, /tokens, /acls (controller_security.py)
         return app
 
     async def h_healthz(self, request: web.Request) -> web.Response:

@@ -28,6 +28,7 @@ from http_api.broker.log_cleaner import install_log_cleaner_routes
 from http_api.broker.ops import OpsRoutes
 from http_api.broker.produce import ProduceRoutes
 from http_api.broker.replica import ReplicaRoutes
+from http_api.broker.security_admin import SecurityAdminRoutes
 from http_api.broker.topics import TopicRoutes
 from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
 from partitions.errors import ErrorCode, KraftlogError
@@ -93,6 +94,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     install_group_routes(app, ctx, deps.clock)           # consumer groups: /v1/groups...
     r.add_post("/v1/producer-ids", produce.init_producer_id)
     install_log_cleaner_routes(app, ctx)                 # /admin/v1/log-cleaner...
+    SecurityAdminRoutes(ctx).install(r)                  # /v1/admin/users, /tokens, /acls
     r.add_post("/internal/v1/replica-fetch", replica.replica_fetch)
     r.add_post("/internal/v1/epoch-end-offsets", replica.epoch_end_offsets)
     r.add_get("/healthz", ops.healthz)

@@ -57,13 +57,29 @@ class ControllerAdmin(Protocol):
 
     async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]: ...
 
+    # users, tokens, ACLs (http_api/broker/security_admin.py); answers carry "metadata_offset"
+    async def create_user(self, name: str, credential: dict) -> dict: ...
+
+    async def alter_user(self, name: str, credential: dict) -> dict: ...
+
+    async def delete_user(self, name: str) -> dict: ...
+
+    async def create_token(self, principal: str, token_id: str, token_hash: str,
+                           lifetime_ms: Optional[int] = None) -> dict: ...
+
+    async def delete_token(self, token_id: str) -> dict: ...
+
+    async def create_acls(self, bindings: list) -> dict: ...
+
+    async def delete_acls(self, bindings: list) -> dict: ...
+
 
 @dataclass
 class BrokerDeps:
     """What the app needs from the broker process (or from a test)."""
 
     replica_manager: ReplicaManager
-    metadata: MetadataView           # .image, .wait_until(pred, timeout_s)
+    metadata: MetadataView           # .image, .security (users, tokens, ACLs), .wait_until(pred, timeout_s)
     controller: ControllerAdmin
     groups: GroupOffsetStore
     registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)

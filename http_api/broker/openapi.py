@@ -32,6 +32,74 @@ _RECORDS_BODY = {
 }
 
 
+_ACL = {"type": "object", "required": ["principal", "resource_type", "operation"], "properties": {
+    "principal": {"type": "string", "description": "User:NAME or User:*"},
+    "resource_type": {"type": "string", "enum": ["TOPIC", "GROUP", "CLUSTER", "TRANSACTIONAL_ID"]},
+    "resource_name": {"type": "string", "description": "a name, a prefix (PREFIXED) or *; CLUSTER: kafka-cluster"},
+    "pattern_type": {"type": "string", "enum": ["LITERAL", "PREFIXED"], "default": "LITERAL"},
+    "operation": {"type": "string", "enum": ["ALL", "READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE",
+                                             "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "CLUSTER_ACTION",
+                                             "IDEMPOTENT_WRITE"]},
+    "permission": {"type": "string", "enum": ["ALLOW", "DENY"], "default": "ALLOW"},
+    "host": {"type": "string", "default": "*"}}}
+_ACL_BODY = {"required": True, "content": {"application/json": {"schema": {"oneOf": [
+    _ACL, {"type": "object", "required": ["acls"], "properties": {"acls": {"type": "array", "items": _ACL}}}]}}}}
+_CREDENTIAL = {"type": "object", "description": "a precomputed SCRAM-SHA-256 credential (base64 fields)",
+               "properties": {"salt": {"type": "string"}, "iterations": {"type": "integer"},
+                              "stored_key": {"type": "string"}, "server_key": {"type": "string"}}}
+_USER_BODY = {"required": True, "content": {"application/json": {"schema": {"type": "object", "properties": {
+    "name": {"type": "string"}, "password": {"type": "string"}, "credential": _CREDENTIAL,
+    "iterations": {"type": "integer", "minimum": 4096, "maximum": 16384}}}}}}
+_AUTH = {"401": _err("SASL_AUTHENTICATION_FAILED (security on)"),
+         "403": _err("CLUSTER_AUTHORIZATION_FAILED (security on)"),
+         "503": _err("BROKER_NOT_AVAILABLE: metadata not loaded yet"), "504": _err("REQUEST_TIMED_OUT")}
+# users, bearer tokens, ACLs (http_api/broker/security_admin.py)
+_SECURITY_ADMIN_PATHS = {
+    "/v1/admin/users": {
+        "get": {"summary": "List SCRAM-SHA-256 users (names, never keys)",
+                "responses": {"200": _obj("{users: [{name, mechanism, iterations}]}"), **_AUTH}},
+        "post": {"summary": "Create a user from a password (or a precomputed credential); only the salted "
+                            "SCRAM credential is stored", "requestBody": _USER_BODY,
+                 "responses": {"201": _obj("{name, mechanism, iterations}"), "400": _err("INVALID_REQUEST"),
+                               "409": _err("DUPLICATE_RESOURCE"), **_AUTH}}},
+    "/v1/admin/users/{name}": {
+        "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "put": {"summary": "Change (or create) a user's credential", "requestBody": _USER_BODY,
+                "responses": {"200": _obj("{name, mechanism, iterations}"), "400": _err("INVALID_REQUEST"),
+                              **_AUTH}},
+        "delete": {"summary": "Delete a user", "responses": {"204": {"description": "Deleted"},
+                                                             "400": _err("INVALID_REQUEST"),
+                                                             "404": _err("RESOURCE_NOT_FOUND"), **_AUTH}}},
+    "/v1/admin/tokens": {
+        "get": {"summary": "List bearer tokens (ids, principals, expiry; never the token)",
+                "parameters": [{"name": "principal", "in": "query", "schema": {"type": "string"}}],
+                "responses": {"200": _obj("{tokens: [{token_id, principal, issue_timestamp_ms, "
+                                          "expiry_timestamp_ms}]}"), **_AUTH}},
+        "post": {"summary": "Create a bearer token for a principal; the token is in this answer only",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                     "type": "object", "required": ["principal"], "properties": {
+                         "principal": {"type": "string"}, "lifetime_ms": {"type": "integer", "minimum": 1}}}}}},
+                 "responses": {"201": _obj("{token, token_id, principal, expiry_timestamp_ms}"),
+                               "400": _err("INVALID_REQUEST"), **_AUTH}}},
+    "/v1/admin/tokens/{token_id}": {
+        "parameters": [{"name": "token_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "delete": {"summary": "Delete a bearer token", "responses": {"204": {"description": "Deleted"},
+                                                                     "404": _err("RESOURCE_NOT_FOUND"), **_AUTH}}},
+    "/v1/admin/acls": {
+        "get": {"summary": "List ACLs (filters: exact field values)",
+                "parameters": [{"name": n, "in": "query", "schema": {"type": "string"}}
+                               for n in ("principal", "resource_type", "resource_name", "pattern_type")],
+                "responses": {"200": _obj("{acls: [binding]}"), "400": _err("INVALID_REQUEST"), **_AUTH}},
+        "post": {"summary": "Add ACLs (one binding or {acls: [...]}, all or none)", "requestBody": _ACL_BODY,
+                 "responses": {"201": _obj("{acls: [binding]}"), "400": _err("INVALID_REQUEST"),
+                               "409": _err("DUPLICATE_RESOURCE"), **_AUTH}}},
+    "/v1/admin/acls/delete": {
+        "post": {"summary": "Remove ACLs (exact bindings, all or none)", "requestBody": _ACL_BODY,
+                 "responses": {"200": _obj("{deleted: [binding]}"), "400": _err("INVALID_REQUEST"),
+                               "404": _err("RESOURCE_NOT_FOUND"), **_AUTH}}},
+}
+
+
 def openapi_document(server_url: str) -> dict:
     """The OpenAPI 3.0 document; every route of the broker app is listed."""
     produce_partition_body = {
@@ -196,6 +264,7 @@ def openapi_document(server_url: str) -> dict:
             "/admin/v1/log-cleaner": {"get": {"summary": "Log cleaner counters and dirty ratio per compacted log",
                                               "responses": {"200": _obj("counters, dirty_ratio: [{topic, "
                                                                         "partition, dirty_ratio}]")}}},
+            **_SECURITY_ADMIN_PATHS,
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI"}}}},

@@ -29,6 +29,10 @@ class SecurityConfig:
     authentication: tuple[str, ...] = ()           # any subset of basic, bearer, mtls
     authorizer: str | None = None                  # "acl": Kafka's ACL model, default deny
     super_users: tuple[str, ...] = ()              # principals allowed everything, e.g. User:admin
+    # users the active controller creates when missing from the metadata (read by controllers
+    # only): JSON {"NAME": "password" or a SCRAM credential {salt, iterations, stored_key,
+    # server_key}}; `kraftlog cluster up --secure` writes the super user `admin` here
+    bootstrap_users_file: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("authentication", "super_users"):   # JSON/TOML give lists; a comma string from flags
