@@ -19,6 +19,7 @@ import logging
 from aiohttp import web
 import aiohttp
 
+from http_api.broker.authorization import OPEN_ROUTES, BrokerAuthorizer
 from http_api.broker.config import BrokerConfig
 from http_api.broker.context import BrokerContext, BrokerDeps
 from http_api.broker.fetch import FetchRoutes
@@ -30,6 +31,7 @@ from http_api.broker.produce import ProduceRoutes
 from http_api.broker.replica import ReplicaRoutes
 from http_api.broker.security_admin import SecurityAdminRoutes
 from http_api.broker.topics import TopicRoutes
+from http_api.wire.auth import AuthMiddleware, Authenticator
 from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
 from partitions.errors import ErrorCode, KraftlogError
 
@@ -50,7 +52,7 @@ def _admit(request: web.Request) -> None:
                   request.headers.get(CORRELATION_HEADER))
     if request.path.startswith(INTERNAL_PATH_PREFIX) and not token_ok(
             request.app[BROKER_KEY].internal_token, request.headers.get(INTERNAL_TOKEN_HEADER)):
-        raise KraftlogError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+        raise KraftlogError(ErrorCode.SASL_AUTHENTICATION_FAILED,
                             f"{request.path} is for the brokers of this cluster: the request lacks the token "
                             "of the cluster secret (set the same `password` on every node)")
 
@@ -72,9 +74,17 @@ _ERRORS = ErrorMiddleware(
 
 
 def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
-    """The broker aiohttp app; `deps` are injected (real in server.py, fakes in tests)."""
-    app = web.Application(middlewares=[_ERRORS], client_max_size=config.socket_request_max_bytes)
+    """The broker aiohttp app; `deps` are injected (real in server.py, fakes in tests).
+
+    Every request is authenticated and authorized first (http_api/wire/auth.py, the route
+    table of http_api/broker/authorization.py) under the `[security]` settings."""
     ctx = BrokerContext(config, deps)
+    security_image = deps.security_image or (lambda: None)
+    authenticator = Authenticator(config.security, security_image)
+    authorizer = BrokerAuthorizer(config.security, security_image, lambda: deps.metadata.image)
+    auth = AuthMiddleware(authenticator, authorizer, open_paths=OPEN_ROUTES, echo_headers=(CORRELATION_HEADER,))
+    app = web.Application(middlewares=[auth, _ERRORS], client_max_size=config.socket_request_max_bytes)
+    ctx.authenticator, ctx.authorizer = authenticator, authorizer
     app[BROKER_KEY] = ctx
     topics, produce, fetch = TopicRoutes(ctx), ProduceRoutes(ctx), FetchRoutes(ctx)
     replica, ops = ReplicaRoutes(ctx), OpsRoutes(ctx)
@@ -104,7 +114,8 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     async def _session(app: web.Application):
         own = deps.http_session is None
         if own:
-            deps.http_session = aiohttp.ClientSession()
+            # forwarding and internal listings authenticate as this broker (auth.broker_auth_headers)
+            deps.http_session = aiohttp.ClientSession(headers=ctx.internal_headers)
         yield
         if own and deps.http_session is not None:
             await deps.http_session.close()

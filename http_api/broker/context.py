@@ -19,11 +19,14 @@ from http_api.broker.config import BrokerConfig
 from http_api.broker.group_offsets import GroupOffsetStore
 from http_api.broker.internal_auth import internal_token
 from http_api.wire import codecs
+from http_api.wire.auth import broker_auth_headers
 from http_api.wire.codecs import CBOR, JSON
 from http_api.wire.errors import ErrorCode, KraftlogError, http_status
 from partitions.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
+    from http_api.broker.authorization import BrokerAuthorizer
+    from http_api.wire.auth import Authenticator
     from http_api.broker.metadata_view import MetadataView
     from partitions.log.log_scheduler import LogScheduler
     from partitions.replication.replica_manager import ReplicaManager
@@ -90,6 +93,8 @@ class BrokerDeps:
     producer_ids: Callable[[], Awaitable[int]] | None = None
     log_scheduler: LogScheduler | None = None   # retention + log cleaner; None: one on demand
     clock: Clock = SYSTEM_CLOCK   # the group coordinator's time (sessions, offsets retention)
+    # () -> the current SecurityImage (users, tokens, ACLs; MetadataView.security); None: none known
+    security_image: Callable[[], Any] | None = None
 
 
 class BrokerMetrics:
@@ -170,6 +175,10 @@ class BrokerContext:
         self.deps = deps
         self.rm = deps.replica_manager
         self.internal_token = internal_token(config.cluster_secret)   # /internal/ routes need it when set
+        # what this broker sends to other brokers as `User:broker-<id>` (empty: no password set)
+        self.internal_headers = broker_auth_headers(config.security, config.broker_id)
+        self.authenticator: Authenticator | None = None   # set by create_app
+        self.authorizer: BrokerAuthorizer | None = None
         self.metrics = BrokerMetrics(deps.registry, deps)
 
     async def read_body(self, request: web.Request) -> bytes:

@@ -3,12 +3,17 @@
 The nodes of a cluster share one secret (the node config's `password`, which also guards
 the controllers' raft port; processes get it as $KRAFTLOG_RAFT_PASSWORD). A broker that
 has it refuses `/internal/` requests without the token derived from it, with 401
-CLUSTER_AUTHORIZATION_FAILED, and sends the token on its own internal requests (replica
+SASL_AUTHENTICATION_FAILED, and sends the token on its own internal requests (replica
 fetches, epoch end offsets, group listings). The token is a SHA-256 of the secret, so the
 secret itself (the raft key) never crosses the wire. Plain HTTP: the token keeps out
 strangers and misconfigured nodes, not an eavesdropper on the network; keep broker ports on
 a private network. No secret configured (tests, a bare `python -m http_api.broker.server`):
 no check.
+
+With `[security]` authentication on, brokers are cluster principals instead (`User:broker-<id>`
+by certificate or `broker_password_file`, http_api/wire/auth.py) and /internal/ needs
+CLUSTER_ACTION (http_api/broker/authorization.py); deploy/ then gives brokers no secret
+(the raft password stays with the controllers).
 """
 from __future__ import annotations
 

@@ -233,7 +233,7 @@ def openapi_document(server_url: str) -> dict:
                 "summary": "Leave: {member_id}", "requestBody": _obj_body(),
                 "responses": {"200": _obj("{member_id, member_epoch: -1}")}}},
             "/internal/v1/groups": {"get": {"summary": "Broker-to-broker: groups of this coordinator",
-                                            "responses": {"200": _obj("{groups}"), "401": _err("CLUSTER_AUTHORIZATION_FAILED: without the token of the cluster secret (brokers only)")}}},
+                                            "responses": {"200": _obj("{groups}"), "401": _err("SASL_AUTHENTICATION_FAILED: without the token of the cluster secret (brokers only)")}}},
             "/v1/producer-ids": {
                 "post": {"summary": "A producer id for an idempotent producer (sequence numbers per partition)",
                          "responses": {"200": {"description": "{producer_id, producer_epoch}",
@@ -245,13 +245,13 @@ def openapi_document(server_url: str) -> dict:
                          "responses": {"200": {"description": "4-byte header length, JSON header, raw batches",
                                                "content": {"application/vnd.kraftlog.replica-fetch": {"schema": {
                                                    "type": "string", "format": "binary"}}}},
-                                       "401": _err("CLUSTER_AUTHORIZATION_FAILED: without the token of the cluster secret (brokers only)")}},
+                                       "401": _err("SASL_AUTHENTICATION_FAILED: without the token of the cluster secret (brokers only)")}},
             },
             "/internal/v1/epoch-end-offsets": {
                 "post": {"summary": "Broker-to-broker: OffsetsForLeaderEpoch (divergence point for truncation)",
                          "responses": {"200": {"description": "{partitions: [{topic, partition, epoch, end_offset}]}",
                                                "content": {"application/json": {"schema": {"type": "object"}}}},
-                                       "401": _err("CLUSTER_AUTHORIZATION_FAILED: without the token of the cluster secret (brokers only)")}},
+                                       "401": _err("SASL_AUTHENTICATION_FAILED: without the token of the cluster secret (brokers only)")}},
             },
             "/admin/v1/log-cleaner/run": {"post": {  # http_api/broker/log_cleaner.py
                 "summary": "Run retention and/or compaction now (waits for it); body optional: "

@@ -62,7 +62,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.GROUP_MAX_SIZE_REACHED: 409,
     ErrorCode.OFFSET_METADATA_TOO_LARGE: 400,
     ErrorCode.NON_EMPTY_GROUP: 409,
-    ErrorCode.CLUSTER_AUTHORIZATION_FAILED: 401,
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED: 403,   # authenticated but not allowed (API.md Security)
     ErrorCode.SASL_AUTHENTICATION_FAILED: 401,
     ErrorCode.TOPIC_AUTHORIZATION_FAILED: 403,
     ErrorCode.GROUP_AUTHORIZATION_FAILED: 403,

@@ -29,6 +29,14 @@ class SecurityConfig:
     authentication: tuple[str, ...] = ()           # any subset of basic, bearer, mtls
     authorizer: str | None = None                  # "acl": Kafka's ACL model, default deny
     super_users: tuple[str, ...] = ()              # principals allowed everything, e.g. User:admin
+    # failed authentications answered per client address per second; beyond: 429 before any
+    # password check (http_api/wire/auth.py)
+    authentication_failures_max_per_second: float = 10.0
+    # brokers as cluster principals without TLS (User:broker-<id>, http_api/wire/auth.py):
+    # this broker's own password (brokers only), and the SCRAM verifiers of every broker's
+    # password, JSON {"broker-<id>": credential} (every node; holds no password)
+    broker_password_file: str | None = None
+    broker_credentials_file: str | None = None
     # users the active controller creates when missing from the metadata (read by controllers
     # only): JSON {"NAME": "password" or a SCRAM credential {salt, iterations, stored_key,
     # server_key}}; `kraftlog cluster up --secure` writes the super user `admin` here
@@ -65,6 +73,8 @@ class SecurityConfig:
         if self.authorizer and not self.authentication:
             bad("authentication", "non-empty when an authorizer is on (everyone would be denied)",
                 list(self.authentication))
+        if not self.authentication_failures_max_per_second > 0:
+            bad("authentication_failures_max_per_second", "> 0", self.authentication_failures_max_per_second)
         for p in self.super_users:
             if ":" not in p:
                 bad("super_users", "principals like User:admin", list(self.super_users))

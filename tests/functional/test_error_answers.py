@@ -111,7 +111,7 @@ async def test_broker_error_answers_and_logs(logged):
         assert await _answer(client, "DELETE", "/v1/metadata") == (
             405, JSON, _body("INVALID_REQUEST", "no route DELETE /v1/metadata; see GET /openapi.json"))
         assert await _answer(client, "POST", "/internal/v1/replica-fetch", json={}) == (
-            401, JSON, _body("CLUSTER_AUTHORIZATION_FAILED",
+            401, JSON, _body("SASL_AUTHENTICATION_FAILED",
                              "/internal/v1/replica-fetch is for the brokers of this cluster: the request lacks "
                              "the token of the cluster secret (set the same `password` on every node)"))
         status, _, _ = await _answer(client, "GET", "/probe/redirect")

@@ -1,4 +1,4 @@
-"""Broker-to-broker routes with a cluster secret: strangers get 401 CLUSTER_AUTHORIZATION_FAILED,
+"""Broker-to-broker routes with a cluster secret: strangers get 401 SASL_AUTHENTICATION_FAILED,
 brokers of the cluster replicate and list groups with the token."""
 import pytest
 from broker_harness import running_broker
@@ -27,7 +27,7 @@ async def test_internal_routes_refuse_requests_without_the_cluster_token(secured
     for headers in ({}, {INTERNAL_TOKEN_HEADER: "wrong"}, {INTERNAL_TOKEN_HEADER: internal_token("other-secret")}):
         r = await b1.client.request(method, path, json=body, headers=headers)
         doc = await r.json()
-        assert r.status == 401 and doc["error_code"] == "CLUSTER_AUTHORIZATION_FAILED", (headers, doc)
+        assert r.status == 401 and doc["error_code"] == "SASL_AUTHENTICATION_FAILED", (headers, doc)
         assert "password" in doc["message"]
     r = await b1.client.request(method, path, json=body, headers={INTERNAL_TOKEN_HEADER: internal_token(SECRET)})
     assert r.status == 200, await r.text()

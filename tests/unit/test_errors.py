@@ -19,7 +19,8 @@ def test_every_code_has_an_http_status_and_members_are_distinct():
     (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 404, True),
     (ErrorCode.OFFSET_OUT_OF_RANGE, 416, False),
     (ErrorCode.MESSAGE_TOO_LARGE, 413, False),
-    (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, 401, False),
+    (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, 403, False),   # authenticated, not allowed (API.md Security)
+    (ErrorCode.SASL_AUTHENTICATION_FAILED, 401, False),
 ])
 def test_status_and_retriability(code, status, retriable):
     assert http_status(code) == status and http_status(KraftlogError(code, "x")) == status
