@@ -120,10 +120,12 @@ async def _producer_id(follower: MetadataFollower) -> tuple[int, int]:
 
 
 async def partition_writer(partition: int, follower: MetadataFollower, stop: asyncio.Event,
-                           request_timeout_s: float, stats: WriterStats) -> None:
+                           request_timeout_s: float, stats: WriterStats, leader_check_s: float = 0.25) -> None:
     """Idempotent acks=all writes of one record each ("p<partition>-<n>"), one in flight; a
     failed or timed-out batch is resent unchanged (same producer id and sequence) to the
-    leader that metadata names then, so a resend is never written twice."""
+    leader that metadata names then, so a resend is never written twice. While a request
+    waits, metadata is asked every `leader_check_s`; a new leader (higher leader epoch) gets
+    the batch at once (as `http_api.client.Producer` does after its attempt timeout)."""
     pid, epoch = await _producer_id(follower)
     seq = n = 0
     s = follower.session
@@ -136,22 +138,44 @@ async def partition_writer(partition: int, follower: MetadataFollower, stop: asy
             if not stats.leaders_seen or stats.leaders_seen[-1][1:] != (leader_id, leader_epoch):
                 stats.leaders_seen.append((time.monotonic(), leader_id, leader_epoch))
             kind = None
-            try:
+
+            async def send() -> tuple[int, bytes]:
                 async with s.post(f"{url}/v1/topics/{TOPIC}/partitions/{partition}/records?acks=all",
                                   data=payload, headers={"Content-Type": codecs.RAW_BATCH},
                                   timeout=aiohttp.ClientTimeout(total=request_timeout_s)) as r:
-                    body = await r.read()
-                    if r.status == 200:
+                    return r.status, await r.read()
+
+            req = asyncio.ensure_future(send())
+            moved = False
+            try:
+                # follow metadata while the request waits: once another leader (a higher leader
+                # epoch) is named, the same batch goes there (the idempotent resend is safe)
+                while True:
+                    done, _ = await asyncio.wait({req}, timeout=leader_check_s)
+                    if done:
+                        break
+                    await follower.refresh()
+                    if follower.leaders.get(partition, (leader_epoch,))[0] > leader_epoch:
+                        moved = True
+                        break
+                if moved:
+                    kind = "leader moved"
+                else:
+                    status, body = req.result()
+                    if status == 200:
                         stats.acks.append((time.monotonic(), value.decode()))
                         break
                     try:
-                        kind = json.loads(body).get("error_code", str(r.status))
+                        kind = json.loads(body).get("error_code", str(status))
                     except ValueError:
-                        kind = str(r.status)
+                        kind = str(status)
             except asyncio.TimeoutError:
                 kind = "client timeout"
             except (aiohttp.ClientError, OSError) as e:
                 kind = type(e).__name__
+            finally:
+                if not req.done():
+                    req.cancel()
             stats.errors[kind] = stats.errors.get(kind, 0) + 1
             if kind in ("OUT_OF_ORDER_SEQUENCE_NUMBER", "UNKNOWN_PRODUCER_ID", "INVALID_PRODUCER_EPOCH"):
                 # the producer state is gone: start over (a resend may then be a duplicate)

@@ -340,6 +340,15 @@ class ControllerClient:
         return await self.request("POST", PREFIX + "/brokers/unreachable", json={
             "broker_id": broker_id, "broker_epoch": broker_epoch, "target_id": target_id})
 
+    async def report_silent(self, broker_id: int, broker_epoch: int, target_id: int, silent_ms: int,
+                            timeout_ms: Optional[int] = None) -> dict:
+        """Tell the controller that broker `target_id` has been silent for `silent_ms` (its
+        fetches or its answers to ours stopped: issue 24 part B). The controller fences it
+        once its own heartbeats and a probe agree. -> {"target_id", "fenced", "suspected"}"""
+        return await self.request("POST", PREFIX + "/brokers/unreachable", json={
+            "broker_id": broker_id, "broker_epoch": broker_epoch, "target_id": target_id,
+            "reason": "silent", "silent_ms": silent_ms}, timeout_ms=timeout_ms)
+
     async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
         """-> (first_producer_id, block_size)"""
         body = await self.request("POST", PREFIX + "/producer-ids", json={

@@ -90,6 +90,13 @@ class ControllerSettings(MinInsyncReplicasDefault):
     # ~60 ms there; 20,000 keeps that stall far below raft_min_timeout_s (0.3 s)
     request_max_partitions: int = 20_000   # CreateTopics / CreatePartitions
     auto_leader_rebalance_enable: bool = True
+    # fencing from fetch silence (issue 24, docs/AVAILABILITY.md part B): a broker another
+    # broker reports silent (its fetches stopped) is fenced once this controller has had no
+    # heartbeat from it for this long and its own probe cannot connect; 0 = off (only the
+    # session timeout fences a silent broker)
+    broker_silence_fence_ms: int = 1500
+    # a silence report counts this long (reporters repeat theirs while the silence lasts)
+    broker_silence_report_max_age_ms: int = 3000
 
     def __post_init__(self) -> None:
         self.validate()
@@ -102,6 +109,13 @@ class ControllerSettings(MinInsyncReplicasDefault):
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be an integer > 0, got {value!r}; fix {name} in the config")
+        for name in ("broker_silence_fence_ms", "broker_silence_report_max_age_ms"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}; fix {name} in the config")
+        if 0 < self.broker_silence_fence_ms and self.broker_silence_report_max_age_ms <= 0:
+            raise ValueError("broker_silence_report_max_age_ms must be > 0 while broker_silence_fence_ms is on; "
+                             "fix broker_silence_report_max_age_ms in the config")
 
 
 def _unclean_election_enabled(t) -> bool:
@@ -170,6 +184,11 @@ class QuorumController:
         # unclean recovery: (topic, partition) -> broker id -> (broker epoch, last leader
         # epoch, log end offset), as last reported in a heartbeat (soft state, re-reported)
         self.log_reports: dict[tuple, dict[int, tuple]] = {}
+        # fencing from fetch silence (soft state, part B): the last heartbeat this controller
+        # itself received per broker (a fresh lease from `reset_sessions` is not one), and
+        # silence reports: target broker id -> reporter broker id -> when reported (ms)
+        self.heartbeats_received: dict[int, int] = {}
+        self.silence_reports: dict[int, dict[int, int]] = {}
 
     # ================================================================ helpers
     @staticmethod
@@ -459,6 +478,7 @@ class QuorumController:
                                 f"kafka_address must be the broker's Kafka listener as host:port or null, "
                                 f"got {kafka_address!r}")
         self.sessions[broker_id] = now_ms
+        self.heartbeats_received[broker_id] = now_ms
         b = image.brokers.get(broker_id)
         if b is not None and b.incarnation_id == incarnation_id:
             return []
@@ -481,6 +501,7 @@ class QuorumController:
         if not _is_int(metadata_offset):
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "metadata_offset must be an integer (the records applied)")
         self.sessions[broker_id] = now_ms
+        self.heartbeats_received[broker_id] = now_ms
         if log_reports:
             self.record_log_reports(image, broker_id, b.epoch, log_reports)
         if want_shutdown or b.in_controlled_shutdown:
@@ -532,10 +553,84 @@ class QuorumController:
             return []
         return self.fence_broker(image, broker_id)
 
+    # ---------------------------------------------------------------- fencing from silence
+    def report_silent(self, image: MetadataImage, reporter_id: Any, reporter_epoch: Any, target_id: Any,
+                      now_ms: int) -> bool:
+        """A live broker reports that `target_id` went silent (its fetches, or its answers to
+        ours, stopped). Kept for `broker_silence_report_max_age_ms`; True when it counts (a
+        registered, unfenced target other than the reporter). The reporter must be a live
+        registration (STALE_BROKER_EPOCH otherwise: a fenced or cut-off broker's view does not count)."""
+        r = image.brokers.get(reporter_id) if _is_int(reporter_id) else None
+        if r is None or r.fenced or r.epoch != reporter_epoch:
+            raise KraftlogError(ErrorCode.STALE_BROKER_EPOCH,
+                                f"broker {reporter_id} with epoch {reporter_epoch} is not a live registered "
+                                "broker; register first")
+        b = image.brokers.get(target_id) if _is_int(target_id) else None
+        if b is None or b.fenced or target_id == reporter_id:
+            return False
+        self.silence_reports.setdefault(target_id, {})[reporter_id] = now_ms
+        return True
+
+    def _heartbeat_silence_ms(self, broker_id: int, now_ms: int) -> Optional[int]:
+        """How long this controller has had no heartbeat from `broker_id`; None: it has
+        received none since it became active (the brokers were talking to its predecessor)."""
+        last = self.heartbeats_received.get(broker_id)
+        return None if last is None else now_ms - last
+
+    def silent_brokers(self, image: MetadataImage, now_ms: int) -> list[int]:
+        """Brokers to probe before fencing them for silence (part B): unfenced, reported
+        silent by at least one other unfenced broker within `broker_silence_report_max_age_ms`,
+        and no heartbeat received here for `broker_silence_fence_ms` (or none at all since
+        this controller became active). The shell fences one only if its probe cannot
+        connect either (`fence_silent`): a broker busy under load still heartbeats and
+        accepts connections, a one-way broker-to-broker link loss leaves its heartbeats up."""
+        limit = self.settings.broker_silence_fence_ms
+        if limit <= 0:
+            return []
+        max_age = self.settings.broker_silence_report_max_age_ms
+        out = []
+        for target, reports in list(self.silence_reports.items()):
+            b = image.brokers.get(target)
+            fresh = {r: t for r, t in reports.items() if now_ms - t <= max_age}
+            if fresh:
+                self.silence_reports[target] = fresh
+            else:
+                del self.silence_reports[target]
+            if b is None or b.fenced:
+                self.silence_reports.pop(target, None)
+                continue
+            if not any(r in image.brokers and not image.brokers[r].fenced for r in fresh):
+                continue   # only fenced reporters: their view does not count
+            silence = self._heartbeat_silence_ms(target, now_ms)
+            if silence is None or silence >= limit:
+                out.append(target)
+        return sorted(out)
+
+    def silence_reason(self, broker_id: int, now_ms: int) -> str:
+        """Why `broker_id` counts as silent (for the decision log)."""
+        reporters = sorted(self.silence_reports.get(broker_id, {}))
+        silence = self._heartbeat_silence_ms(broker_id, now_ms)
+        hb = ("no heartbeat received since this controller became active" if silence is None
+              else f"no heartbeat for {silence} ms")
+        return (f"reported silent by broker(s) {reporters}, {hb} "
+                f"(broker_silence_fence_ms={self.settings.broker_silence_fence_ms})")
+
+    def fence_silent(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, now_ms: int) -> list:
+        """Fence `broker_id` (incarnation `broker_epoch`) when it still counts as silent
+        (`silent_brokers`) now that the shell's probe could not connect to it; [] when a
+        heartbeat came in meanwhile, it was fenced already, or it registered again."""
+        b = image.brokers.get(broker_id) if _is_int(broker_id) else None
+        if b is None or b.fenced or b.epoch != broker_epoch or broker_id not in self.silent_brokers(image, now_ms):
+            return []
+        return self.fence_broker(image, broker_id)
+
     # ---------------------------------------------------------------- leases
     def reset_sessions(self, image: MetadataImage, now_ms: int) -> None:
-        """A new active controller grants every registered broker a fresh lease."""
+        """A new active controller grants every registered broker a fresh lease; heartbeats
+        and silence reports its predecessor received are not known here."""
         self.sessions = {b: now_ms for b in image.brokers}
+        self.heartbeats_received = {}
+        self.silence_reports = {}
 
     def expired_brokers(self, image: MetadataImage, now_ms: int) -> list[int]:
         timeout = self.settings.broker_session_timeout_ms

@@ -107,6 +107,9 @@ class ControllerConfig:
     settings: ControllerSettings = field(default_factory=ControllerSettings)   # the controller role's decisions
     maintenance_interval_ms: int = 200
     unreachable_probe_timeout_ms: int = 1000   # probe of a broker reported unreachable (refused = fence now)
+    # probe of a broker reported silent (part B): a TCP connect from this host, in a thread
+    # (a busy event loop cannot fake a timeout); not connected within this long = cut off
+    broker_silence_probe_timeout_ms: int = 500
     propose_timeout_ms: int = 5000
     long_poll_max_wait_ms: int = 30_000
     feed_records_per_response_max: int = 5000
@@ -173,6 +176,8 @@ class ControllerServer:
         self._was_active = False
         self._last_rebalance_ms = 0
         self._probing: set = set()
+        self._bg: set = set()   # background probes (part B)
+        self._probe_connected_ms: dict[int, int] = {}   # broker id -> when a probe last connected
         self.writes = 0
         # users, tokens, ACLs; bootstraps [security] bootstrap_users_file
         self.security = ControllerSecurityRoutes(self, config.security.bootstrap_users_file,
@@ -299,6 +304,7 @@ class ControllerServer:
             rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
             if rebalance:
                 self._last_rebalance_ms = now
+            self._probe_silent_brokers(now)
             try:
                 await self.write(lambda img: self.controller.maintenance(img, now, rebalance),
                                  reason=lambda records: self._maintenance_reason(records, now))
@@ -306,6 +312,46 @@ class ControllerServer:
                 log.info("maintenance write failed: %s", exc)
             except Exception:
                 log.exception("maintenance failed")
+
+    def _probe_silent_brokers(self, now_ms: int) -> None:
+        """Start a probe of every broker the core counts as silent (part B), one at a time each."""
+        with self.sm.lock:
+            silent = self.controller.silent_brokers(self.sm.image, now_ms)
+        for target in silent:
+            # a broker that just accepted a probe is probed again after a second at the earliest
+            if target not in self._probing and now_ms - self._probe_connected_ms.get(target, -10**12) >= 1000:
+                self._probing.add(target)
+                t = asyncio.get_running_loop().create_task(self._probe_and_fence_silent(target))
+                self._bg.add(t)
+                t.add_done_callback(self._bg.discard)
+
+    async def _probe_and_fence_silent(self, target: int) -> None:
+        """Probe a broker reported silent; fence it when the probe does not connect (timed out:
+        the host is cut off; refused: its process is gone) and the core still counts it silent."""
+        try:
+            b = self.sm.image.brokers.get(target)
+            if b is None or b.fenced:
+                return
+            epoch, url = b.epoch, b.url
+            timeout_ms = self.config.broker_silence_probe_timeout_ms
+            outcome = await asyncio.to_thread(_tcp_probe, url, timeout_ms / 1000)
+            if outcome == "connected":
+                self._probe_connected_ms[target] = self.clock.monotonic_ms()
+                log.info("broker %s was reported silent but %s accepts connections: not fenced (%s)", target, url,
+                         self.controller.silence_reason(target, self.clock.monotonic_ms()))
+                return
+            if not self.is_active:
+                return
+            now = self.clock.monotonic_ms()
+            why = (f"{self.controller.silence_reason(target, now)}; the probe of {url} "
+                   f"{'timed out after ' + str(timeout_ms) + ' ms' if outcome == 'timeout' else 'was refused'}")
+            await self.write(lambda img: self.controller.fence_silent(img, target, epoch, now), reason=why)
+        except KraftlogError as exc:
+            log.info("fencing silent broker %s failed: %s", target, exc)
+        except Exception:
+            log.exception("probing silent broker %s failed", target)
+        finally:
+            self._probing.discard(target)
 
     def _maintenance_reason(self, records: list, now_ms: int) -> str:
         """Why the maintenance loop wrote `records` (for the INFO log of fencing decisions)."""
@@ -468,6 +514,15 @@ class ControllerServer:
         self._require_active()
         body = await _json_body(request)
         reporter, target = body.get("broker_id"), body.get("target_id")
+        if body.get("reason") == "silent":
+            # part B: the target's fetches (or its answers) stopped; the core decides when
+            # it counts, the probe confirms (also re-run by the maintenance loop)
+            now = self.clock.monotonic_ms()
+            with self.sm.lock:
+                counted = self.controller.report_silent(self.sm.image, reporter, body.get("broker_epoch"), target, now)
+            if counted:
+                self._probe_silent_brokers(now)
+            return web.json_response({"target_id": target, "fenced": False, "suspected": counted})
         img = self.sm.image
         r = img.brokers.get(reporter) if isinstance(reporter, int) else None
         if r is None or r.fenced or r.epoch != body.get("broker_epoch"):
@@ -645,6 +700,24 @@ async def _connection_refused(url: Optional[str], timeout_s: float) -> bool:
         return False
     writer.close()
     return False
+
+
+def _tcp_probe(url: Optional[str], timeout_s: float) -> str:
+    """"connected", "refused" or "timeout": a blocking TCP connect to the host:port of `url`
+    (run it in a thread: the kernel times the connect, so a busy event loop cannot turn a
+    slow loop into a timeout). A paused or busy process still accepts connections."""
+    import socket
+    from urllib.parse import urlsplit
+    if not url:
+        return "connected"
+    u = urlsplit(url)
+    try:
+        with socket.create_connection((u.hostname, u.port or 80), timeout=timeout_s):
+            return "connected"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:   # socket.timeout, unreachable
+        return "timeout"
 
 
 # error answers as json_response gave them (charset=utf-8); never crash on a request

@@ -135,6 +135,11 @@ class ReplicationConfig(MinInsyncReplicasDefault, _Group):
     # the ISR (AlterPartition) at once, not after replica_lag_time_max_ms; 0 turns it off.
     # Must stay well above replica_fetch_wait_max_ms (a healthy follower's longest silence)
     replica_fetch_silence_max_ms: int = 1500
+    # a peer silent this long (no fetch from a follower of ours, no answer from a leader we
+    # follow) is reported to the controller, which fences it once its own heartbeats and a
+    # probe agree (docs/AVAILABILITY.md part B); 0 turns it off. At least twice
+    # replica_fetch_wait_max_ms (a healthy leader answers within that wait)
+    replica_silence_report_ms: int = 1000
 
     def validate(self) -> None:
         _positive(self, "default_replication_factor", "min_insync_replicas", "replica_lag_time_max_ms")
@@ -143,6 +148,11 @@ class ReplicationConfig(MinInsyncReplicasDefault, _Group):
             raise ValueError(f"replica_fetch_silence_max_ms={self.replica_fetch_silence_max_ms} must be at least "
                              f"twice replica_fetch_wait_max_ms={self.replica_fetch_wait_max_ms} (a healthy "
                              "follower is silent for up to one long poll), or 0 to turn the rule off")
+        _non_negative(self, "replica_silence_report_ms")
+        if 0 < self.replica_silence_report_ms < 2 * self.replica_fetch_wait_max_ms:
+            raise ValueError(f"replica_silence_report_ms={self.replica_silence_report_ms} must be at least "
+                             f"twice replica_fetch_wait_max_ms={self.replica_fetch_wait_max_ms} (a healthy "
+                             "peer is silent for up to one long poll), or 0 to turn the reports off")
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,12 @@ class Broker:
         self.tasks.append(asyncio.create_task(self._periodic(cfg.log_flush_scheduler_interval_ms,
                                                              self.log_manager.flush_needed), name="flush.ms"))
         self.tasks.append(asyncio.create_task(self._isr_loop(), name="isr"))
+        # issue 24 part B: peers whose replication traffic stopped are reported to the controller
+        from partitions.replication.silence_reporter import PeerSilenceReporter
+        self.silence_reporter = PeerSilenceReporter(
+            self.rm, self.fetcher, cfg.broker_id, self._report_silent, self._peer_is_live,
+            replica_silence_report_ms=cfg.replica_silence_report_ms)
+        self.tasks.append(asyncio.create_task(self.silence_reporter.run(), name="silence-reports"))
         self.tasks.append(asyncio.create_task(self._await_ready(), name="ready"))
 
     def _health(self) -> tuple[bool, dict]:
@@ -246,6 +252,18 @@ class Broker:
         t = asyncio.ensure_future(report())
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
+
+    async def _report_silent(self, target_id: int, silent_ms: int) -> dict:
+        epoch = getattr(self.lifecycle, "broker_epoch", None)
+        if epoch is None or self.lifecycle.is_fenced:
+            return {"skipped": "this broker is not registered and unfenced"}
+        return await self.client.report_silent(self.config.broker_id, epoch, target_id, silent_ms,
+                                               timeout_ms=self.config.replica_silence_report_ms * 2)
+
+    def _peer_is_live(self, broker_id: int) -> bool:
+        image = self.follower.image if self.follower is not None else None
+        b = image.brokers.get(broker_id) if image is not None else None
+        return b is not None and not b.fenced
 
     async def _isr_loop(self) -> None:
         """Leader side: shrink the ISR of lagging followers (and of silent ones while acks=all

@@ -40,6 +40,25 @@ class LeaderFetchState:
     leader_id: int
     leader_url: str
     partitions: dict[tuple[str, int], PartitionFetchState] = field(default_factory=dict)
+    # when the oldest request to this leader still without an answer was sent (None: every
+    # request was answered); a refused or timed-out request leaves it set (issue 24 part B)
+    unanswered_since_ms: int | None = None
+
+    def request_sent(self, now_ms: int) -> None:
+        """A fetch or OffsetsForLeaderEpoch request went out to the leader."""
+        if self.unanswered_since_ms is None:
+            self.unanswered_since_ms = now_ms
+
+    def answered(self) -> None:
+        """The leader answered (data, nothing, or a partition error: it is alive)."""
+        self.unanswered_since_ms = None
+
+    def silent_ms(self, now_ms: int) -> int:
+        """How long the leader has left our requests unanswered (0: it answers). A healthy
+        leader answers a fetch within its long-poll wait (`replica_fetch_wait_max_ms`)."""
+        if self.unanswered_since_ms is None or not self.partitions:
+            return 0
+        return max(0, now_ms - self.unanswered_since_ms)
 
     def set_partition(self, topic: str, partition: int, leader_epoch: int) -> bool:
         """Follow (topic, partition) under `leader_epoch`. A new partition or a new epoch

@@ -146,6 +146,7 @@ class _LeaderFetcher:
                          "epoch": lg.latest_epoch})
         if not asks:
             return False
+        self.state.request_sent(self.mgr.now_ms())
         try:
             answers = await self._cancellable(self.mgr.transport.epoch_end_offsets(
                 self.state.leader_url, self.mgr.broker_id, asks))
@@ -153,11 +154,13 @@ class _LeaderFetcher:
             if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
                 self._unreachable(e)
             else:
+                self.state.answered()
                 for a in asks:
                     self.state.back_off(a["topic"], a["partition"], self.mgr.now_ms(), self.mgr.backoff_ms)
             return False
         if answers is None:
             return True
+        self.state.answered()
         by_key = {(a["topic"], a["partition"]): a for a in asks}
         for topic, p, epoch, end_offset, err in answers:
             ask = by_key.get((topic, p))
@@ -204,6 +207,7 @@ class _LeaderFetcher:
         # rotate the order: the leader fills max_bytes in request order, so no partition starves
         self.rotation = (self.rotation + 1) % len(reqs)
         reqs = reqs[self.rotation:] + reqs[:self.rotation]
+        self.state.request_sent(self.mgr.now_ms())
         try:
             results = await self._cancellable(self.mgr.transport.fetch(
                 self.state.leader_url, self.mgr.broker_id, self.mgr.broker_epoch(), reqs,
@@ -213,12 +217,14 @@ class _LeaderFetcher:
             if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
                 self._unreachable(e)
             else:
+                self.state.answered()
                 log.info("replica fetch from %s failed: %s", self.state.leader_url, e)
                 for r in reqs:
                     self.state.back_off(r["topic"], r["partition"], self.mgr.now_ms(), self.mgr.backoff_ms)
             return False
         if results is None:
             return True
+        self.state.answered()
         for res in results:
             key = (res.topic, res.partition)
             s = self.state.partitions.get(key)
@@ -315,6 +321,17 @@ class ReplicaFetcherManager:
         f = self.fetchers.pop(leader_id, None)
         if f is not None and f.task is not None:
             f.task.cancel()
+
+    def silent_leaders(self, replica_silence_report_ms: int) -> dict[int, int]:
+        """Leaders that left this broker's requests unanswered for more than
+        `replica_silence_report_ms` -> for how long (ms) (issue 24 part B)."""
+        now = self.now_ms()
+        out = {}
+        for leader_id, f in self.fetchers.items():
+            silent = f.state.silent_ms(now)
+            if silent > replica_silence_report_ms:
+                out[leader_id] = silent
+        return out
 
     def partition_count(self) -> int:
         return sum(len(f.state.partitions) for f in self.fetchers.values())

@@ -260,6 +260,30 @@ class ReplicaState:
             if not lst:
                 self._ack_waiters.pop(tp, None)
 
+    def silent_followers(self, now_ms: int, replica_silence_report_ms: int) -> dict[int, int]:
+        """Brokers that sent no fetch request for any partition this broker leads and
+        replicates to them for more than `replica_silence_report_ms` -> how long (ms), the
+        longest across partitions. Only ISR members count (others may be stopped or fenced
+        already); the silence of a member counts from this leader epoch's start at the
+        earliest. The broker reports them to the controller, which fences a silent broker
+        once its own heartbeats and probe agree (issue 24 part B). A busy follower that
+        fetches, however slowly, is never silent."""
+        out: dict[int, int] = {}
+        for part in self.partitions.values():
+            if not part.is_leader:
+                continue
+            for r in part.isr:
+                state = part.remote_replicas.get(r)
+                if r == self.broker_id or state is None:
+                    continue
+                last_heard = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
+                if last_heard < 0:
+                    continue
+                silent = now_ms - last_heard
+                if silent > replica_silence_report_ms:
+                    out[r] = max(out.get(r, 0), silent)
+        return out
+
     def acks_waiting_offset(self, tp: TopicPartition) -> int | None:
         """The highest offset an acks=all produce on `tp` waits for, None when none waits."""
         waiters = self._ack_waiters.get(tp)

@@ -1,0 +1,94 @@
+"""PeerSilenceReporter: tells the controller about peers whose replication traffic stopped
+(issue 24, docs/AVAILABILITY.md part B; asyncio shell).
+
+Two pure rules say who is silent: `ReplicaState.silent_followers` (ISR members of partitions
+this broker leads that sent no fetch request) and `ReplicaFetcherManager.silent_leaders`
+(leaders that left this broker's fetch requests unanswered). A peer silent for more than
+`replica_silence_report_ms` is reported (`report(target_id, silent_ms)`, at most once per
+that interval per peer, one report in flight per peer) while the broker's metadata shows it
+unfenced. A report is only a suspicion: the controller fences the peer once its own
+heartbeats from it have stopped too and its probe cannot connect to it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from partitions.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from partitions.replication.replica_fetcher import ReplicaFetcherManager
+    from partitions.replication.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+
+class PeerSilenceReporter:
+    """Looks for silent peers every quarter of `replica_silence_report_ms` (see the module
+    docstring). `is_live(broker_id)`: the broker's metadata holds it registered and unfenced."""
+
+    def __init__(self, replica_manager: "ReplicaManager", fetchers: "ReplicaFetcherManager", broker_id: int,
+                 report: Callable[[int, int], Awaitable[object]], is_live: Callable[[int], bool], *,
+                 replica_silence_report_ms: int = 1000, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.rm = replica_manager
+        self.fetchers = fetchers
+        self.broker_id = broker_id
+        self.report = report
+        self.is_live = is_live
+        self.replica_silence_report_ms = replica_silence_report_ms
+        self.clock = clock
+        self._last_report_ms: dict[int, int] = {}
+        self._in_flight: dict[int, asyncio.Task] = {}
+        self.reports_sent = 0
+
+    def silent_peers(self) -> dict[int, int]:
+        """Peer broker id -> how long it has been silent (ms), both rules merged."""
+        limit = self.replica_silence_report_ms
+        out = dict(self.fetchers.silent_leaders(limit))
+        for b, ms in self.rm.core.silent_followers(self.rm._clock_ms(), limit).items():
+            out[b] = max(out.get(b, 0), ms)
+        out.pop(self.broker_id, None)
+        return out
+
+    def check_once(self) -> list[int]:
+        """Report every silent live peer not reported within the interval; -> the ids reported."""
+        now = self.clock.monotonic_ms()
+        sent = []
+        for target, silent_ms in sorted(self.silent_peers().items()):
+            if not self.is_live(target):
+                continue
+            if now - self._last_report_ms.get(target, -10**12) < self.replica_silence_report_ms:
+                continue
+            t = self._in_flight.get(target)
+            if t is not None and not t.done():
+                continue
+            self._last_report_ms[target] = now
+            self._in_flight[target] = asyncio.ensure_future(self._send(target, silent_ms))
+            sent.append(target)
+        return sent
+
+    async def _send(self, target: int, silent_ms: int) -> None:
+        try:
+            res = await self.report(target, silent_ms)
+            self.reports_sent += 1
+            log.info("reported broker %s silent for %d ms to the controller: %s", target, silent_ms, res)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the session timeout fences it anyway
+            log.info("reporting broker %s silent failed: %s", target, e)
+
+    async def run(self) -> None:
+        if self.replica_silence_report_ms <= 0:
+            return
+        interval_s = max(50, self.replica_silence_report_ms // 4) / 1000
+        try:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    self.check_once()
+                except Exception:  # noqa: BLE001 - never stop looking
+                    log.exception("looking for silent peers failed")
+        finally:
+            for t in self._in_flight.values():
+                t.cancel()

@@ -1,0 +1,131 @@
+"""Fencing from fetch silence, confirmed by the controller (issue 24, docs/AVAILABILITY.md
+part B): the pure rule of `QuorumController.silent_brokers` / `fence_silent`, on the
+metadata harness (no raft, no sockets; the probe is the shell's and is not run here).
+
+A broker is fenced for silence only when another live broker reported it silent within
+`broker_silence_report_max_age_ms` AND this controller has had no heartbeat from it for
+`broker_silence_fence_ms` (or none since it became active); the shell's probe must then fail
+to connect too. A broker that heartbeats (busy under load, or a one-way broker-to-broker link
+loss) is never fenced this way."""
+from __future__ import annotations
+
+import pytest
+
+from partitions.errors import ErrorCode, KraftlogError
+from metadata_quorum.controller import ControllerSettings
+from metadata_quorum.records import FenceBrokerRecord
+from metadata_harness import Harness
+
+FENCE_MS = 1500
+MAX_AGE_MS = 3000
+
+
+def harness() -> Harness:
+    h = Harness(broker_silence_fence_ms=FENCE_MS, broker_silence_report_max_age_ms=MAX_AGE_MS)
+    h.create("t", 3, 3)
+    return h
+
+
+def epoch(h: Harness, b: int) -> int:
+    return h.image.brokers[b].epoch
+
+
+def test_a_reported_broker_without_heartbeats_is_fenced_with_its_leaderships_moved():
+    h = harness()
+    h.now = 1000
+    for b in (1, 3):
+        h.heartbeat(b)           # broker 2's last heartbeat was at 0
+    assert h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == []         # heard from it 1000 ms ago
+    h.now = FENCE_MS
+    assert h.controller.silent_brokers(h.image, h.now) == [2]
+    records = h.controller.fence_silent(h.image, 2, epoch(h, 2), h.now)
+    assert isinstance(records[0], FenceBrokerRecord) and records[0].broker_id == 2
+    h.run(records)
+    assert h.image.brokers[2].fenced
+    parts = h.image.topic("t").partitions.values()
+    assert all(p.leader != 2 and 2 not in p.isr and p.leader >= 0 for p in parts)
+    assert h.controller.silent_brokers(h.image, h.now) == []          # fenced: nothing left to do
+    assert h.controller.fence_silent(h.image, 2, epoch(h, 2), h.now) == []
+
+
+def test_no_report_no_fencing_however_long_the_heartbeat_silence_below_the_session():
+    h = harness()
+    h.now = 8000    # 8 s without heartbeats (session timeout 9 s), but nobody reported it
+    assert h.controller.silent_brokers(h.image, h.now) == []
+    assert h.controller.fence_silent(h.image, 2, epoch(h, 2), h.now) == []
+
+
+def test_a_heartbeating_broker_is_never_fenced_for_silence():
+    """Busy under load or a one-way broker-to-broker link loss: reported, but it heartbeats."""
+    h = harness()
+    for t in range(0, 10_000, 1000):
+        h.now = t
+        h.heartbeat(2)
+        h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+        h.controller.report_silent(h.image, 3, epoch(h, 3), 2, h.now)
+        assert h.controller.silent_brokers(h.image, h.now) == []
+        assert h.controller.fence_silent(h.image, 2, epoch(h, 2), h.now) == []
+    h.now += FENCE_MS - 1
+    assert h.controller.silent_brokers(h.image, h.now) == []
+
+
+def test_a_heartbeat_during_the_probe_cancels_the_fencing():
+    h = harness()
+    h.now = 2000
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == [2]   # the shell starts its probe
+    h.heartbeat(2)                                              # it answers meanwhile
+    assert h.controller.fence_silent(h.image, 2, epoch(h, 2), h.now + 400) == []
+
+
+def test_reports_expire_and_a_new_incarnation_is_left_alone():
+    h = harness()
+    h.now = 2000
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.silent_brokers(h.image, h.now + MAX_AGE_MS) == [2]
+    assert h.controller.silent_brokers(h.image, h.now + MAX_AGE_MS + 1) == []   # stale report
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.fence_silent(h.image, 2, epoch(h, 2) - 1, h.now) == []   # another incarnation
+
+
+def test_only_live_registered_reporters_count():
+    h = harness()
+    h.now = 2000
+    with pytest.raises(KraftlogError) as e:
+        h.controller.report_silent(h.image, 1, epoch(h, 1) + 1, 2, h.now)   # stale reporter epoch
+    assert e.value.code is ErrorCode.STALE_BROKER_EPOCH
+    assert not h.controller.report_silent(h.image, 1, epoch(h, 1), 1, h.now)  # itself
+    assert not h.controller.report_silent(h.image, 1, epoch(h, 1), 9, h.now)  # unknown target
+    h.controller.report_silent(h.image, 3, epoch(h, 3), 2, h.now)
+    h.run(h.controller.fence_broker(h.image, 3))          # the reporter itself got fenced
+    assert h.controller.silent_brokers(h.image, h.now) == []
+
+
+def test_a_new_active_controller_counts_brokers_it_never_heard_from_as_silent_once_reported():
+    """After a failover the brokers were heartbeating the old controller: the new one has
+    heard from nobody, so a report plus a failed probe suffice (its lease grant is no heartbeat)."""
+    h = harness()
+    h.now = 50_000
+    h.controller.reset_sessions(h.image, h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == []
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == [2]
+    h.heartbeat(2)
+    assert h.controller.silent_brokers(h.image, h.now) == []
+    # and it forgets what its predecessor's instance was told
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 3, h.now)
+    h.controller.reset_sessions(h.image, h.now)
+    assert h.controller.silence_reports == {}
+
+
+def test_the_rule_is_off_at_zero_and_settings_are_checked():
+    h = Harness(broker_silence_fence_ms=0)
+    h.create("t", 1, 3)
+    h.now = 5000
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == []
+    with pytest.raises(ValueError, match="broker_silence_fence_ms"):
+        ControllerSettings(broker_silence_fence_ms=-1)
+    with pytest.raises(ValueError, match="broker_silence_report_max_age_ms"):
+        ControllerSettings(broker_silence_report_max_age_ms=0)
