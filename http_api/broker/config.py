@@ -78,17 +78,33 @@ class ListenerConfig(_Group):
     controller_port: int = 9093           # controller HTTP API
     raft_port: int = 9193                 # metadata quorum (pysyncobj)
     raft_bind_host: str | None = None     # interface raft listens on (default: all)
+    # Kafka wire protocol listener (http_api/kafka/); 0: none. It binds kafka_host (default
+    # http_host) and hands out kafka_advertised_host (default the HTTP advertised host) in
+    # Kafka metadata. A port already in use is logged and the broker serves HTTP only
+    kafka_port: int = 9092
+    kafka_host: str | None = None
+    kafka_advertised_host: str | None = None
 
     def validate(self) -> None:
         _check(bool(self.http_host), "http_host", "a host name or address (0.0.0.0 for every interface)",
                self.http_host)
-        for n in ("http_port", "controller_port", "raft_port"):
+        for n in ("http_port", "controller_port", "raft_port", "kafka_port"):
             v = getattr(self, n)
             _check(0 <= v <= 65535, n, "a TCP port in 0..65535", v)
 
     @property
     def host(self) -> str:
         return self.advertised_host or self.http_host
+
+    @property
+    def kafka_bind_host(self) -> str:
+        return self.kafka_host or self.http_host
+
+    @property
+    def kafka_host_advertised(self) -> str:
+        """The host Kafka clients are told to connect to."""
+        return self.kafka_advertised_host or self.advertised_host or (
+            "127.0.0.1" if self.kafka_bind_host in ("0.0.0.0", "::", "") else self.kafka_bind_host)
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,7 @@ class RequestLimits(_Group):
     fetch_max_bytes: int = 8 * MiB            # cap on a fetch's max_bytes
     fetch_default_max_bytes: int = 1 * MiB    # max_bytes when the request has none
     fetch_max_wait_ms: int = 30_000           # cap on a fetch's max_wait_ms
+    kafka_request_max_bytes: int = 8 * MiB    # one Kafka request frame; larger: the connection is closed
     long_poll_max_requests: int = 1024        # waiting fetches at once; 429 THROTTLING_QUOTA_EXCEEDED
     request_timeout_ms: int = 30_000          # acks=all wait bound; forwarded requests
     metadata_wait_ms: int = 10_000            # how long admin calls wait for the broker to see their result
@@ -117,6 +134,7 @@ class RequestLimits(_Group):
     def validate(self) -> None:
         _positive(self, "socket_request_max_bytes", "request_max_records", "message_max_bytes",
                   "fetch_max_bytes", "fetch_default_max_bytes", "long_poll_max_requests", "request_timeout_ms",
+                  "kafka_request_max_bytes",
                   "controller_request_timeout_ms", "controller_long_poll_margin_ms")
         _non_negative(self, "controller_retry_backoff_ms", "controller_leader_check_after_ms")
         _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms")

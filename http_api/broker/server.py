@@ -59,6 +59,7 @@ class Broker:
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="broker-io")
         self.log_manager = None
         self.runner: Optional[web.AppRunner] = None
+        self.kafka = None   # the Kafka listener (http_api/kafka/server.py) once bound
         self.tasks: list[asyncio.Task] = []
         self.lifecycle = None
         self.follower = None
@@ -160,6 +161,7 @@ class Broker:
         if self.tls is not None:
             self.tls.start()
         log.info("broker %s listening on %s", cfg.broker_id, cfg.url)
+        self.kafka = await self._start_kafka(app) if cfg.kafka_port else None
         self.tasks.append(asyncio.create_task(self.follower.run(), name="metadata-follower"))
         while True:
             try:
@@ -181,6 +183,33 @@ class Broker:
             replica_silence_report_ms=cfg.replica_silence_report_ms)
         self.tasks.append(asyncio.create_task(self.silence_reporter.run(), name="silence-reports"))
         self.tasks.append(asyncio.create_task(self._await_ready(), name="ready"))
+
+    async def _start_kafka(self, app):
+        """The Kafka listener (http_api/kafka/) over this app's context and group coordinator;
+        its advertised host:port goes into this broker's registration. A port in use is
+        logged and the broker serves HTTP only (its registration then has no Kafka address)."""
+        from http_api.broker.app import BROKER_KEY
+        from http_api.broker.groups import SERVICE_KEY
+        from http_api.kafka.apis import KafkaApis
+        from http_api.kafka.server import KafkaListener
+        cfg = self.config
+        lst = cfg.listeners
+        address = ""
+        apis = KafkaApis(app[BROKER_KEY], app[SERVICE_KEY], broker_id=cfg.broker_id, kafka_address=lambda: address)
+        listener = KafkaListener(apis, lst.kafka_bind_host, cfg.kafka_port,
+                                 request_max_bytes=cfg.kafka_request_max_bytes)
+        try:
+            await listener.start()
+        except OSError as e:
+            log.error("broker %s: Kafka listener not started, cannot bind %s:%s (%s); serving HTTP only. "
+                      "Free the port or set kafka_port (0 turns the listener off)", cfg.broker_id,
+                      lst.kafka_bind_host, cfg.kafka_port, e)
+            return None
+        address = f"{lst.kafka_host_advertised}:{listener.bound_port}"
+        apis.start()
+        self.lifecycle.kafka_address = address
+        log.info("broker %s Kafka listener on %s", cfg.broker_id, address)
+        return listener
 
     def _health(self) -> tuple[bool, dict]:
         lc = self.lifecycle
@@ -347,6 +376,9 @@ class Broker:
                 pass
         if self.tls is not None:
             self.tls.stop()
+        if self.kafka is not None:
+            await self.kafka.stop()
+            await self.kafka.apis.stop()
         if self.runner is not None:
             await self.runner.cleanup()
         if self.http_session is not None:

@@ -48,6 +48,7 @@ class ReplicatedCluster:
         self.controllers = ControllerCluster(controllers, base_dir, extra_args=list(controller_args or []))
         self.broker_config = dict(broker_config or {})
         self.ports = {i: free_port() for i in range(1, brokers + 1)}
+        self.kafka_ports = {i: free_port() for i in range(1, brokers + 1)}   # never Kafka's 9092
         self.procs: dict[int, subprocess.Popen] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -58,6 +59,14 @@ class ReplicatedCluster:
     @property
     def urls(self) -> list[str]:
         return [self.url(i) for i in self.ports]
+
+    def kafka_address(self, broker_id: int) -> str:
+        return f"127.0.0.1:{self.kafka_ports[broker_id]}"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Kafka clients' bootstrap.servers: every broker's Kafka listener."""
+        return ",".join(self.kafka_address(i) for i in self.kafka_ports)
 
     def start(self, timeout: float = 60.0) -> "ReplicatedCluster":
         """Controllers, then brokers; if any of them fails to come up, every process started
@@ -77,7 +86,8 @@ class ReplicatedCluster:
     def start_broker(self, broker_id: int, wait: bool = True, timeout: float = 60.0) -> None:
         d = os.path.join(self.base_dir, f"broker-{broker_id}")
         os.makedirs(d, exist_ok=True)
-        cfg = {"broker_id": broker_id, "http_port": self.ports[broker_id], "log_dirs": [os.path.join(d, "logs")],
+        cfg = {"broker_id": broker_id, "http_port": self.ports[broker_id], "kafka_port": self.kafka_ports[broker_id],
+               "log_dirs": [os.path.join(d, "logs")],
                "state_dir": d, "controller_urls": self.controllers.urls, **self.broker_config}
         cmd = [sys.executable, "-m", "http_api.broker.server", "--config-json", json.dumps(cfg),
                "--log-level", os.environ.get("KRAFTLOG_TEST_LOG_LEVEL", "INFO")]

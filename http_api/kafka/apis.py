@@ -1,0 +1,654 @@
+"""The Kafka APIs of one broker over the same parts the HTTP API uses (`BrokerContext`: the
+replica manager, the metadata view, the controller client; the group coordinator shell for
+committed offsets; `ClassicGroups` for JoinGroup/SyncGroup membership).
+
+Every handler takes kio's decoded request and returns a plain dict that `protocol.build`
+turns into the response entity of the request's version (fields a version lacks are
+dropped), or NO_RESPONSE (acks=0 produce). Errors are answered per partition / topic /
+group with Kafka's codes (kraftlog's `ErrorCode` names are Kafka's), never raised out of the
+connection; only an unparseable request closes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import uuid
+from typing import Any, Awaitable, Callable
+
+from kio.schema.errors import ErrorCode as K
+
+from http_api.broker.context import BrokerContext, validate_topic_name
+from http_api.broker.group_offsets import validate_group_id
+from http_api.broker.topics import TopicRoutes
+from http_api.kafka import protocol
+from http_api.kafka.classic_groups import ClassicGroupError, ClassicGroups
+from http_api.kafka.protocol import API_VERSIONS, API_VERSIONS_KEY, FrameError, build, kafka_error
+from http_api.kafka.records import kafka_to_stored, split_kafka_batches, stored_to_kafka
+from partitions.errors import ErrorCode, KraftlogError
+from partitions.groups.records import OFFSETS_TOPIC
+from partitions.log.errors import CorruptRecordError, RecordTooLargeError
+from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE
+
+log = logging.getLogger("kraftlog.kafka")
+
+NO_RESPONSE = object()
+_ZERO_UUID = uuid.UUID(int=0)
+_ADMIN_WAIT_MS_MAX = 30_000
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+
+
+def _ms(td) -> int:
+    return int(td.total_seconds() * 1000) if isinstance(td, datetime.timedelta) else int(td)
+
+
+def _error_of(e: BaseException) -> tuple[K, str]:
+    if isinstance(e, KraftlogError):
+        return kafka_error(e), e.message
+    if isinstance(e, RecordTooLargeError):
+        return K.message_too_large, str(e)
+    if isinstance(e, CorruptRecordError):
+        return K.corrupt_message, str(e)
+    return K.unknown_server_error, f"{type(e).__name__}: {e}"
+
+
+def _code(e: KraftlogError | ClassicGroupError) -> K:
+    return e.code if isinstance(e, ClassicGroupError) else kafka_error(e)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class KafkaApis:
+    """Decode -> handle -> encode for one broker's Kafka listener (see the module docstring)."""
+
+    def __init__(self, ctx: BrokerContext, group_coordinator, *, broker_id: int, kafka_address: Callable[[], str]
+                 ) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.rm = ctx.rm
+        self.gc = group_coordinator
+        self.broker_id = broker_id
+        self.kafka_address = kafka_address   # this broker's advertised host:port (known once bound)
+        self.groups = ClassicGroups(ctx.config)
+        self._handlers: dict[int, Callable[[Any, protocol.RequestHeader], Awaitable[Any]]] = {
+            0: self.produce, 1: self.fetch, 2: self.list_offsets, 3: self.metadata,
+            8: self.offset_commit, 9: self.offset_fetch, 10: self.find_coordinator,
+            11: self.join_group, 12: self.heartbeat, 13: self.leave_group, 14: self.sync_group,
+            15: self.describe_groups, 16: self.list_groups, 18: self.api_versions,
+            19: self.create_topics, 20: self.delete_topics, 22: self.init_producer_id,
+            23: self.offset_for_leader_epoch, 32: self.describe_configs, 37: self.create_partitions,
+            60: self.describe_cluster,
+        }
+
+    def start(self) -> None:
+        self.groups.start()
+
+    async def stop(self) -> None:
+        await self.groups.stop()
+
+    # ---- dispatch ------------------------------------------------------------------------
+
+    async def handle(self, frame: bytes) -> bytes | object:
+        api_key, version, correlation_id = protocol.peek_header(frame)
+        served = API_VERSIONS.get(api_key)
+        if served is None or not served[1] <= version <= served[2]:
+            if api_key == API_VERSIONS_KEY:   # Kafka answers an unknown ApiVersions version with v0
+                return protocol.encode_response(API_VERSIONS_KEY, 0, correlation_id, build(
+                    protocol.response_type(API_VERSIONS_KEY, 0),
+                    {"error_code": K.unsupported_version, "api_keys": self._api_keys()}))
+            name = served[0] if served else "unknown"
+            raise FrameError(f"API key {api_key} ({name}) version {version} is not served "
+                             f"(served: {served[1]}-{served[2]})" if served else
+                             f"API key {api_key} is not served by this listener")
+        header = protocol.parse_header(frame, protocol.request_type(api_key, version).__flexible__)
+        request = protocol.decode_request(frame, header)
+        doc = await self._handlers[api_key](request, header)
+        if doc is NO_RESPONSE:
+            return NO_RESPONSE
+        return protocol.encode_response(api_key, version, correlation_id,
+                                        build(protocol.response_type(api_key, version), doc))
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _image(self):
+        return self.ctx.image
+
+    def _broker_address(self, broker_id: int) -> tuple[str, int] | None:
+        img = self.ctx.deps.metadata.image
+        if broker_id == self.broker_id:
+            return split_address(self.kafka_address())
+        b = img.brokers.get(broker_id) if img is not None else None
+        if b is None or not b.kafka_address:
+            return None
+        return split_address(b.kafka_address)
+
+    def _kafka_brokers(self, img) -> list[dict]:
+        out = []
+        for b in sorted(img.brokers.values(), key=lambda b: b.id):
+            addr = self._broker_address(b.id)
+            if addr is None or (b.fenced and b.id != self.broker_id):
+                continue
+            out.append({"node_id": b.id, "host": addr[0], "port": addr[1], "rack": b.rack})
+        if not any(x["node_id"] == self.broker_id for x in out):
+            host, port = split_address(self.kafka_address())
+            out.append({"node_id": self.broker_id, "host": host, "port": port, "rack": self.config.rack})
+        return out
+
+    def _controller_id(self, img, brokers: list[dict]) -> int:
+        """A live broker (clients send admin requests there): the active controller's node
+        when it is a listed broker (combined mode), else the lowest listed broker."""
+        ids = [b["node_id"] for b in brokers]
+        return img.controller_id if img.controller_id in ids else min(ids)
+
+    def _check_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int | None) -> None:
+        if current_leader_epoch is None or current_leader_epoch < 0:
+            return
+        part = self.rm.partitions.get((topic, partition))
+        if part is None:
+            return
+        if current_leader_epoch < part.leader_epoch:
+            raise KraftlogError(ErrorCode.FENCED_LEADER_EPOCH,
+                                f"{topic}-{partition}: leader epoch {current_leader_epoch} is older than "
+                                f"{part.leader_epoch}; refresh metadata")
+        if current_leader_epoch > part.leader_epoch:
+            raise KraftlogError(ErrorCode.UNKNOWN_LEADER_EPOCH,
+                                f"{topic}-{partition}: leader epoch {current_leader_epoch} is newer than this "
+                                f"broker's {part.leader_epoch}; retry")
+
+    def _current_leader(self, topic: str, partition: int) -> dict:
+        img = self.ctx.deps.metadata.image
+        reg = img.partition(topic, partition) if img is not None else None
+        if reg is None:
+            return {"leader_id": -1, "leader_epoch": -1}
+        return {"leader_id": reg.leader, "leader_epoch": reg.leader_epoch}
+
+    def _api_keys(self) -> list[dict]:
+        return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (_n, lo, hi) in API_VERSIONS.items()]
+
+    # ---- ApiVersions, Metadata, DescribeCluster ------------------------------------------
+
+    async def api_versions(self, req, header) -> dict:
+        return {"error_code": K.none, "api_keys": self._api_keys(), "throttle_time": 0}
+
+    async def metadata(self, req, header) -> dict:
+        img = self._image()
+        topics_req = req.topics
+        auto_create = getattr(req, "allow_auto_topic_creation", True) and self.config.auto_create_topics_enable
+        if topics_req is None or (header.api_version == 0 and not topics_req):
+            names = sorted(img.topics)
+        else:
+            names = [t.name for t in topics_req if t.name is not None]
+        topics = []
+        for name in names:
+            t = img.topics.get(name)
+            if t is None:
+                try:
+                    validate_topic_name(name)
+                    if not auto_create:
+                        raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+                    await self.ctx.ensure_topic(name)
+                    img = self._image()
+                    t = img.topics.get(name)
+                except KraftlogError as e:
+                    topics.append({"error_code": kafka_error(e), "name": name, "topic_id": _ZERO_UUID,
+                                   "is_internal": False, "partitions": ()})
+                    continue
+                if t is None:
+                    topics.append({"error_code": K.leader_not_available, "name": name, "topic_id": _ZERO_UUID,
+                                   "partitions": ()})
+                    continue
+            parts = []
+            for p in sorted(t.partitions.values(), key=lambda p: p.partition):
+                live = [r for r in p.replicas if r in img.brokers and not img.brokers[r].fenced]
+                parts.append({
+                    "error_code": K.none if p.leader >= 0 else K.leader_not_available,
+                    "partition_index": p.partition, "leader_id": p.leader, "leader_epoch": p.leader_epoch,
+                    "replica_nodes": tuple(p.replicas), "isr_nodes": tuple(p.isr),
+                    "offline_replicas": tuple(r for r in p.replicas if r not in live)})
+            try:
+                topic_id = uuid.UUID(t.topic_id) if t.topic_id else _ZERO_UUID
+            except (ValueError, TypeError, AttributeError):
+                topic_id = _ZERO_UUID
+            topics.append({"error_code": K.none, "name": name, "topic_id": topic_id,
+                           "is_internal": name == OFFSETS_TOPIC, "partitions": parts})
+        brokers = self._kafka_brokers(img)
+        return {"throttle_time": 0, "brokers": brokers, "cluster_id": img.cluster_id or None,
+                "controller_id": self._controller_id(img, brokers), "topics": topics}
+
+    async def describe_cluster(self, req, header) -> dict:
+        img = self._image()
+        brokers = self._kafka_brokers(img)
+        return {"throttle_time": 0, "error_code": K.none, "error_message": None, "endpoint_type": 1,
+                "cluster_id": img.cluster_id or "kraftlog", "controller_id": self._controller_id(img, brokers),
+                "brokers": [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"]}
+                            for b in brokers]}
+
+    # ---- Produce, InitProducerId -----------------------------------------------------------
+
+    async def produce(self, req, header) -> dict | object:
+        acks = int(req.acks)
+        if acks not in (0, 1, -1):
+            return {"responses": [{"name": t.name, "partition_responses": [
+                {"index": p.index, "error_code": K.invalid_required_acks, "base_offset": -1,
+                 "error_message": f"acks={acks} is not valid; use 0, 1 or -1 (all)"} for p in t.partition_data]}
+                for t in req.topic_data], "throttle_time": 0}
+        if req.transactional_id is not None:
+            if acks == ACKS_NONE:
+                return NO_RESPONSE
+            return {"responses": [{"name": t.name, "partition_responses": [
+                {"index": p.index, "error_code": K.transactional_id_authorization_failed, "base_offset": -1,
+                 "error_message": "transactions are not supported by this broker yet"} for p in t.partition_data]}
+                for t in req.topic_data], "throttle_time": 0}
+        timeout_ms = min(_ms(req.timeout) or self.config.request_timeout_ms, self.config.request_timeout_ms)
+        jobs = []
+        for t in req.topic_data:
+            for p in t.partition_data:
+                jobs.append((t.name, p.index, p.records))
+        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms) for t, p, r in jobs))
+        if acks == ACKS_NONE:
+            return NO_RESPONSE
+        by_topic: dict[str, list] = {}
+        for (t, _p, _r), res in zip(jobs, results):
+            by_topic.setdefault(t, []).append(res)
+        return {"responses": [{"name": t, "partition_responses": rs} for t, rs in by_topic.items()],
+                "throttle_time": 0}
+
+    async def _produce_partition(self, topic: str, partition: int, records, acks: int, timeout_ms: int) -> dict:
+        try:
+            if not records:
+                raise CorruptRecordError("the produce request carries no record batch for this partition")
+            self.rm.leader_partition(topic, partition)   # NOT_LEADER_OR_FOLLOWER before converting anything
+            max_msg = self._max_message_bytes(topic)
+            stored = [kafka_to_stored(b, max_batch_bytes=max_msg)[0] for b in split_kafka_batches(records)]
+            res = await self.rm.append(topic, partition, stored[0] if len(stored) == 1 else b"".join(stored),
+                                       acks=ACKS_ALL if acks == -1 else acks, timeout_ms=timeout_ms)
+            m = self.ctx.metrics
+            m.produce_bytes.inc(len(records))
+            if res.duplicate and res.first_offset < 0:
+                return {"index": partition, "error_code": K.duplicate_sequence_number, "base_offset": -1,
+                        "log_start_offset": res.log_start_offset,
+                        "error_message": "duplicate of a batch appended before the last 5 of this producer"}
+            lat = None
+            if res.log_append_time_ms > 0:
+                lat = datetime.datetime.fromtimestamp(res.log_append_time_ms / 1000, tz=datetime.timezone.utc)
+            return {"index": partition, "error_code": K.none, "base_offset": res.first_offset,
+                    "log_append_time": lat, "log_start_offset": res.log_start_offset}
+        except Exception as e:  # noqa: BLE001 - answered per partition
+            code, msg = _error_of(e)
+            if code is K.unknown_server_error:
+                log.exception("Kafka produce to %s-%s failed", topic, partition)
+            out = {"index": partition, "error_code": code, "base_offset": -1, "error_message": msg}
+            if code is K.not_leader_or_follower:
+                out["current_leader"] = self._current_leader(topic, partition)
+            return out
+
+    def _max_message_bytes(self, topic: str) -> int:
+        raw = self.rm.topic_config(topic).get("max.message.bytes")
+        try:
+            return int(raw) if raw is not None else self.config.message_max_bytes
+        except ValueError:
+            return self.config.message_max_bytes
+
+    async def init_producer_id(self, req, header) -> dict:
+        if req.transactional_id is not None:
+            return {"throttle_time": 0, "error_code": K.transactional_id_authorization_failed,
+                    "producer_id": -1, "producer_epoch": -1}
+        try:
+            pid = await self.ctx.deps.producer_ids()
+        except Exception as e:  # noqa: BLE001
+            code, _msg = _error_of(e)
+            if code is K.unknown_server_error:
+                code = K.coordinator_not_available
+            return {"throttle_time": 0, "error_code": code, "producer_id": -1, "producer_epoch": -1}
+        return {"throttle_time": 0, "error_code": K.none, "producer_id": pid, "producer_epoch": 0}
+
+    # ---- Fetch, ListOffsets, OffsetForLeaderEpoch --------------------------------------------
+
+    async def fetch(self, req, header) -> dict:
+        max_wait_ms = min(_ms(req.max_wait), self.config.fetch_max_wait_ms)
+        min_bytes = max(0, int(req.min_bytes))
+        total_max = max(1, min(int(getattr(req, "max_bytes", self.config.fetch_max_bytes)), self.config.fetch_max_bytes))
+        wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, getattr(p, "current_leader_epoch", -1))
+                  for t in req.topics for p in t.partitions]
+        results = self._read_all(wanted, total_max)
+        size = sum(len(r[1]) for r in results if r[0] is None)
+        if size < min_bytes and max_wait_ms > 0 and not self.rm.closing:
+            waits = [asyncio.ensure_future(self.rm.fetch(t, p, off, max_bytes=1, min_bytes=1, max_wait_ms=max_wait_ms))
+                     for (t, p, off, _mb, _e), r in zip(wanted, results) if r[0] is None and not r[1]]
+            if waits:
+                try:
+                    await asyncio.wait(waits, timeout=max_wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        if not w.done():
+                            w.cancel()
+                    for w in waits:
+                        try:
+                            await w
+                        except (asyncio.CancelledError, Exception):
+                            pass
+                results = self._read_all(wanted, total_max)
+        by_topic: dict[str, list] = {}
+        for (t, p, _off, _mb, _e), (err, data, hw, lso) in zip(wanted, results):
+            entry = {"partition_index": p, "error_code": K.none if err is None else kafka_error(err),
+                     "high_watermark": hw, "last_stable_offset": hw, "log_start_offset": lso,
+                     "aborted_transactions": None, "preferred_read_replica": -1,
+                     "records": stored_to_kafka(data) if data else b""}
+            if err is not None and err.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
+                entry["current_leader"] = self._current_leader(t, p)
+            by_topic.setdefault(t, []).append(entry)
+        self.ctx.metrics.fetch_bytes.inc(sum(len(r[1]) for r in results))
+        return {"throttle_time": 0, "error_code": K.none, "session_id": 0,
+                "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]}
+
+    def _read_all(self, wanted: list, total_max: int) -> list[tuple]:
+        """(error, stored bytes, high watermark, log start offset) per partition; the first
+        partition with data always gets at least one batch (KIP-74), later ones what is left."""
+        out = []
+        left = total_max
+        for t, p, off, part_max, epoch in wanted:
+            try:
+                self._check_leader_epoch(t, p, epoch)
+                res = self.rm._read_committed(t, p, off, max(1, min(part_max, left)) if left > 0 else 1)
+                data = res.records if left > 0 else b""
+                left -= len(data)
+                out.append((None, data, res.high_watermark, res.log_start_offset))
+            except KraftlogError as e:
+                out.append((e, b"", -1, -1))
+            except Exception as e:  # noqa: BLE001
+                log.exception("Kafka fetch of %s-%s failed", t, p)
+                out.append((KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, str(e)), b"", -1, -1))
+        return out
+
+    async def list_offsets(self, req, header) -> dict:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                entry = {"partition_index": p.partition_index, "error_code": K.none, "timestamp": -1, "offset": -1}
+                try:
+                    self._check_leader_epoch(t.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
+                    part, _lg = self.rm.leader_partition(t.name, p.partition_index)
+                    offs = self.rm.offsets(t.name, p.partition_index)
+                    ts = int(p.timestamp)
+                    if ts == -2:
+                        entry["offset"] = offs["log_start_offset"]
+                    elif ts in (-1, -3):
+                        entry["offset"] = offs["high_watermark"]
+                    else:
+                        found = self.rm.offset_for_timestamp(t.name, p.partition_index, ts)
+                        if found < offs["high_watermark"]:
+                            entry["offset"], entry["timestamp"] = found, ts
+                    entry["leader_epoch"] = part.leader_epoch
+                except KraftlogError as e:
+                    entry["error_code"] = kafka_error(e)
+                parts.append(entry)
+            topics.append({"name": t.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    async def offset_for_leader_epoch(self, req, header) -> dict:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                entry = {"partition": p.partition, "error_code": K.none, "leader_epoch": -1, "end_offset": -1}
+                try:
+                    cur = getattr(p, "current_leader_epoch", -1)
+                    self._check_leader_epoch(t.topic, p.partition, cur)
+                    epoch, end = self.rm.epoch_end_offset(t.topic, p.partition, int(p.leader_epoch),
+                                                          cur if cur >= 0 else None)
+                    entry["leader_epoch"], entry["end_offset"] = epoch, end
+                except KraftlogError as e:
+                    entry["error_code"] = kafka_error(e)
+                parts.append(entry)
+            topics.append({"topic": t.topic, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    # ---- coordinator, groups, offsets ---------------------------------------------------
+
+    async def find_coordinator(self, req, header) -> dict:
+        key_type = int(getattr(req, "key_type", 0))
+        if key_type != 0:
+            return {"throttle_time": 0, "error_code": K.coordinator_not_available,
+                    "error_message": "transactions are not supported by this broker yet",
+                    "node_id": -1, "host": "", "port": -1}
+        try:
+            validate_group_id(req.key)
+            _p, leader, _url = await self.gc.coordinator_of(req.key)
+            addr = self._broker_address(leader) if leader >= 0 else None
+            if addr is None:
+                raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                    f"the coordinator of group {req.key!r} has no Kafka listener yet; retry")
+        except KraftlogError as e:
+            return {"throttle_time": 0, "error_code": kafka_error(e), "error_message": e.message,
+                    "node_id": -1, "host": "", "port": -1}
+        return {"throttle_time": 0, "error_code": K.none, "error_message": None, "node_id": leader,
+                "host": addr[0], "port": addr[1]}
+
+    async def _on_coordinator(self, group: str, fn):
+        """Run `fn(loaded)` on this broker's copy of the group's `__consumer_offsets`
+        partition; NOT_COORDINATOR when another broker coordinates the group."""
+        from partitions.groups.coordinator import GroupError
+        validate_group_id(group)
+        p, leader, _url = await self.gc.coordinator_of(group)
+        if leader != self.broker_id:
+            raise KraftlogError(ErrorCode.NOT_COORDINATOR,
+                                f"broker {self.broker_id} does not coordinate group {group!r}; find its coordinator")
+        try:
+            ld = await self.gc._local(p)
+        except asyncio.TimeoutError:
+            raise KraftlogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"group {group!r} is still loading") from None
+        if ld is None:
+            raise KraftlogError(ErrorCode.NOT_COORDINATOR, f"group {group!r} moved; find its coordinator again")
+        try:
+            return await fn(ld)
+        except GroupError as e:
+            code = ErrorCode.__members__.get(e.code, ErrorCode.INVALID_REQUEST)
+            raise KraftlogError(code, e.message) from None
+
+    async def offset_commit(self, req, header) -> dict:
+        group = req.group_id
+        generation = int(getattr(req, "generation_id_or_member_epoch", -1))
+        member_id = req.member_id or ""
+        entries = [(t.name, p.partition_index, int(p.committed_offset), p.committed_metadata)
+                   for t in req.topics for p in t.partitions]
+
+        def answer(code: K) -> dict:
+            by_topic: dict[str, list] = {}
+            for t, p, _o, _m in entries:
+                by_topic.setdefault(t, []).append({"partition_index": p, "error_code": code})
+            return {"throttle_time": 0, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+
+        try:
+            self.groups.check_commit(group, member_id, generation)
+            img = self._image()
+            for t, p, o, _m in entries:
+                if img.partition(t, p) is None:
+                    raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{t}-{p} does not exist")
+                if o < 0:
+                    raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{t}-{p}: offset {o} is negative")
+
+            async def go(ld):
+                records = ld.state.prepare_commit(group, entries, self.gc.clock.now_ms())
+                await self.gc._append(ld, records, apply=True)
+            await self._on_coordinator(group, go)
+        except (KraftlogError, ClassicGroupError) as e:
+            return answer(_code(e))
+        return answer(K.none)
+
+    async def offset_fetch(self, req, header) -> dict:
+        group = req.group_id
+        wanted = None if req.topics is None else [(t.name, list(t.partition_indexes)) for t in req.topics]
+        try:
+            async def go(ld):
+                await self.gc._read_barrier(ld)
+                return {(t, p): om for t, p, om in ld.state.fetch_offsets(group)}
+            committed = await self._on_coordinator(group, go)
+        except KraftlogError as e:
+            code = kafka_error(e)
+            topics = [{"name": t, "partitions": [{"partition_index": p, "committed_offset": -1, "metadata": "",
+                                                  "error_code": code} for p in ps]} for t, ps in (wanted or [])]
+            return {"throttle_time": 0, "topics": topics, "error_code": code}
+        if wanted is None:
+            grouped: dict[str, list] = {}
+            for (t, p) in sorted(committed):
+                grouped.setdefault(t, []).append(p)
+            wanted = list(grouped.items())
+        topics = []
+        for t, ps in wanted:
+            parts = []
+            for p in ps:
+                om = committed.get((t, p))
+                parts.append({"partition_index": p, "committed_offset": om.offset if om is not None else -1,
+                              "committed_leader_epoch": -1,
+                              "metadata": (om.metadata if om is not None else "") or "", "error_code": K.none})
+            topics.append({"name": t, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics, "error_code": K.none}
+
+    async def _group_call(self, group: str, fn):
+        """Classic membership calls run where the group's offsets live (the coordinator)."""
+        async def go(_ld):
+            return await fn()
+        return await self._on_coordinator(group, go)
+
+    async def join_group(self, req, header) -> dict:
+        try:
+            return await self._group_call(req.group_id, lambda: self.groups.join(req, header))
+        except (KraftlogError, ClassicGroupError) as e:
+            return {"throttle_time": 0, "error_code": _code(e), "generation_id": -1, "protocol_name": None,
+                    "protocol_type": None, "leader": "", "member_id": req.member_id or "", "members": ()}
+
+    async def sync_group(self, req, header) -> dict:
+        try:
+            return await self._group_call(req.group_id, lambda: self.groups.sync(req))
+        except (KraftlogError, ClassicGroupError) as e:
+            return {"throttle_time": 0, "error_code": _code(e), "assignment": b""}
+
+    async def heartbeat(self, req, header) -> dict:
+        try:
+            await self._group_call(req.group_id, lambda: self.groups.heartbeat(req))
+        except (KraftlogError, ClassicGroupError) as e:
+            return {"throttle_time": 0, "error_code": _code(e)}
+        return {"throttle_time": 0, "error_code": K.none}
+
+    async def leave_group(self, req, header) -> dict:
+        members = [m.member_id for m in req.members] if hasattr(req, "members") else [req.member_id]
+        try:
+            await self._group_call(req.group_id, lambda: self.groups.leave(req.group_id, members))
+        except (KraftlogError, ClassicGroupError) as e:
+            return {"throttle_time": 0, "error_code": _code(e), "members": ()}
+        return {"throttle_time": 0, "error_code": K.none,
+                "members": [{"member_id": m, "group_instance_id": None, "error_code": K.none} for m in members]}
+
+    async def list_groups(self, req, header) -> dict:
+        return {"throttle_time": 0, "error_code": K.none, "groups": self.groups.listed()}
+
+    async def describe_groups(self, req, header) -> dict:
+        return {"throttle_time": 0, "groups": [self.groups.described(g) for g in req.groups]}
+
+    # ---- admin ---------------------------------------------------------------------------
+
+    async def create_topics(self, req, header) -> dict:
+        wait_ms = min(max(_ms(req.timeout), 0) or self.config.metadata_wait_ms, _ADMIN_WAIT_MS_MAX)
+        return {"throttle_time": 0, "topics": await asyncio.gather(
+            *(self._create_topic(t, bool(getattr(req, "validate_only", False)), wait_ms) for t in req.topics))}
+
+    async def _create_topic(self, t, validate_only: bool, wait_ms: int) -> dict:
+        out = {"name": t.name, "topic_id": _ZERO_UUID, "error_code": K.none, "error_message": None,
+               "num_partitions": -1, "replication_factor": -1, "configs": ()}
+        try:
+            validate_topic_name(t.name)
+            if t.assignments:
+                raise KraftlogError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported; "
+                                    "give num_partitions and replication_factor")
+            n = int(t.num_partitions) if t.num_partitions > 0 else self.config.num_partitions
+            rf = int(t.replication_factor) if t.replication_factor > 0 else self.config.default_replication_factor
+            configs = TopicRoutes._check_configs({c.name: c.value for c in t.configs if c.value is not None})
+            if t.name in self._image().topics:
+                raise KraftlogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {t.name!r} already exists")
+            out["num_partitions"], out["replication_factor"] = n, rf
+            if validate_only:
+                return out
+            await self.ctx.deps.controller.create_topic(t.name, n, rf, configs)
+            await self.ctx.deps.metadata.wait_until(
+                lambda img: t.name in img.topics and all(p.leader >= 0 for p in img.topics[t.name].partitions.values()),
+                wait_ms / 1000)
+            ti = self._image().topics.get(t.name)
+            if ti is not None and ti.topic_id:
+                try:
+                    out["topic_id"] = uuid.UUID(ti.topic_id)
+                except ValueError:
+                    pass
+        except KraftlogError as e:
+            out["error_code"], out["error_message"] = kafka_error(e), e.message
+        return out
+
+    async def delete_topics(self, req, header) -> dict:
+        wait_ms = min(max(_ms(req.timeout), 0) or self.config.metadata_wait_ms, _ADMIN_WAIT_MS_MAX)
+
+        async def one(name: str) -> dict:
+            try:
+                if name not in self._image().topics:
+                    raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+                if name == OFFSETS_TOPIC:
+                    raise KraftlogError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name} is an internal topic")
+                await self.ctx.deps.controller.delete_topic(name)
+                self.ctx.deps.groups.delete_topic(name)
+                await self.ctx.deps.metadata.wait_until(lambda img: name not in img.topics, wait_ms / 1000)
+                return {"name": name, "error_code": K.none, "error_message": None}
+            except KraftlogError as e:
+                return {"name": name, "error_code": kafka_error(e), "error_message": e.message}
+        return {"throttle_time": 0, "responses": await asyncio.gather(*(one(n) for n in req.topic_names))}
+
+    async def create_partitions(self, req, header) -> dict:
+        wait_ms = min(max(_ms(req.timeout), 0) or self.config.metadata_wait_ms, _ADMIN_WAIT_MS_MAX)
+
+        async def one(t) -> dict:
+            try:
+                if t.name not in self._image().topics:
+                    raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {t.name!r} does not exist")
+                if t.assignments:
+                    raise KraftlogError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
+                count = int(t.count)
+                if not req.validate_only:
+                    await self.ctx.deps.controller.create_partitions(t.name, count)
+                    await self.ctx.deps.metadata.wait_until(
+                        lambda img: t.name in img.topics and len(img.topics[t.name].partitions) >= count,
+                        wait_ms / 1000)
+                return {"name": t.name, "error_code": K.none, "error_message": None}
+            except KraftlogError as e:
+                return {"name": t.name, "error_code": kafka_error(e), "error_message": e.message}
+        return {"throttle_time": 0, "results": await asyncio.gather(*(one(t) for t in req.topics))}
+
+    async def describe_configs(self, req, header) -> dict:
+        img = self._image()
+        results = []
+        for r in req.resources:
+            rtype, name = int(r.resource_type), r.resource_name
+            keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+            out = {"error_code": K.none, "error_message": None, "resource_type": rtype, "resource_name": name,
+                   "configs": ()}
+            if rtype == TOPIC_RESOURCE:
+                t = img.topics.get(name)
+                if t is None:
+                    out["error_code"], out["error_message"] = K.unknown_topic_or_partition, f"topic {name!r} does not exist"
+                else:
+                    out["configs"] = [self._config_entry(k, v, 1) for k, v in sorted(t.configs.items())
+                                      if keys is None or k in keys]
+            elif rtype == BROKER_RESOURCE:
+                values = dict(img.broker_configs.get(name, {}) or {})
+                out["configs"] = [self._config_entry(k, v, 4) for k, v in sorted(values.items())
+                                  if keys is None or k in keys]
+            else:
+                out["error_code"], out["error_message"] = K.invalid_request, f"resource type {rtype} is not supported"
+            results.append(out)
+        return {"throttle_time": 0, "results": results}
+
+    @staticmethod
+    def _config_entry(name: str, value: Any, source: int) -> dict:
+        return {"name": name, "value": None if value is None else str(value), "read_only": False,
+                "config_source": source, "is_default": False, "is_sensitive": False, "synonyms": (),
+                "config_type": 0, "documentation": None}

@@ -1,0 +1,110 @@
+"""The Kafka listener: an asyncio TCP server speaking Kafka's framing.
+
+A request is a 4-byte big-endian size then the request (header + body); the answer is a
+4-byte size then the response header (correlation id) and body. Like Kafka's broker, one
+connection's requests are handled one at a time, in arrival order (the client may pipeline;
+answers leave in the same order). acks=0 produce requests get no answer. A frame larger
+than `kafka_request_max_bytes`, a frame that does not parse, or an API key / version this
+listener does not serve closes the connection (ApiVersions of an unknown version is
+answered with UNSUPPORTED_VERSION and the versions served, as Kafka does). Nothing a client
+sends is allowed to escape the connection: every failure is logged and answered or closed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+
+from http_api.kafka import protocol
+from http_api.kafka.apis import KafkaApis, NO_RESPONSE
+from http_api.kafka.protocol import FrameError
+
+log = logging.getLogger("kraftlog.kafka")
+
+_SIZE = struct.Struct(">i")
+
+
+class KafkaListener:
+    """Accepts Kafka client connections and runs each one's requests through `KafkaApis`."""
+
+    def __init__(self, apis: KafkaApis, host: str, port: int, *, request_max_bytes: int) -> None:
+        self.apis = apis
+        self.host = host
+        self.port = port
+        self.request_max_bytes = request_max_bytes
+        self.server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.Task] = set()
+
+    @property
+    def bound_port(self) -> int:
+        assert self.server is not None
+        return self.server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, self.host, self.port, reuse_address=True,
+                                                 backlog=1024)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for t in list(self._conns):
+            t.cancel()
+        for t in list(self._conns):
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.server is not None:
+            try:
+                await asyncio.wait_for(self.server.wait_closed(), 2)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        self.server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            while True:
+                try:
+                    head = await reader.readexactly(4)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                (size,) = _SIZE.unpack(head)
+                if size < 8 or size > self.request_max_bytes:
+                    log.info("closing Kafka connection %s: request of %d bytes (kafka_request_max_bytes=%d, "
+                             "a request header needs 8)", peer, size, self.request_max_bytes)
+                    return
+                try:
+                    frame = await reader.readexactly(size)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return   # truncated frame: the client went away mid-request
+                try:
+                    answer = await self.apis.handle(frame)
+                except FrameError as e:
+                    log.info("closing Kafka connection %s: %s", peer, e)
+                    return
+                except Exception:  # noqa: BLE001 - a bug answering one request must not stop the broker
+                    log.exception("Kafka request from %s failed; closing the connection", peer)
+                    return
+                if answer is NO_RESPONSE:
+                    continue
+                writer.write(answer)
+                if writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()
+        except asyncio.CancelledError:
+            pass
+        except ConnectionError:
+            pass
+        finally:
+            if task is not None:
+                self._conns.discard(task)
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+__all__ = ["KafkaListener", "protocol"]
