@@ -8,6 +8,8 @@ Layout under --data-dir DIR:
     DIR/ca.pem, ca-key.pem   the cluster's CA (clients: --ca-file DIR/ca.pem)
     DIR/node-<i>/tls/        node i's certificate (CN broker-<i>: mTLS principal User:broker-<i>)
     DIR/admin.password       the super user admin's password (random, 0600)
+    DIR/bootstrap-users.json admin's SCRAM credential (no password), which the active
+                             controller writes into the metadata when admin is missing
 
 `--secure` serves every listener (brokers, controllers) over TLS, client certificates
 requested (brokers present theirs to each other and to the controllers), authentication
@@ -39,6 +41,7 @@ READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_FILE = "admin.password"
+BOOTSTRAP_USERS_FILE = "bootstrap-users.json"
 
 
 def _state_path(data_dir: str) -> str:
@@ -88,6 +91,7 @@ def security_settings(state: dict, node_id: int) -> dict:
     cert, key = node_certificate_paths(os.path.join(data_dir, f"node-{node_id}"))
     return dict(tls_cert_file=cert, tls_key_file=key, tls_ca_file=os.path.join(data_dir, "ca.pem"),
                 tls_client_auth="requested", authentication=["basic", "mtls"], authorizer="acl",
+                bootstrap_users_file=os.path.join(data_dir, BOOTSTRAP_USERS_FILE),
                 super_users=[f"User:{ADMIN_USER}"] + [f"User:broker-{i}" for i in range(1, state["nodes"] + 1)])
 
 
@@ -103,6 +107,15 @@ def make_secrets(state: dict) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24) + "\n")
+    users = os.path.join(data_dir, BOOTSTRAP_USERS_FILE)
+    if not os.path.exists(users):   # a salted verifier only: the password stays in admin.password
+        from metadata_quorum.security.scram import make_credential
+        with open(path) as f:
+            credential = make_credential(f.read().strip()).to_dict()
+        fd = os.open(users + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({ADMIN_USER: credential}, f)
+        os.replace(users + ".tmp", users)
 
 
 def node_configs(state: dict) -> list[NodeConfig]:
