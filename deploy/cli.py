@@ -7,6 +7,7 @@
     kraftlog produce TOPIC [--key-separator SEP] [--acks all|1|0]
     kraftlog consume TOPIC [--from-beginning] [--group G] [--max-records N]
     kraftlog group list | describe G | delete G   (consumer groups, with lag)
+    kraftlog user create|alter|delete|list, acl add|remove|list, token create|list|delete
     kraftlog cluster up|down|status ...
 
 Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082),
@@ -352,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_group_parser(sub, client, _run_client)
     from deploy.log_cleaner_cli import add_log_cleaner_parser  # kraftlog log-cleaner run|status
     add_log_cleaner_parser(sub, client, _run_client)
+    from deploy.security_cli import add_security_parsers  # kraftlog user|acl|token ...
+    add_security_parsers(sub, client, _run_client)
 
     cl = sub.add_parser("cluster", help="local multi-node cluster: up, down, status")
     clsub = cl.add_subparsers(dest="cluster_cmd", metavar="ACTION")
