@@ -1,7 +1,7 @@
 """The `kraftlog` command.
 
     kraftlog serve [--node-id N] [--data-dir DIR] [--http-port P] [--controller-port P]
-                   [--raft-port P] [--config FILE]
+                   [--raft-port P] [--kafka-port P] [--config FILE]
     kraftlog topic create NAME --partitions P --replication-factor R [--config k=v ...]
     kraftlog topic list | describe NAME | delete NAME
     kraftlog produce TOPIC [--key-separator SEP] [--acks all|1|0]
@@ -42,6 +42,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"node_id": args.node_id, "data_dir": args.data_dir, "http_port": args.http_port,
             "controller_port": args.controller_port, "raft_port": args.raft_port,
             "http_host": args.http_host, "advertised_host": args.advertised_host,
+            "kafka_port": args.kafka_port,
             "log_level": args.log_level}
 
 
@@ -314,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-port", type=int)
     s.add_argument("--controller-port", type=int)
     s.add_argument("--raft-port", type=int)
+    s.add_argument("--kafka-port", type=int, help="Kafka wire protocol listener (default 9092; 0: none)")
     s.add_argument("--config", help="TOML / INI / JSON file of node settings (flags override it)")
     s.add_argument("--log-level")
     s.set_defaults(func=cmd_serve)
@@ -362,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, required=True)
     up.add_argument("--data-dir", required=True)
     up.add_argument("--base-port", type=int, default=8082)
+    up.add_argument("--kafka-base-port", type=int, default=9092,
+                    help="broker i listens for Kafka clients on kafka-base-port + i - 1")
     up.add_argument("--secure", action="store_true",
                     help="TLS on every listener, authentication and ACLs on: writes DATA_DIR/ca.pem (a new CA, "
                          "node certificates) and DATA_DIR/admin.password (super user admin)")

@@ -17,7 +17,9 @@ basic + mtls, the ACL authorizer, super users admin and every broker. It sticks:
 again on the same data dir stays secure.
 
 Ports for node i (1-based): broker HTTP base_port + i - 1 (API.md); controller HTTP
-base_port + 1000 + i - 1; raft base_port + 2000 + i - 1. `up` on an existing data dir
+base_port + 1000 + i - 1; raft base_port + 2000 + i - 1; Kafka listener kafka_base_port + i - 1
+(`--kafka-base-port`, default 9092; `status --output json` shows it as "kafka_address" of
+each broker). `up` on an existing data dir
 restarts the same cluster (same ids, ports, password) with its data; if it is already
 running it just prints the broker URLs.
 """
@@ -37,6 +39,7 @@ from deploy.supervisor import broker_command, client_ssl_context, controller_com
 STATE_FILE = "cluster.json"
 CONTROLLER_PORT_OFFSET = 1000
 RAFT_PORT_OFFSET = 2000
+DEFAULT_KAFKA_BASE_PORT = 9092   # broker i's Kafka listener: kafka_base_port + i - 1 (API.md)
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 ADMIN_USER = "admin"
@@ -120,6 +123,7 @@ def make_secrets(state: dict) -> None:
 
 def node_configs(state: dict) -> list[NodeConfig]:
     n, base = state["nodes"], state["base_port"]
+    kafka_base = state.get("kafka_base_port", DEFAULT_KAFKA_BASE_PORT)
     voters = ",".join(f"{i}@127.0.0.1:{base + RAFT_PORT_OFFSET + i - 1}:{base + CONTROLLER_PORT_OFFSET + i - 1}"
                       for i in range(1, n + 1))
     out = []
@@ -127,6 +131,7 @@ def node_configs(state: dict) -> list[NodeConfig]:
         out.append(NodeConfig.from_dict(dict(
             node_id=i, data_dir=os.path.join(state["data_dir"], f"node-{i}"), http_port=base + i - 1,
             controller_port=base + CONTROLLER_PORT_OFFSET + i - 1, raft_port=base + RAFT_PORT_OFFSET + i - 1,
+            kafka_port=kafka_base + i - 1,
             cluster_id=state["cluster_id"], controller_quorum_voters=voters, password=state["password"],
             # replicated by default: topics created without a replication factor get min(3, N)
             # replicas, and acks=all needs two of them in sync once there are 3 or more
@@ -149,6 +154,8 @@ def up(args: argparse.Namespace) -> int:
                  "cluster_id": f"kraftlog-{secrets.token_hex(4)}", "password": secrets.token_hex(16),
                  "processes": []}
     state["data_dir"] = data_dir
+    state["kafka_base_port"] = getattr(args, "kafka_base_port", None) or state.get("kafka_base_port",
+                                                                                     DEFAULT_KAFKA_BASE_PORT)
     if getattr(args, "secure", False) and not state.get("secure"):
         state["secure"] = True
     if state.get("secure"):
@@ -176,6 +183,7 @@ def up(args: argparse.Namespace) -> int:
         if p is None:
             pr = spawn(broker_command(cfg), env, os.path.join(cfg.data_dir, "broker.log"), detach=True)
             p = {"node_id": cfg.node_id, "role": "broker", "pid": pr.pid, "url": cfg.broker_url}
+        p["kafka_address"] = f"{cfg.listeners.kafka_host_advertised}:{cfg.listeners.kafka_port}"
         procs.append(p)
     state["processes"] = procs
     save_state(data_dir, state)
@@ -245,7 +253,8 @@ def status(args: argparse.Namespace) -> int:
         return 1
     procs = [p for p in state.get("processes", []) if alive(p["pid"])]
     if getattr(args, "output", "text") == "json":
-        print(json.dumps([{"node_id": p["node_id"], "role": p["role"], "pid": p["pid"], "url": p["url"]}
+        print(json.dumps([{"node_id": p["node_id"], "role": p["role"], "pid": p["pid"], "url": p["url"],
+                           **({"kafka_address": p["kafka_address"]} if "kafka_address" in p else {})}
                           for p in procs]))
         return 0
     if not procs:

@@ -32,6 +32,7 @@ class LocalNode:
         self.http_port = free_port()
         self.controller_port = free_port()
         self.raft_port = free_port()
+        self.kafka_port = free_port()   # never Kafka's default 9092: tests run side by side
         self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
@@ -50,6 +51,7 @@ class LocalNode:
         return [sys.executable, "-m", "deploy.cli", "serve", "--node-id", str(self.node_id),
                 "--data-dir", self.data_dir, "--http-port", str(self.http_port),
                 "--controller-port", str(self.controller_port), "--raft-port", str(self.raft_port),
+                "--kafka-port", str(self.kafka_port),
                 *self.extra_args]
 
     def start(self, timeout: float = 60.0) -> "LocalNode":

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 
 from aiohttp import web
 
+from http_api.wire.hardening import HardenedAppRunner, HttpLimits
 from http_api.wire.middleware import ErrorMiddleware
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
@@ -46,7 +47,7 @@ from metadata_quorum.records import (BrokerRegistrationChangeRecord, FenceBroker
                                      PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
                                      record_to_dict)
 from metadata_quorum.state_machine import MetadataStateMachine
-from raft.log import NotLeaderError, OutcomeUnknownError
+from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError
 
 log = logging.getLogger("kraftlog.controller")
 
@@ -122,6 +123,9 @@ class ControllerConfig:
     raft_log_compaction_min_entries: int = 5000
     raft_log_compaction_min_time_s: float = 300.0
     raft_fsync_journal: bool = True
+    raft_frame_max_bytes: int = RAFT_FRAME_MAX_BYTES_DEFAULT   # a peer announcing more is dropped
+    # the HTTP edge (http_api/wire/hardening.py): head/body deadlines, connection caps
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
     raft_bind_host: Optional[str] = None    # listen for raft here (default: every interface)
     security: SecurityConfig = field(default_factory=SecurityConfig)   # [security]: TLS of the HTTP API, ...
 
@@ -157,6 +161,7 @@ class ControllerConfig:
             propose_timeout_s=self.propose_timeout_ms / 1000,
             fsync_journal=self.raft_fsync_journal,
             bind_host=self.raft_bind_host,
+            frame_max_bytes=self.raft_frame_max_bytes,
         )
 
 
@@ -404,6 +409,7 @@ class ControllerServer:
             "metadata_offset": img.offset,
             "ready": self.log.ready,
             "cluster_id": img.cluster_id,
+            **self.log.peer_stats.as_dict(),   # raft frames refused (raft/frame_guard.py)
         })
 
     async def h_metadata(self, request: web.Request) -> web.Response:
@@ -765,7 +771,7 @@ async def run_controller_async(config: ControllerConfig, started: Optional[async
     raft_log = SyncObjReplicatedLog(config.raft_config(), sm, loop=asyncio.get_running_loop())
     server = ControllerServer(config, sm, raft_log)
     raft_log.start()
-    runner = web.AppRunner(server.build_app(), access_log=None)
+    runner = HardenedAppRunner(server.build_app(), config.http_limits, log)
     await runner.setup()
     from http_api.wire.tls import ReloadingServerContext
     tls = ReloadingServerContext.from_security(config.security, name="controller")   # SIGHUP / file change
@@ -837,6 +843,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key-file", default=None)
     p.add_argument("--tls-ca-file", default=None, help="CA that client certificates must chain to")
     p.add_argument("--tls-client-auth", default=None, choices=("none", "requested", "required"))
+    p.add_argument("--raft-frame-max-bytes", type=int, default=RAFT_FRAME_MAX_BYTES_DEFAULT,
+                   help="largest raft frame a peer may announce; a peer announcing more is dropped")
+    p.add_argument("--http-limits-json", default=None,
+                   help="HTTP edge limits (HttpLimits fields: request_header_timeout_ms, ...) as a JSON object")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -886,6 +896,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         raft_fsync_journal=not args.no_raft_fsync,
         raft_log_compaction_min_entries=args.raft_log_compaction_min_entries,
         raft_bind_host=args.raft_bind_host,
+        raft_frame_max_bytes=args.raft_frame_max_bytes,
+        http_limits=HttpLimits(**json.loads(args.http_limits_json)) if args.http_limits_json else HttpLimits(),
         security=security_from_args(args),
     )
 

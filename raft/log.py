@@ -8,7 +8,17 @@ change, timeout...). Callers must make proposals idempotent because of the third
 """
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+# largest raft frame a peer may announce (raft_frame_max_bytes); pysyncobj's own frames stay
+# under ~64 KiB (entries and snapshots travel in appendEntriesBatchSizeBytes parts)
+RAFT_FRAME_MAX_BYTES_DEFAULT = 16 * 1024 * 1024
 
 
 class ProposalError(Exception):
@@ -46,6 +56,31 @@ class StateMachine(Protocol):
     def restore(self, data: Any) -> None: ...
 
 
+@dataclass
+class RaftPeerStats:
+    """What a raft node's port refused from its peers (raft/frame_guard.py): frames over
+    raft_frame_max_bytes and frames failing authentication. Incremented on the raft thread,
+    read anywhere; `count` logs at most one line a second per kind."""
+
+    frames_too_large: int = 0
+    auth_failures: int = 0
+    _last_log: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, kind: str, message: str, *args: Any) -> None:
+        with self._lock:
+            n = getattr(self, kind) + 1
+            setattr(self, kind, n)
+            now = time.monotonic()
+            if now - self._last_log.get(kind, -1e9) < 1.0:
+                return
+            self._last_log[kind] = now
+        log.warning(message + " (%d so far)", *args, n)
+
+    def as_dict(self) -> dict:
+        return {"raft_frames_too_large": self.frames_too_large, "raft_auth_failures": self.auth_failures}
+
+
 @runtime_checkable
 class ReplicatedLog(Protocol):
     """The leader-side handle of a replicated log, used from one asyncio event loop."""
@@ -61,6 +96,9 @@ class ReplicatedLog(Protocol):
 
     @property
     def ready(self) -> bool: ...
+
+    @property
+    def peer_stats(self) -> RaftPeerStats: ...
 
     async def propose(self, entries: list, timeout_s: Optional[float] = None) -> Any: ...
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from raft.log import NotLeaderError, ProposalError
+from raft.log import NotLeaderError, ProposalError, RaftPeerStats
 
 
 class InMemoryReplicatedLog:
@@ -20,6 +20,7 @@ class InMemoryReplicatedLog:
         self._listeners: list[Callable[[], None]] = []
         self._failures: list[tuple[ProposalError, bool]] = []
         self.proposals = 0
+        self._peer_stats = RaftPeerStats()   # no raft port: stays zero
 
     @property
     def is_leader(self) -> bool:
@@ -36,6 +37,10 @@ class InMemoryReplicatedLog:
     @property
     def ready(self) -> bool:
         return True
+
+    @property
+    def peer_stats(self) -> RaftPeerStats:
+        return self._peer_stats
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)

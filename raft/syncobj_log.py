@@ -17,6 +17,8 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
   detected dead before they are needed (otherwise the first use after a failure wastes an
   election round);
 - followers never truncate entries that match the leader's (raft/append_entries_guard.py);
+- a peer announcing a frame over `frame_max_bytes` is dropped before its frame is buffered,
+  and frames failing the password's check are counted (raft/frame_guard.py, `peer_stats`);
 - pre-vote (raft/prevote.py, opt-in with RaftConfig.prevote): a node starts an election only
   once a majority says it would vote for it, so an isolated node keeps its term and rejoins
   without forcing elections.
@@ -39,7 +41,8 @@ from typing import Any, Callable, Optional
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
-from raft.log import NotLeaderError, OutcomeUnknownError
+from raft.frame_guard import install_frame_guard
+from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError, RaftPeerStats
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,9 @@ class RaftConfig:
     log_compaction_min_entries: int = 5000
     log_compaction_min_time_s: float = 300.0
     propose_timeout_s: float = 5.0
+    # largest raft frame a peer may announce; more drops the connection before buffering
+    # (raft/frame_guard.py). pysyncobj's own frames stay under ~64 KiB
+    frame_max_bytes: int = RAFT_FRAME_MAX_BYTES_DEFAULT
 
     @property
     def journal_file(self) -> str:
@@ -148,6 +154,7 @@ class SyncObjReplicatedLog:
         self._notify_pending = False
         self._consumer = _Consumer(state_machine, self._on_raft_thread_event)
         self._journal = None  # FsyncFileJournal when config.fsync_journal
+        self._peer_stats = RaftPeerStats()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -189,6 +196,8 @@ class SyncObjReplicatedLog:
         from raft.append_entries_guard import install_append_entries_guard
 
         install_append_entries_guard(self._syncobj)
+        if not install_frame_guard(self._syncobj, c.frame_max_bytes, self._peer_stats):
+            log.warning("raft frame guard not installed (unexpected pysyncobj internals): frames are not capped")
         if c.prevote:
             from raft.prevote import install_prevote
 
@@ -222,6 +231,10 @@ class SyncObjReplicatedLog:
     @property
     def ready(self) -> bool:
         return self._syncobj is not None and self._syncobj.isReady()
+
+    @property
+    def peer_stats(self) -> RaftPeerStats:
+        return self._peer_stats
 
     def status(self) -> dict:
         return {} if self._syncobj is None else self._syncobj.getStatus()

@@ -130,8 +130,19 @@ class RequestLimits(_Group):
     # a controller request unanswered this long asks the other controllers whom they follow,
     # and moves at once to a new leader they name (then, and again every this long)
     controller_leader_check_after_ms: int = 500
+    # the HTTP edge (http_api/wire/hardening.py; 0 turns one off): slowloris deadlines for
+    # receiving a request's head and body (not for answering it: long polls wait after both),
+    # connection caps (Kafka max.connections, max.connections.per.ip; 429 beyond) and the
+    # budget of log lines about rejected requests
+    request_header_timeout_ms: int = 10_000
+    request_body_timeout_ms: int = 30_000
+    connections_max: int = 10_000
+    connections_max_per_ip: int = 1_000
+    rejected_request_logs_per_second: int = 10
 
     def validate(self) -> None:
+        _non_negative(self, "request_header_timeout_ms", "request_body_timeout_ms", "connections_max",
+                      "connections_max_per_ip", "rejected_request_logs_per_second")
         _positive(self, "socket_request_max_bytes", "request_max_records", "message_max_bytes",
                   "fetch_max_bytes", "fetch_default_max_bytes", "long_poll_max_requests", "request_timeout_ms",
                   "kafka_request_max_bytes",

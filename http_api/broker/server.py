@@ -33,6 +33,7 @@ from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, internal_token
 from http_api.broker.metadata_view import MetadataView
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.broker.replica_client import ReplicaTransport
+from http_api.wire.hardening import HardenedAppRunner, HttpLimits
 from http_api.wire.tls import ReloadingServerContext, TlsMetricsCollector, internal_client_context
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
@@ -152,8 +153,9 @@ class Broker:
             deps.registry.register(TlsMetricsCollector([self.tls]))
         app = create_app(cfg, deps)
         # handler_cancellation: a long poll whose client went away stops waiting (frees its slot)
-        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=SHUTDOWN_HANDLERS_WAIT_S)
+        # hardened edge: head/body deadlines, connection caps, rate-limited rejection log
+        self.runner = HardenedAppRunner(app, HttpLimits.from_settings(cfg), log, handler_cancellation=True,
+                                        shutdown_timeout=SHUTDOWN_HANDLERS_WAIT_S)
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024,
                            ssl_context=self.tls.context if self.tls is not None else None)
