@@ -55,7 +55,7 @@ class ControllerClient:
     def __init__(self, controller_urls: list, *, request_timeout_ms: int = 15_000,
                  retry_backoff_ms: int = 50, session: Optional[aiohttp.ClientSession] = None,
                  try_timeout_ms: int = 5_000, long_poll_margin_ms: int = 5_000,
-                 leader_check_after_ms: int = 0, ssl_context=None):
+                 leader_check_after_ms: int = 0, ssl_context=None, headers: Optional[dict] = None):
         if not controller_urls:
             raise ValueError("give at least one controller URL")
         self.controller_urls = [u.rstrip("/") for u in controller_urls]
@@ -67,6 +67,7 @@ class ControllerClient:
         self._session = session
         self._own_session = session is None
         self._ssl = ssl_context   # https:// controllers: the node's CA and client certificate
+        self._headers = dict(headers or {})   # the broker's credentials (http_api/wire/auth.py)
         self._active: Optional[str] = None
         self._next = 0
         self._suspect: dict[str, float] = {}   # url -> monotonic time of its last timeout / connection error
@@ -76,7 +77,7 @@ class ControllerClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=2),
                                                   connector=aiohttp.TCPConnector(ssl=self._ssl)
-                                                  if self._ssl is not None else None)
+                                                  if self._ssl is not None else None, headers=self._headers)
             self._own_session = True
         return self._session
 

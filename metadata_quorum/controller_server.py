@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from http_api.wire.hardening import HardenedAppRunner, HttpLimits
+from http_api.wire.auth import AuthMiddleware, Authenticator, broker_id_of, say_unauthenticated
 from http_api.wire.middleware import ErrorMiddleware
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
@@ -184,6 +185,8 @@ class ControllerServer:
         self._bg: set = set()   # background probes (part B)
         self._probe_connected_ms: dict[int, int] = {}   # broker id -> when a probe last connected
         self.writes = 0
+        # [security] authentication: brokers are User:broker-<id>, users come from the image
+        self.authenticator = Authenticator(config.security, lambda: self.sm.image.security)
         # users, tokens, ACLs; bootstraps [security] bootstrap_users_file
         self.security = ControllerSecurityRoutes(self, config.security.bootstrap_users_file,
                                                  _json_body, _request_id)
@@ -369,8 +372,12 @@ class ControllerServer:
         return "maintenance: leader election for leaderless partitions or preferred leaders"
 
     # ------------------------------------------------------------------ app
+    async def authorize(self, request: web.Request, principal: str) -> None:
+        await authorize_controller_request(self.config.security, request, principal)
+
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[_ERRORS], client_max_size=16 * 1024 * 1024)
+        auth = AuthMiddleware(self.authenticator, self.authorize, open_paths=("/healthz", PREFIX + "/healthz"))
+        app = web.Application(middlewares=[auth, _ERRORS], client_max_size=16 * 1024 * 1024)
         r = app.router
         r.add_get("/healthz", self.h_healthz)
         r.add_get(PREFIX + "/healthz", self.h_healthz)
@@ -729,6 +736,36 @@ def _tcp_probe(url: Optional[str], timeout_s: float) -> str:
 # error answers as json_response gave them (charset=utf-8); never crash on a request
 _ERRORS = ErrorMiddleware(log, unexpected_log="controller request failed", charset="utf-8")
 
+# routes a broker calls for itself: the body's broker_id must be the authenticated broker
+BROKER_SELF_ROUTES = frozenset(PREFIX + p for p in ("/brokers/register", "/brokers/heartbeat",
+                                                    "/brokers/controlled-shutdown", "/brokers/unreachable",
+                                                    "/alter-partition", "/producer-ids"))
+
+
+async def authorize_controller_request(security, request: web.Request, principal: str) -> None:
+    """With [security] authentication on, the controller API is for cluster principals only:
+    brokers (`User:broker-<id>`) and super users; a broker's own routes (registration,
+    heartbeats, AlterPartition, ...) only for the broker the body names, so a forged
+    registration cannot replace a real broker. 403 CLUSTER_AUTHORIZATION_FAILED otherwise."""
+    if not security.secured:
+        return None
+    me = broker_id_of(principal)
+    if request.path in BROKER_SELF_ROUTES:
+        try:
+            claimed = json.loads(await request.read()).get("broker_id")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            return None    # the handler answers the bad body
+        if me is None or claimed != me:
+            raise KraftlogError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                                f"{principal} may not act as broker {claimed!r}: a broker registers, heartbeats and "
+                                f"reports only as itself (authenticate as User:broker-{claimed})")
+        return None
+    if me is None and principal not in security.super_users:
+        raise KraftlogError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                            f"{principal} may not use the controller API: it is for brokers and super users; "
+                            "clients use a broker's /v1 API")
+    return None
+
 
 async def _json_body(request: web.Request, allow_empty: bool = False) -> dict:
     raw = await request.read()
@@ -775,6 +812,7 @@ async def run_controller_async(config: ControllerConfig, started: Optional[async
     await runner.setup()
     from http_api.wire.tls import ReloadingServerContext
     tls = ReloadingServerContext.from_security(config.security, name="controller")   # SIGHUP / file change
+    say_unauthenticated(config.security, f"controller {config.node_id}", log)
     site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True,
                        ssl_context=tls.context if tls is not None else None)
     await site.start()

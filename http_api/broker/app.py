@@ -79,7 +79,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     Every request is authenticated and authorized first (http_api/wire/auth.py, the route
     table of http_api/broker/authorization.py) under the `[security]` settings."""
     ctx = BrokerContext(config, deps)
-    security_image = deps.security_image or (lambda: None)
+    security_image = deps.security_image or (lambda: deps.metadata.security)
     authenticator = Authenticator(config.security, security_image)
     authorizer = BrokerAuthorizer(config.security, security_image, lambda: deps.metadata.image)
     auth = AuthMiddleware(authenticator, authorizer, open_paths=OPEN_ROUTES, echo_headers=(CORRELATION_HEADER,))

@@ -50,6 +50,7 @@ from http_api.broker.context import BrokerContext
 from http_api.broker.group_offsets import validate_group_id
 from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
 from http_api.wire import codecs
+from http_api.wire.auth import forwarding_headers
 from http_api.wire.codecs import JSON
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.clock import SYSTEM_CLOCK, Clock
@@ -440,7 +441,8 @@ class GroupCoordinator:
         if session is None:
             raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "forwarding is not configured")
         body = await request.read()
-        headers = {FORWARDED_HEADER: str(self.config.broker_id), "Accept": JSON}
+        # the coordinator authorizes the client, not this broker (auth.forwarding_headers)
+        headers = {FORWARDED_HEADER: str(self.config.broker_id), "Accept": JSON, **forwarding_headers()}
         ct = request.headers.get("Content-Type")
         if ct:
             headers["Content-Type"] = ct

@@ -15,6 +15,7 @@ import aiohttp
 from http_api.broker.context import Routes, json_response, partition_param
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.wire import codecs
+from http_api.wire.auth import forwarding_headers
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
 from http_api.wire.errors import ErrorCode, KraftlogError, http_status
 from http_api.wire.partitioner import RoundRobin, partition_for_key
@@ -150,7 +151,9 @@ class ProduceRoutes(Routes):
         acks_s = "all" if acks == ACKS_ALL else str(acks)
         url = f"{leader_url.rstrip('/')}/v1/topics/{topic}/partitions/{partition}/records?acks={acks_s}"
         try:
-            async with session.post(url, data=payload, headers={"Content-Type": RAW_BATCH, "Accept": JSON},
+            # the leader authorizes the client, not this broker (auth.forwarding_headers)
+            async with session.post(url, data=payload, headers={"Content-Type": RAW_BATCH, "Accept": JSON,
+                                                                **forwarding_headers()},
                                     timeout=aiohttp.ClientTimeout(
                                         total=self.config.request_timeout_ms / 1000 + 5)) as resp:
                 body = await resp.read()

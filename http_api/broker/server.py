@@ -33,6 +33,7 @@ from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, internal_token
 from http_api.broker.metadata_view import MetadataView
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.broker.replica_client import ReplicaTransport
+from http_api.wire.auth import broker_auth_headers, say_unauthenticated
 from http_api.wire.hardening import HardenedAppRunner, HttpLimits
 from http_api.wire.tls import ReloadingServerContext, TlsMetricsCollector, internal_client_context
 from partitions.errors import ErrorCode, KraftlogError
@@ -108,9 +109,14 @@ class Broker:
         client_ssl = internal_client_context(cfg.security)
         if self.tls is not None and client_ssl is not None:
             self.tls.attach(client_ssl)
+        # authentication ([security]): this broker is User:broker-<id> to controllers and brokers
+        # (its certificate, or Basic with broker_password_file); the raft secret is not ours then
+        say_unauthenticated(cfg.security, f"broker {cfg.broker_id}", log)
+        auth_headers = broker_auth_headers(cfg.security, cfg.broker_id)
         self.replica_transport = ReplicaTransport(request_timeout_ms=cfg.request_timeout_ms,
                                                   internal_token=internal_token(cfg.cluster_secret),
                                                   ssl_context=client_ssl)
+        self.replica_transport.headers.update(auth_headers)
         self.fetcher = ReplicaFetcherManager(
             self.rm, self.replica_transport, cfg.broker_id,
             broker_epoch=lambda: getattr(self.lifecycle, "broker_epoch", None) or -1,
@@ -122,7 +128,7 @@ class Broker:
                                        long_poll_margin_ms=cfg.controller_long_poll_margin_ms,
                                        retry_backoff_ms=cfg.controller_retry_backoff_ms,
                                        leader_check_after_ms=cfg.controller_leader_check_after_ms,
-                                       ssl_context=client_ssl)
+                                       ssl_context=client_ssl, headers=auth_headers)
         self.producer_ids = ProducerIdAllocator(self.client, cfg.broker_id,
                                                 lambda: getattr(self.lifecycle, "broker_epoch", None))
 
@@ -148,7 +154,7 @@ class Broker:
                           log_scheduler=self.log_scheduler)
         if client_ssl is not None:   # forwarding and group listings to other brokers: https
             self.http_session = deps.http_session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=client_ssl))
+                connector=aiohttp.TCPConnector(ssl=client_ssl), headers=auth_headers)
         if self.tls is not None:
             deps.registry.register(TlsMetricsCollector([self.tls]))
         app = create_app(cfg, deps)
