@@ -20,7 +20,8 @@ logged; brokers send the credential already derived (and a token's hash, never t
 so their retries are idempotent. A token created here without `token_hash` is returned once
 in the answer ("token") and only its SHA-256 is stored.
 
-Bootstrap: with `ControllerConfig.bootstrap_users_file` (the `[security]` setting
+Maintenance (the controller's loop): expired tokens are removed. Bootstrap: with
+`ControllerConfig.security.bootstrap_users_file` (the `[security]` setting
 `bootstrap_users_file`: JSON {user: password or credential}), the active controller writes a
 credential for every listed user missing from the image, once per term.
 """
@@ -198,7 +199,19 @@ class ControllerSecurityRoutes:
         log.info("%d ACL(s) deleted", len(bindings))
         return web.json_response({"deleted": [b.to_dict() for b in bindings], "metadata_offset": offset})
 
-    # ------------------------------------------------------------------ bootstrap
+    # ------------------------------------------------------------------ maintenance
+    async def maintenance(self) -> None:
+        """The active controller's periodic security work: the users bootstrap, then the
+        removal of expired tokens."""
+        await self.bootstrap_if_needed()
+        if not self.server.is_active:
+            return
+        now = self.server.clock.now_ms()
+        if any(t.expired(now) for t in self._security.tokens.values()):
+            result = await self.server.write(lambda img: sc.remove_expired_tokens(img.security, now))
+            if not result.get("noop"):
+                log.info("expired delegation tokens removed")
+
     async def bootstrap_if_needed(self) -> None:
         """On the active controller, once per term: create the users of
         `bootstrap_users_file` that the image lacks. Errors are logged (never the password)

@@ -305,9 +305,9 @@ class ControllerServer:
             if not self.is_active:
                 continue
             try:
-                await self.security.bootstrap_if_needed()
+                await self.security.maintenance()   # users bootstrap, expired tokens
             except Exception as exc:   # retried next round
-                log.info("bootstrap of users failed: %s", exc)
+                log.info("security maintenance failed: %s", exc)
             now = self.clock.monotonic_ms()
             rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
             if rebalance:

@@ -138,6 +138,13 @@ def create_token(sec: SecurityImage, principal: Any, token_id: str, token_hash: 
     return [DelegationTokenRecord(token_id, token_hash, principal, now_ms, expiry)]
 
 
+def remove_expired_tokens(sec: SecurityImage, now_ms: int) -> list:
+    """Removal records of the tokens expired at `now_ms` (Kafka's expired token remover);
+    brokers already refuse them, this keeps the image from growing."""
+    return [RemoveDelegationTokenRecord(t.token_id) for t in sorted(sec.tokens.values(), key=lambda t: t.token_id)
+            if t.expired(now_ms)]
+
+
 def delete_token(sec: SecurityImage, token_id: Any) -> list:
     if not isinstance(token_id, str) or token_id not in sec.tokens:
         raise KraftlogError(ErrorCode.RESOURCE_NOT_FOUND,

@@ -158,6 +158,15 @@ async def test_tokens_are_returned_once_and_stored_by_hash(cluster):
     assert status == 404 and doc["error_code"] == "RESOURCE_NOT_FOUND"
 
 
+async def test_the_controller_removes_expired_tokens(cluster):
+    status, doc = await _call(cluster, "POST", "/v1/admin/tokens", {"principal": "User:short", "lifetime_ms": 50})
+    assert status == 201
+    status, kept = await _call(cluster, "POST", "/v1/admin/tokens", {"principal": "User:long"})
+    assert status == 201
+    await _until(lambda: doc["token_id"] not in cluster.view.security.tokens, "the expired token removed")
+    assert list(cluster.view.security.tokens) == [kept["token_id"]]
+
+
 async def test_acls_are_added_listed_filtered_and_removed(cluster):
     read = {"principal": "User:alice", "resource_type": "TOPIC", "resource_name": "orders",
             "pattern_type": "LITERAL", "operation": "READ", "permission": "ALLOW"}

@@ -123,6 +123,8 @@ def test_tokens_are_stored_by_hash_with_expiry():
     with pytest.raises(KraftlogError) as e:
         sc.create_token(sec, "User:svc", "t1", hash_token("x"), now_ms=0)
     assert e.value.code is ErrorCode.DUPLICATE_RESOURCE
+    assert [r.token_id for r in sc.remove_expired_tokens(img.security, now_ms=1499)] == []
+    assert [r.token_id for r in sc.remove_expired_tokens(img.security, now_ms=1500)] == ["t1"]
     _apply(img, sc.delete_token(img.security, "t1"))
     assert img.security.principal_for_token(hash_token(token), now_ms=0) is None
     with pytest.raises(KraftlogError) as e:
