@@ -11,7 +11,9 @@
     kraftlog cluster up|down|status ...
 
 Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082),
---ca-file F (default $KRAFTLOG_CA_FILE; https brokers) and --output text|json. Every error message says what to do next.
+--ca-file F (default $KRAFTLOG_CA_FILE; https brokers), credentials --user NAME with
+--password-file F, or --token-file F (default $KRAFTLOG_USER with $KRAFTLOG_PASSWORD, or
+$KRAFTLOG_TOKEN), and --output text|json. Every error message says what to do next.
 """
 from __future__ import annotations
 
@@ -259,9 +261,28 @@ def _record_json(r) -> dict:
     return doc
 
 
+def _credentials_to_env(args) -> None:
+    """--user/--password-file/--token-file become $KRAFTLOG_USER/$KRAFTLOG_PASSWORD/$KRAFTLOG_TOKEN
+    for every client of this command (http_api/wire/auth.py reads them); ValueError names the fix."""
+    from http_api.wire.auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, read_secret_file
+    if getattr(args, "token_file", None):
+        os.environ[TOKEN_ENV] = read_secret_file(args.token_file, "token")
+    if getattr(args, "user", None):
+        os.environ[USER_ENV] = args.user
+    if getattr(args, "auth_password_file", None):
+        os.environ[PASSWORD_ENV] = read_secret_file(args.auth_password_file, "password")
+    if os.environ.get(USER_ENV) and os.environ.get(PASSWORD_ENV) is None and not os.environ.get(TOKEN_ENV):
+        raise ValueError(f"--user {os.environ[USER_ENV]} needs --password-file F (or ${PASSWORD_ENV})")
+
+
 def _run_client(coro_fn, args) -> int:
     if getattr(args, "ca_file", None):   # every client of this command verifies https brokers with it
         os.environ["KRAFTLOG_CA_FILE"] = args.ca_file
+    try:
+        _credentials_to_env(args)
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
     try:
         return asyncio.run(coro_fn(args))
     except KraftlogError as e:
@@ -279,13 +300,23 @@ DEFAULT_BOOTSTRAP = "http://127.0.0.1:8082"
 _BOOTSTRAP_HELP = "broker URL(s), comma separated (default $KRAFTLOG_URL or http://127.0.0.1:8082)"
 
 
-def _client_parent() -> argparse.ArgumentParser:
+def _client_parent(password_file: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--bootstrap", default=None, help=_BOOTSTRAP_HELP)
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.add_argument("--ca-file", default=None, metavar="F",
                    help="CA certificate that https brokers are verified with (default $KRAFTLOG_CA_FILE; "
                         "kraftlog cluster up --secure writes DATA_DIR/ca.pem)")
+    p.add_argument("--user", default=None, metavar="NAME",
+                   help="authenticate as NAME with HTTP Basic (default $KRAFTLOG_USER); needs --password-file")
+    # `kraftlog user create|alter NAME --password-file F` means the new user's password there
+    # (password_file=False): those two commands authenticate with $KRAFTLOG_PASSWORD or --token-file
+    if password_file:
+        p.add_argument("--password-file", dest="auth_password_file", default=None, metavar="F",
+                       help="file whose first line is the password (default $KRAFTLOG_PASSWORD, the password "
+                            "itself; kraftlog cluster up --secure writes DATA_DIR/admin.password)")
+    p.add_argument("--token-file", default=None, metavar="F",
+                   help="file whose first line is a bearer token (default $KRAFTLOG_TOKEN)")
     return p
 
 
@@ -356,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     from deploy.log_cleaner_cli import add_log_cleaner_parser  # kraftlog log-cleaner run|status
     add_log_cleaner_parser(sub, client, _run_client)
     from deploy.security_cli import add_security_parsers  # kraftlog user|acl|token ...
-    add_security_parsers(sub, client, _run_client)
+    add_security_parsers(sub, client, _run_client, _client_parent(password_file=False))
 
     cl = sub.add_parser("cluster", help="local multi-node cluster: up, down, status")
     clsub = cl.add_subparsers(dest="cluster_cmd", metavar="ACTION")

@@ -50,8 +50,10 @@ async def _log_cleaner(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap.split(",")[0].rstrip("/")
     from http_api.wire.tls import cli_client_context   # https brokers: --ca-file / $KRAFTLOG_CA_FILE
 
+    from http_api.wire.auth import client_headers_from_env   # --user/--password-file/--token-file
     ssl_context = cli_client_context()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context or True)) as s:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context or True),
+                                     headers=client_headers_from_env()) as s:
         async with s.get(f"{bootstrap}/v1/metadata") as resp:
             brokers = [b for b in (await _json_or_raise(resp))["brokers"] if not b.get("fenced")]
         out = {}

@@ -38,12 +38,15 @@ def _resource_flags(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--prefixed", action="store_true", help="the name is a prefix (PREFIXED pattern)")
 
 
-def add_security_parsers(sub, client_parent: argparse.ArgumentParser, run_client) -> None:
-    """Wire `user`, `acl` and `token` into the `kraftlog` parser."""
+def add_security_parsers(sub, client_parent: argparse.ArgumentParser, run_client,
+                         new_password_parent: argparse.ArgumentParser | None = None) -> None:
+    """Wire `user`, `acl` and `token` into the `kraftlog` parser. `user create|alter` take
+    `new_password_parent` (the client flags without --password-file, which names the new
+    user's password there; the caller authenticates with $KRAFTLOG_PASSWORD or --token-file)."""
     u = sub.add_parser("user", help="SCRAM-SHA-256 users: create, alter, delete, list")
     usub = u.add_subparsers(dest="user_cmd", metavar="ACTION")
     for action in ("create", "alter"):
-        p = usub.add_parser(action, parents=[client_parent])
+        p = usub.add_parser(action, parents=[new_password_parent or client_parent])
         p.add_argument("name")
         p.add_argument("--password-file", required=True, metavar="F",
                        help="file holding the password (first line; - reads stdin)")

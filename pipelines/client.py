@@ -10,6 +10,7 @@ Nothing here is pickled: InputPartitions carry URLs, and each process builds its
 """
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import threading
@@ -64,17 +65,20 @@ class _ConnectionPool:
         return conns
 
     def request(self, method: str, url: str, body: bytes | None = None,
-                headers: dict | None = None, timeout: float = socket_timeout_s_default):
+                headers: dict | None = None, timeout: float = socket_timeout_s_default,
+                ca_file: str | None = None):
         parts = urllib.parse.urlsplit(url)
-        key = (parts.scheme, parts.netloc)
+        key = (parts.scheme, parts.netloc, ca_file)
         path = parts.path + ("?" + parts.query if parts.query else "")
         conns = self._conns()
         for attempt in (0, 1):
             conn = conns.get(key)
             fresh = conn is None
             if fresh:
-                cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-                conn = cls(parts.netloc, timeout=timeout)
+                if parts.scheme == "https":   # verified against kraftlog.ca_file (else the system's CAs)
+                    conn = http.client.HTTPSConnection(parts.netloc, timeout=timeout, context=_ssl_context(ca_file))
+                else:
+                    conn = http.client.HTTPConnection(parts.netloc, timeout=timeout)
                 conns[key] = conn
             try:
                 conn.timeout = timeout
@@ -106,6 +110,12 @@ class _ConnectionPool:
 
 
 _POOL = _ConnectionPool()
+
+
+@functools.lru_cache(maxsize=8)
+def _ssl_context(ca_file: str | None):
+    import ssl
+    return ssl.create_default_context(cafile=ca_file)
 
 
 def _error_from(status: int, data: bytes, url: str) -> BrokerError:
@@ -150,8 +160,11 @@ class Cluster:
     """Metadata cache and leader routing over a list of bootstrap broker URLs."""
 
     def __init__(self, bootstrap_servers, request_timeout_ms: int = request_timeout_ms_default,
-                 client_id: str = "kraftlog-spark"):
+                 client_id: str = "kraftlog-spark", security=None):
         self.bootstrap = [u.rstrip("/") for u in bootstrap_servers]
+        # credentials and CA (options.ClientSecurity: kraftlog.user/password/token/ca_file)
+        self._auth_headers = security.headers() if security is not None else {}
+        self._ca_file = security.ca_file if security is not None else None
         self.request_timeout_ms = request_timeout_ms
         self.client_id = client_id
         self._metadata: dict | None = None
@@ -161,9 +174,9 @@ class Cluster:
 
     def _call(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None,
               timeout: float = socket_timeout_s_default):
-        hdrs = {"X-Client-Id": self.client_id}
+        hdrs = {"X-Client-Id": self.client_id, **self._auth_headers}
         hdrs.update(headers or {})
-        status, rhdrs, data = _POOL.request(method, url, body, hdrs, timeout)
+        status, rhdrs, data = _POOL.request(method, url, body, hdrs, timeout, self._ca_file)
         if status >= 400:
             raise _error_from(status, data, url)
         return status, rhdrs, data

@@ -4,7 +4,8 @@ Mirrors Spark's Kafka source: `kraftlog.bootstrap.servers`, `subscribe` / `subsc
 / `assign`, `startingOffsets`, `endingOffsets`, `startingTimestamp`,
 `maxOffsetsPerTrigger`, `failOnDataLoss`, `includeHeaders`, `minPartitions`,
 `maxRecordsPerPartition`. Spark may hand the options over with lower-cased keys, so every
-lookup here is case-insensitive.
+lookup here is case-insensitive. A secured cluster (API.md, Security): `kraftlog.user` with
+`kraftlog.password`, or `kraftlog.token`, and `kraftlog.ca_file` for https brokers.
 
 Offsets travel through Spark's checkpoint as JSON `{"topic": {"0": 12, "1": 40}}`: topics
 sorted by name, partitions sorted numerically, string keys. Spark compares offsets by their
@@ -28,6 +29,43 @@ producer_linger_records_default = 50_000
 idempotence_buffer_max_bytes_default = 512 * 1024 * 1024  # rows one idempotent task may hold (sorted before sending)
 
 TopicPartition = tuple  # (topic: str, partition: int)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSecurity:
+    """Credentials and CA file of the source and sink (picklable: travels to executors).
+    Its repr hides the password and the token."""
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    ca_file: str | None = None
+
+    def __repr__(self) -> str:
+        return (f"ClientSecurity(user={self.user!r}, password={'***' if self.password else None}, "
+                f"token={'***' if self.token else None}, ca_file={self.ca_file!r})")
+
+    def headers(self) -> dict:
+        """The Authorization header of every request (a token wins over user/password)."""
+        import base64
+        if self.token:
+            return {"Authorization": f"Bearer {self.token}"}
+        if self.user:
+            cred = base64.b64encode(f"{self.user}:{self.password}".encode()).decode("ascii")
+            return {"Authorization": f"Basic {cred}"}
+        return {}
+
+
+def parse_client_security(options: Mapping[str, str]) -> ClientSecurity:
+    """`kraftlog.user` + `kraftlog.password`, or `kraftlog.token`; `kraftlog.ca_file`."""
+    opts = _lower(options)
+    sec = ClientSecurity(user=opts.get("kraftlog.user") or None, password=opts.get("kraftlog.password"),
+                         token=opts.get("kraftlog.token") or None, ca_file=opts.get("kraftlog.ca_file") or None)
+    if sec.user and sec.password is None and not sec.token:
+        raise OptionError(f"option 'kraftlog.user' ({sec.user}) needs 'kraftlog.password' (or use 'kraftlog.token')")
+    if sec.password is not None and not sec.user:
+        raise OptionError("option 'kraftlog.password' needs 'kraftlog.user'")
+    return sec
 
 
 class OptionError(ValueError):
@@ -136,6 +174,7 @@ class SourceOptions:
     max_records_per_partition: int = max_records_per_partition_default
     fetch_max_bytes: int = fetch_max_bytes_default
     fetch_timeout_ms: int = fetch_timeout_ms_default
+    security: ClientSecurity = ClientSecurity()
 
     def wants(self, topic: str, partition: int) -> bool:
         """Whether (topic, partition) is part of this source's subscription."""
@@ -222,6 +261,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
                              "kraftlog.fetch.max.bytes", 1024),
         fetch_timeout_ms=_int(opts.get("kraftlog.fetch.timeout.ms", fetch_timeout_ms_default),
                               "kraftlog.fetch.timeout.ms", 1),
+        security=parse_client_security(options),
     )
 
 
@@ -239,6 +279,7 @@ class SinkOptions:
     idempotence_buffer_max_bytes: int = idempotence_buffer_max_bytes_default
     checkpoint_location: str | None = None    # streaming: where the writer keeps its producer id
     failpoint_fail_after_requests: int = 0    # testing: attempt 0 of each task dies after N requests
+    security: ClientSecurity = ClientSecurity()
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -265,6 +306,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         checkpoint_location=opts.get("checkpointlocation") or None,
         failpoint_fail_after_requests=_int(opts.get("kraftlog.failpoint.first.attempt.fail.after.requests", 0),
                                            "kraftlog.failpoint.first.attempt.fail.after.requests", 0),
+        security=parse_client_security(options),
     )
 
 

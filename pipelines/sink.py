@@ -142,7 +142,7 @@ def allocate_base_producer_id(sink: opt.SinkOptions) -> int:
     idempotence) with kraftlog.enable.idempotence=false."""
     if not sink.idempotence:
         return -1
-    cluster = Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer")
+    cluster = Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer", security=sink.security)
     return int(cluster.init_producer_id()["producer_id"])
 
 
@@ -206,7 +206,8 @@ class PartitionedProducer:
         self.identity = identity or ProducerIdentity()
         self._random = random.Random(seed)  # sticky partitions: the same on a retried task
         self._seed = seed
-        self.cluster = cluster or Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer")
+        self.cluster = cluster or Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer",
+                                          security=sink.security)
         self._pending: dict = {}   # (topic, partition) -> list of (keys, values, headers)
         self._pending_bytes: dict = {}
         self._pending_rows: dict = {}

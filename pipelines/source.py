@@ -59,7 +59,7 @@ class OffsetRange(InputPartition):
 
     def __init__(self, topic: str, partition: int, start: int, end: int, bootstrap: tuple,
                  fail_on_data_loss: bool, include_headers: bool, fetch_max_bytes: int,
-                 fetch_timeout_ms: int, skip_data_loss: bool = False):
+                 fetch_timeout_ms: int, skip_data_loss: bool = False, security=None):
         super().__init__((topic, partition, start, end))
         self.topic = topic
         self.partition = partition
@@ -70,6 +70,7 @@ class OffsetRange(InputPartition):
         self.include_headers = include_headers
         self.fetch_max_bytes = fetch_max_bytes
         self.fetch_timeout_ms = fetch_timeout_ms
+        self.security = security   # options.ClientSecurity (credentials, CA file)
 
     def __repr__(self) -> str:
         return f"OffsetRange({self.topic}-{self.partition} [{self.start}, {self.end}))"
@@ -89,7 +90,7 @@ def read_range(rng: OffsetRange, schema) -> Iterator:
     from pipelines import arrow_codec
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC") if not isinstance(schema, pa.Schema) else schema
-    cluster = Cluster(rng.bootstrap, client_id="kraftlog-spark-reader")
+    cluster = Cluster(rng.bootstrap, client_id="kraftlog-spark-reader", security=rng.security)
     pos, end = rng.start, rng.end
     deadline = time.monotonic() + rng.fetch_timeout_ms / 1000
     raw = True
@@ -149,7 +150,8 @@ class _Planner:
     @property
     def cluster(self) -> Cluster:
         if self._cluster is None:
-            self._cluster = Cluster(self.opts.bootstrap_servers, client_id="kraftlog-spark-driver")
+            self._cluster = Cluster(self.opts.bootstrap_servers, client_id="kraftlog-spark-driver",
+                                    security=self.opts.security)
         return self._cluster
 
     def __getstate__(self):
@@ -220,7 +222,7 @@ class _Planner:
             for lo, hi in opt.split_range(start.get(tp, 0), end[tp], o.max_records_per_partition, pieces):
                 out.append(OffsetRange(tp[0], tp[1], lo, hi, o.bootstrap_servers, o.fail_on_data_loss,
                                        o.include_headers, o.fetch_max_bytes, o.fetch_timeout_ms,
-                                       skip_data_loss=tp in new_partitions))
+                                       skip_data_loss=tp in new_partitions, security=o.security))
         return out
 
 

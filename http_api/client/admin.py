@@ -13,10 +13,13 @@ class AdminClient:
     def __init__(self, bootstrap=None, *, client_id: str | None = None, request_timeout_ms: int = 30_000,
                  session: aiohttp.ClientSession | None = None,
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
-                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS) -> None:
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS,
+                 user: str | None = None, password: str | None = None, token: str | None = None,
+                 ca_file: str | None = None) -> None:
         self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
-                           connect_timeout_ms=connect_timeout_ms)
+                           connect_timeout_ms=connect_timeout_ms,
+                           user=user, password=password, token=token, ca_file=ca_file)   # credentials: API.md Security
 
     async def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                            configs: dict | None = None) -> dict:

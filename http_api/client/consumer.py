@@ -47,12 +47,15 @@ class Consumer:
                  enable_auto_commit: bool = True, auto_commit_interval_ms: int = 5_000,
                  session_timeout_ms: int | None = None, assignor: str | None = None,
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
-                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS) -> None:
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS,
+                 user: str | None = None, password: str | None = None, token: str | None = None,
+                 ca_file: str | None = None) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")
         self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
-                           connect_timeout_ms=connect_timeout_ms)
+                           connect_timeout_ms=connect_timeout_ms,
+                           user=user, password=password, token=token, ca_file=ca_file)   # credentials: API.md Security
         self.meta = MetadataCache(self.t)
         self.group_id = group_id
         self.auto_offset_reset = auto_offset_reset

@@ -61,10 +61,13 @@ class Producer:
                  buffer_memory_bytes: int = 64 * 1024 * 1024, producer_id: int = -1, producer_epoch: int = -1,
                  enable_idempotence: bool = True, session: aiohttp.ClientSession | None = None,
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
-                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, leader_check_interval_ms: int = 500) -> None:
+                 connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, leader_check_interval_ms: int = 500,
+                 user: str | None = None, password: str | None = None, token: str | None = None,
+                 ca_file: str | None = None) -> None:
         self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
-                           connect_timeout_ms=connect_timeout_ms)
+                           connect_timeout_ms=connect_timeout_ms,
+                           user=user, password=password, token=token, ca_file=ca_file)   # credentials: API.md Security
         self.meta = MetadataCache(self.t)
         self.leader_check_interval_s = max(1, leader_check_interval_ms) / 1000
         self.acks = "all" if str(acks) in ("all", "-1") else str(acks)

@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import aiohttp
 
 from http_api.wire import codecs
+from http_api.wire.auth import client_headers_from_env
 from http_api.wire.tls import cli_client_context
 from partitions.errors import ErrorCode, KraftlogError
 
@@ -74,8 +75,15 @@ class Transport:
                  session: aiohttp.ClientSession | None = None,
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
                  connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, broker_suspect_ms: int | None = None,
-                 ca_file: str | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 ca_file: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 user: str | None = None, password: str | None = None, token: str | None = None) -> None:
         self.urls = _urls(bootstrap)
+        # credentials (API.md Security): HTTP Basic user/password or a bearer token; none given:
+        # $KRAFTLOG_TOKEN, or $KRAFTLOG_USER + $KRAFTLOG_PASSWORD
+        try:
+            self.auth_headers = client_headers_from_env(user, password, token)
+        except ValueError as e:
+            raise KraftlogError(ErrorCode.INVALID_CONFIG, str(e)) from None
         # https brokers: verified against `ca_file` / $KRAFTLOG_CA_FILE (else the system's trust store)
         try:
             self.ssl_context = ssl_context or cli_client_context(ca_file)
@@ -137,7 +145,7 @@ class Transport:
         """-> (status, headers, body); raises KraftlogError for 4xx/5xx, and
         BROKER_NOT_AVAILABLE for connection failures."""
         s = await self.session()
-        headers = {"Accept": accept, "X-Client-Id": self.client_id}
+        headers = {"Accept": accept, "X-Client-Id": self.client_id, **self.auth_headers}
         if json_body is not None:
             data = json.dumps(json_body).encode()
             content_type = codecs.JSON

@@ -94,6 +94,24 @@ def client_headers(user: Optional[str] = None, password: Optional[str] = None,
     return {}
 
 
+USER_ENV, PASSWORD_ENV, TOKEN_ENV = "KRAFTLOG_USER", "KRAFTLOG_PASSWORD", "KRAFTLOG_TOKEN"
+
+
+def client_headers_from_env(user: Optional[str] = None, password: Optional[str] = None,
+                            token: Optional[str] = None) -> dict[str, str]:
+    """A client's credential headers: the arguments, else $KRAFTLOG_TOKEN or $KRAFTLOG_USER
+    with $KRAFTLOG_PASSWORD (API.md, Security). ValueError for a user without a password."""
+    import os
+    if token is None and user is None and password is None:
+        token, user, password = (os.environ.get(TOKEN_ENV) or None, os.environ.get(USER_ENV) or None,
+                                 os.environ.get(PASSWORD_ENV))
+    if user and password is None and not token:
+        raise ValueError(f"a user ({user}) needs a password: give --password-file F or ${PASSWORD_ENV}")
+    if password is not None and not user and not token:
+        raise ValueError(f"a password needs a user name: give --user NAME or ${USER_ENV}")
+    return client_headers(user, password, token)
+
+
 def read_secret_file(path: str, what: str) -> str:
     """The first line of a secret file (a password or token), stripped; ValueError says what to fix."""
     try:
