@@ -188,7 +188,7 @@ class Broker:
         from partitions.replication.silence_reporter import PeerSilenceReporter
         self.silence_reporter = PeerSilenceReporter(
             self.rm, self.fetcher, cfg.broker_id, self._report_silent, self._peer_is_live,
-            replica_silence_report_ms=cfg.replica_silence_report_ms)
+            replica_silence_report_ms=cfg.replica_silence_report_ms, isolation=self._isolation)
         self.tasks.append(asyncio.create_task(self.silence_reporter.run(), name="silence-reports"))
         self.tasks.append(asyncio.create_task(self._await_ready(), name="ready"))
 
@@ -296,6 +296,13 @@ class Broker:
             return {"skipped": "this broker is not registered and unfenced"}
         return await self.client.report_silent(self.config.broker_id, epoch, target_id, silent_ms,
                                                timeout_ms=self.config.replica_silence_report_ms * 2)
+
+    def _isolation(self) -> tuple:
+        """(ms since a heartbeat last succeeded or None, the leader lease: the session timeout
+        minus one heartbeat interval) for the isolated-leader rule (issue 24 part D)."""
+        lc = self.lifecycle
+        lease = (lc.session_timeout_ms or 9000) - (lc.heartbeat_interval_ms or 2000)
+        return lc.heartbeat_silence_ms(), lease
 
     def _peer_is_live(self, broker_id: int) -> bool:
         image = self.follower.image if self.follower is not None else None
