@@ -187,7 +187,6 @@ class ControllerServer:
         self._probing: set = set()
         self._bg: set = set()   # background probes (part B)
         self._probe_connected_ms: dict[int, int] = {}   # broker id -> when a probe last connected
-        self._probe_connected_ms: dict[int, int] = {}   # broker id -> when a probe last connected
         self.writes = 0
         # [security] authentication: brokers are User:broker-<id>, users come from the image
         self.authenticator = Authenticator(config.security, lambda: self.sm.image.security)
