@@ -34,7 +34,8 @@ import sys
 import time
 
 from deploy.config import NodeConfig
-from deploy.supervisor import broker_command, client_ssl_context, controller_command, http_ok, port_in_use, spawn
+from deploy.supervisor import (broker_command, broker_env, client_ssl_context, controller_command, http_ok,
+                               port_in_use, spawn)
 
 STATE_FILE = "cluster.json"
 CONTROLLER_PORT_OFFSET = 1000
@@ -181,7 +182,8 @@ def up(args: argparse.Namespace) -> int:
     for cfg in cfgs:
         p = running.get((cfg.node_id, "broker"))
         if p is None:
-            pr = spawn(broker_command(cfg), env, os.path.join(cfg.data_dir, "broker.log"), detach=True)
+            pr = spawn(broker_command(cfg), broker_env(cfg, env), os.path.join(cfg.data_dir, "broker.log"),
+                       detach=True)   # secure: no raft secret for brokers
             p = {"node_id": cfg.node_id, "role": "broker", "pid": pr.pid, "url": cfg.broker_url}
         p["kafka_address"] = f"{cfg.listeners.kafka_host_advertised}:{cfg.listeners.kafka_port}"
         procs.append(p)

@@ -112,6 +112,15 @@ def broker_command(cfg: NodeConfig) -> list[str]:
             "--log-level", cfg.log_level]
 
 
+def broker_env(cfg: NodeConfig, env: dict) -> dict:
+    """The environment of `cfg`'s broker process: the controllers' `env`, without the raft
+    secret once [security] authentication is on (brokers are cluster principals then; the
+    secret that can write the metadata log stays with the controllers)."""
+    if cfg.broker.security.secured:
+        return {k: v for k, v in env.items() if k != "KRAFTLOG_RAFT_PASSWORD"} | {"KRAFTLOG_RAFT_PASSWORD": ""}
+    return env
+
+
 def spawn(cmd: list[str], env_extra: dict | None = None, log_path: str | None = None,
           detach: bool = False) -> subprocess.Popen:
     env = dict(os.environ)
@@ -183,7 +192,7 @@ def serve_combined(cfg: NodeConfig) -> int:
     old_term = signal.signal(signal.SIGTERM, on_signal)
     old_hup = signal.signal(signal.SIGHUP, on_hup) if tls_ctx is not None else None
     controller = spawn(controller_command(cfg), env)
-    broker = spawn(broker_command(cfg), env)   # the broker guards its /internal/ routes with it too
+    broker = spawn(broker_command(cfg), broker_env(cfg, env))   # without [security]: guards /internal/ with it
     children += [controller, broker]
     code = 0
     try:

@@ -93,7 +93,7 @@ class BrokerDeps:
     producer_ids: Callable[[], Awaitable[int]] | None = None
     log_scheduler: LogScheduler | None = None   # retention + log cleaner; None: one on demand
     clock: Clock = SYSTEM_CLOCK   # the group coordinator's time (sessions, offsets retention)
-    # () -> the current SecurityImage (users, tokens, ACLs; MetadataView.security); None: none known
+    # () -> the current SecurityImage (users, tokens, ACLs); None: MetadataView.security
     security_image: Callable[[], Any] | None = None
 
 

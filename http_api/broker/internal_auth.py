@@ -25,6 +25,16 @@ INTERNAL_TOKEN_HEADER = "X-Kraftlog-Internal-Token"
 INTERNAL_PATH_PREFIX = "/internal/"
 
 
+def broker_cluster_secret(security, configured: str | None, environ=None) -> str | None:
+    """The cluster secret a broker keeps: `configured`, else $KRAFTLOG_RAFT_PASSWORD; none at
+    all once `[security]` authentication is on (brokers are cluster principals then, and the
+    raft secret stays with the controllers)."""
+    import os
+    if security.secured:
+        return None
+    return configured or (environ if environ is not None else os.environ).get(CLUSTER_SECRET_ENV) or None
+
+
 def internal_token(secret: str | None) -> str | None:
     if not secret:
         return None

@@ -29,7 +29,7 @@ from aiohttp import web
 from http_api.broker.app import BrokerDeps, create_app
 from http_api.broker.config import BrokerConfig
 from http_api.broker.group_offsets import GroupOffsetStore
-from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, internal_token
+from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, broker_cluster_secret, internal_token
 from http_api.broker.metadata_view import MetadataView
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.broker.replica_client import ReplicaTransport
@@ -480,12 +480,15 @@ def main(argv: Optional[list] = None) -> None:
         v = getattr(args, name)
         if v is not None:
             values[name] = v
-    if values.get("cluster_secret") is None and os.environ.get(CLUSTER_SECRET_ENV):
-        values["cluster_secret"] = os.environ[CLUSTER_SECRET_ENV]
     try:
         config = BrokerConfig.from_dict(values)  # flat or nested by group; old names warn
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    # the raft secret ($KRAFTLOG_RAFT_PASSWORD) guards /internal/ only without authentication
+    if config.security.secured and (config.cluster_secret or os.environ.get(CLUSTER_SECRET_ENV)):
+        log.warning("ignoring the cluster secret: with [security] authentication on, brokers are cluster "
+                    "principals and the raft secret belongs to the controllers only; stop passing it")
+    config.cluster_secret = broker_cluster_secret(config.security, config.cluster_secret)
     run_broker(config)
 
 
