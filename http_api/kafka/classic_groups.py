@@ -19,11 +19,14 @@ UNKNOWN_MEMBER_ID and join again (their committed offsets are durable).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode as K
+
+log = logging.getLogger("kraftlog.kafka.groups")
 
 # a new group waits this long for more members before its first join phase completes
 # (Kafka's group.initial.rebalance.delay.ms, shorter: local clusters start members together)
@@ -124,6 +127,7 @@ class ClassicGroups:
             raise ClassicGroupError(K.unknown_member_id, f"member {member_id!r} is not in group {g.group_id!r}; "
                                     "join with an empty member id")
         g.pending.discard(member_id)
+        log.debug("group %s: join of %s in state %s generation %d", g.group_id, member_id, g.state, g.generation)
         m = g.members.get(member_id)
         if m is None:
             m = Member(member_id, header.client_id or "", "/127.0.0.1", session_ms, rebalance_ms,
@@ -167,6 +171,7 @@ class ClassicGroups:
             except asyncio.TimeoutError:
                 break
         for mid in set(g.members) - set(g.join_waiters):   # did not rejoin in time
+            log.info("group %s: member %s did not rejoin within the rebalance timeout; removed", g.group_id, mid)
             del g.members[mid]
         if not g.members:
             g.state, g.leader_id, g.protocol_name = EMPTY, None, None
@@ -189,6 +194,8 @@ class ClassicGroups:
             return
         g.protocol_name = chosen
         g.state = COMPLETING
+        log.info("group %s generation %d: members %s, leader %s, protocol %s", g.group_id, g.generation,
+                 sorted(g.members), g.leader_id, chosen)
         now = time.monotonic()
         members = [{"member_id": m.member_id, "group_instance_id": None, "metadata": dict(m.protocols)[chosen]}
                    for m in g.members.values()]
@@ -203,6 +210,8 @@ class ClassicGroups:
 
     def _member(self, group_id: str, member_id: str, generation: int) -> tuple[Group, Member]:
         g = self.groups.get(group_id)
+        log.debug("group %s: member %s generation %d (group: %s generation %s)", group_id, member_id, generation,
+                  g.state if g else None, g.generation if g else None)
         m = g.members.get(member_id) if g is not None else None
         if g is None or m is None:
             raise ClassicGroupError(K.unknown_member_id, f"member {member_id!r} is not in group {group_id!r}")

@@ -1,0 +1,421 @@
+"""The Kafka listener with real, unmodified Kafka clients (kafka-python, confluent-kafka /
+librdkafka, aiokafka, kcat) against a real 3-broker cluster (tests/rigs/cluster.py: free
+HTTP and Kafka ports, never 9092): metadata, produce + consume with each client, records
+equal across HTTP and Kafka both ways, a consumer group resuming at its committed offsets,
+and bad requests that get Kafka's errors or a closed connection without hurting the broker.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import socket
+import struct
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from tests.rigs.cluster import ReplicatedCluster, http
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with ReplicatedCluster(str(tmp_path_factory.mktemp("kafka")), brokers=3) as c:
+        yield c
+
+
+def _topic(cluster: ReplicatedCluster, partitions: int = 1, rf: int = 3) -> str:
+    name = f"k-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(name, partitions=partitions, replication_factor=rf)
+    return name
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def _http_records(cluster: ReplicatedCluster, topic: str, partition: int = 0) -> list[dict]:
+    leader = cluster.partition(topic, partition)["leader"]
+    status, doc = http("GET", f"{cluster.url(leader)}/v1/topics/{topic}/partitions/{partition}/records"
+                              "?offset=0&max_bytes=1048576")
+    assert status == 200, doc
+    return doc["records"]
+
+
+def _confluent_consume(cluster, topic: str, n: int, partitions: int = 1, timeout: float = 30.0, **conf) -> list:
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", **conf})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            out.append(m)
+        return out
+    finally:
+        c.close()
+
+
+# ---- metadata ------------------------------------------------------------------------------
+
+def test_kafka_metadata_lists_three_brokers_with_their_kafka_addresses(cluster):
+    from confluent_kafka.admin import AdminClient
+    topic = _topic(cluster, partitions=3)
+    md = AdminClient({"bootstrap.servers": cluster.kafka_address(2)}).list_topics(timeout=20)
+    assert {b.id: f"{b.host}:{b.port}" for b in md.brokers.values()} == \
+        {i: cluster.kafka_address(i) for i in (1, 2, 3)}
+    assert md.controller_id in (1, 2, 3)          # a live broker, never -1
+    ours = md.topics[topic]
+    http_parts = {p["partition"]: p for p in cluster.partition_list(topic)}
+    assert sorted(ours.partitions) == [0, 1, 2]
+    for p, pm in ours.partitions.items():
+        assert pm.leader == http_parts[p]["leader"]
+        assert sorted(pm.replicas) == sorted(http_parts[p]["replicas"])
+
+
+def test_kcat_lists_metadata(cluster):
+    topic = _topic(cluster, partitions=2)
+    out = subprocess.run(["kcat", "-b", cluster.kafka_address(1), "-L", "-J"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    import json
+    doc = json.loads(out.stdout)
+    assert sorted(b["id"] for b in doc["brokers"]) == [1, 2, 3]
+    assert {b["name"] for b in doc["brokers"]} == {cluster.kafka_address(i) for i in (1, 2, 3)}
+    t = next(t for t in doc["topics"] if t["topic"] == topic)
+    assert len(t["partitions"]) == 2
+
+
+# ---- produce + consume with each client -------------------------------------------------------
+
+def test_kafka_python_idempotent_produce_and_consume(cluster):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    topic = _topic(cluster)
+    p = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks="all", enable_idempotence=True)
+    try:
+        sent = [(f"k{i}".encode() if i % 3 != 1 else None, f"v{i}".encode() if (i % 5 or i % 3 == 1) else None,
+                 [("h", f"{i}".encode())] if i % 2 else []) for i in range(50)]
+        futs = [p.send(topic, key=k, value=v, headers=h, timestamp_ms=1_700_000_000_000 + i)
+                for i, (k, v, h) in enumerate(sent)]
+        p.flush(30)
+        assert [f.get(10).offset for f in futs] == list(range(50))
+    finally:
+        p.close(10)
+    c = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap, enable_auto_commit=False,
+                      consumer_timeout_ms=3000, auto_offset_reset="earliest")
+    try:
+        c.assign([TopicPartition(topic, 0)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 50 and time.monotonic() < deadline:
+            for m in c:
+                got.append(m)
+    finally:
+        c.close()
+    assert [(m.key, m.value, [tuple(h) for h in m.headers], m.timestamp) for m in got] == \
+        [(k, v, h, 1_700_000_000_000 + i) for i, (k, v, h) in enumerate(sent)]
+    assert [m.offset for m in got] == list(range(50))
+
+
+@pytest.mark.parametrize("acks", ["all", "1", "0"])
+def test_confluent_produce_and_consume(cluster, acks):
+    from confluent_kafka import Producer
+    topic = _topic(cluster, partitions=2)
+    conf = {"bootstrap.servers": cluster.kafka_bootstrap, "acks": acks, "linger.ms": 5}
+    if acks == "all":
+        conf["enable.idempotence"] = True
+    pr = Producer(conf)
+    errors = []
+    n = 500
+    for i in range(n):
+        pr.produce(topic, key=f"key-{i % 17}".encode(), value=f"value-{i}".encode(),
+                   headers=[("n", str(i).encode())], partition=i % 2,
+                   on_delivery=lambda err, msg: err and errors.append(err))
+    assert pr.flush(30) == 0
+    assert errors == []
+    msgs = _confluent_consume(cluster, topic, n, partitions=2)
+    assert sorted(m.value() for m in msgs) == sorted(f"value-{i}".encode() for i in range(n))
+    for m in msgs:
+        i = int(m.headers()[0][1])
+        assert m.key() == f"key-{i % 17}".encode() and m.partition() == i % 2
+    # offsets per partition are dense from 0
+    for p in (0, 1):
+        assert sorted(m.offset() for m in msgs if m.partition() == p) == list(range(n // 2))
+
+
+def test_aiokafka_produce_and_consume(cluster):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    topic = _topic(cluster)
+
+    async def run():
+        p = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks="all", enable_idempotence=True)
+        await p.start()
+        try:
+            for i in range(20):
+                await p.send_and_wait(topic, value=f"a{i}".encode(), key=b"k", headers=[("x", b"y")])
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest")
+        await c.start()
+        try:
+            c.assign([TopicPartition(topic, 0)])
+            await c.seek_to_beginning(TopicPartition(topic, 0))
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < 20 and time.monotonic() < deadline:
+                batch = await c.getmany(timeout_ms=500)
+                for msgs in batch.values():
+                    got.extend(msgs)
+            return got
+        finally:
+            await c.stop()
+
+    got = asyncio.run(run())
+    assert [(m.offset, m.key, m.value, list(m.headers)) for m in got] == \
+        [(i, b"k", f"a{i}".encode(), [("x", b"y")]) for i in range(20)]
+
+
+# ---- the same records both ways -------------------------------------------------------------
+
+def test_records_written_over_http_read_by_kafka_and_back_are_equal(cluster):
+    topic = _topic(cluster)
+    leader = cluster.partition(topic)["leader"]
+    binary = bytes(range(256))
+    body = {"records": [
+        {"key": "k1", "value": "v1", "headers": {"a": "1", "b": "2"}},
+        {"key": None, "value": None},
+        {"key_b64": base64.b64encode(binary).decode(), "value_b64": base64.b64encode(binary[::-1]).decode()},
+        {"key": "", "value": ""},
+    ]}
+    status, doc = http("POST", f"{cluster.url(leader)}/v1/topics/{topic}/partitions/0/records?acks=all", body)
+    assert status == 200, doc
+    via_http = _http_records(cluster, topic)
+    msgs = _confluent_consume(cluster, topic, 4)
+    assert [(m.offset(), m.key(), m.value(), m.timestamp()[1], dict((k, v.decode()) for k, v in (m.headers() or [])))
+            for m in msgs] == [
+        (0, b"k1", b"v1", via_http[0]["timestamp"], {"a": "1", "b": "2"}),
+        (1, None, None, via_http[1]["timestamp"], {}),
+        (2, binary, binary[::-1], via_http[2]["timestamp"], {}),
+        (3, b"", b"", via_http[3]["timestamp"], {}),
+    ]
+    # and back: Kafka writes, HTTP reads
+    from confluent_kafka import Producer
+    pr = Producer({"bootstrap.servers": cluster.kafka_bootstrap, "enable.idempotence": True})
+    pr.produce(topic, key=b"kk", value=b"vv", headers=[("h1", b"x")], timestamp=1_600_000_000_123, partition=0)
+    pr.produce(topic, key=None, value=None, timestamp=1_600_000_000_124, partition=0)
+    pr.produce(topic, key=binary, value=binary, timestamp=1_600_000_000_125, partition=0)
+    assert pr.flush(30) == 0
+    recs = _wait(lambda: (r := _http_records(cluster, topic)) and len(r) == 7 and r, 30, "7 records over HTTP")
+    assert [(r["offset"], r.get("key"), r.get("value"), r["timestamp"], r["headers"]) for r in recs[4:6]] == [
+        (4, "kk", "vv", 1_600_000_000_123, {"h1": "x"}),
+        (5, None, None, 1_600_000_000_124, {}),
+    ]
+    assert base64.b64decode(recs[6]["key_b64"]) == binary and base64.b64decode(recs[6]["value_b64"]) == binary
+
+
+# ---- consumer groups -------------------------------------------------------------------------
+
+def test_consumer_group_subscribe_commit_and_resume(cluster):
+    from confluent_kafka import Consumer, Producer
+    topic = _topic(cluster, partitions=2)
+    pr = Producer({"bootstrap.servers": cluster.kafka_bootstrap, "enable.idempotence": True})
+    for i in range(40):
+        pr.produce(topic, value=f"m{i}".encode(), partition=i % 2)
+    assert pr.flush(30) == 0
+    group = f"grp-{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "session.timeout.ms": 6000}
+    c = Consumer(conf)
+    first = []
+    try:
+        c.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(first) < 40 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                first.append(m)
+        assert len(first) == 40
+        assert {tp.partition for tp in c.assignment()} == {0, 1}
+        # commit only the first 5 records of each partition: the group resumes after them
+        from confluent_kafka import TopicPartition
+        c.commit(offsets=[TopicPartition(topic, 0, 5), TopicPartition(topic, 1, 5)], asynchronous=False)
+        committed = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+        assert [tp.offset for tp in committed] == [5, 5]
+    finally:
+        c.close()   # LeaveGroup
+    # the committed offsets are the group's: visible over HTTP too
+    status, doc = http("GET", f"{cluster.urls[0]}/v1/groups/{group}/offsets")
+    assert status == 200, doc
+    assert sorted((o["partition"], o["offset"]) for o in doc["offsets"] if o["topic"] == topic) == [(0, 5), (1, 5)]
+    c2 = Consumer(conf)
+    again = []
+    try:
+        c2.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(again) < 30 and time.monotonic() < deadline:
+            m = c2.poll(0.5)
+            if m is not None and m.error() is None:
+                again.append(m)
+    finally:
+        c2.close()
+    assert sorted((m.partition(), m.offset()) for m in again) == [(p, o) for p in (0, 1) for o in range(5, 20)]
+
+
+def test_kafka_python_group_two_members_share_partitions(cluster):
+    """Two members, each polling in its own thread as applications do, split the partitions."""
+    import threading
+    from kafka import KafkaConsumer, KafkaProducer
+    topic = _topic(cluster, partitions=4)
+    p = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks="all")
+    try:
+        for i in range(40):
+            p.send(topic, value=f"x{i}".encode(), partition=i % 4)
+        p.flush(30)
+    finally:
+        p.close(10)
+    group = f"kp-{uuid.uuid4().hex[:6]}"
+    stop = threading.Event()
+    seen: list[set] = [set(), set()]
+    assigned: list[set] = [set(), set()]
+    failures: list[BaseException] = []
+
+    def member(i: int) -> None:
+        c = KafkaConsumer(topic, bootstrap_servers=cluster.kafka_bootstrap, group_id=group,
+                          auto_offset_reset="earliest", enable_auto_commit=False,
+                          session_timeout_ms=6000, heartbeat_interval_ms=500)
+        try:
+            while not stop.is_set():
+                for tp, msgs in c.poll(timeout_ms=200).items():
+                    seen[i].update((tp.partition, x.offset) for x in msgs)
+                assigned[i] = {tp.partition for tp in c.assignment()}
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            failures.append(e)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    try:
+        _wait(lambda: all(assigned) and not (assigned[0] & assigned[1])
+              and assigned[0] | assigned[1] == {0, 1, 2, 3} and len(seen[0] | seen[1]) == 40, 60,
+              "two members sharing the 4 partitions and every record read")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert failures == []
+    assert len(assigned[0]) == len(assigned[1]) == 2    # range assignor: 2 partitions each
+
+
+# ---- bad requests never hurt the broker -------------------------------------------------------
+
+def _kafka_request(api_key: int, version: int, correlation_id: int, body_entity) -> bytes:
+    from kio.serial import entity_writer
+    buf = io.BytesIO()
+    flexible = type(body_entity).__flexible__
+    buf.write(struct.pack(">hhih", api_key, version, correlation_id, 4) + b"test")
+    if flexible:
+        buf.write(b"\x00")
+    entity_writer(type(body_entity))(buf, body_entity)
+    data = buf.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+def _read_answer(sock: socket.socket) -> bytes | None:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    (size,) = struct.unpack(">i", head)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return body
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _api_versions_ok(address: str) -> bool:
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(_kafka_request(18, 3, 42, ApiVersionsRequest(client_software_name="t",
+                                                               client_software_version="1")))
+        answer = _read_answer(s)
+    return answer is not None and struct.unpack(">ih", answer[:6]) == (42, 0)
+
+
+def test_bad_requests_get_kafka_errors_or_a_closed_connection(cluster):
+    from kio.schema.produce.v11.request import PartitionProduceData, ProduceRequest, TopicProduceData
+    from kio.serial import entity_reader
+    from kio.schema.produce.v11.response import ProduceResponse
+    import datetime
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    topic = _topic(cluster)
+    leader = cluster.partition(topic)["leader"]
+    follower = next(b for b in (1, 2, 3) if b != leader)
+    host, port = cluster.kafka_address(follower).rsplit(":", 1)
+    # unknown API key: the connection is closed
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(struct.pack(">ihhih", 10, 999, 0, 1, -1))
+        assert _closed(s)
+    # truncated frame: the size promises more than arrives, then the client goes away
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(struct.pack(">i", 1000) + b"\x00\x12\x00\x03")
+    # oversized frame: closed without reading it
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(struct.pack(">i", 1 << 30) + b"\x00" * 64)
+        assert _closed(s)
+    # garbage body of a known API: closed
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        frame = struct.pack(">hhi", 12, 0, 9) + b"\xff\xff" + b"\x00\x01"   # Heartbeat v0, body cut short
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        assert _closed(s)
+    # produce to a follower: NOT_LEADER_OR_FOLLOWER, the batch stored nowhere
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    b.append(0, timestamp=1, key=b"k", value=b"must not be stored", headers=[])
+    req = ProduceRequest(transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=5), topic_data=(
+        TopicProduceData(name=topic, partition_data=(PartitionProduceData(index=0, records=bytes(b.build())),)),))
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(_kafka_request(0, 11, 7, req))
+        answer = _read_answer(s)
+    assert answer is not None and struct.unpack(">i", answer[:4]) == (7,)
+    resp, _ = entity_reader(ProduceResponse)(answer[5:], 0)   # header v1: correlation id + tagged fields
+    part = resp.responses[0].partition_responses[0]
+    assert part.error_code.name == "not_leader_or_follower"
+    assert part.current_leader.leader_id == leader
+    # every broker still answers, and nothing was stored
+    for i in (1, 2, 3):
+        assert _api_versions_ok(cluster.kafka_address(i))
+        assert http("GET", cluster.url(i) + "/healthz")[0] == 200
+    assert _http_records(cluster, topic) == []
