@@ -7,6 +7,8 @@ PY     := $(VENV)/bin/python
 BASE   := $(VENV)/.installed-base
 SERVE  := $(VENV)/.installed-serve
 STAMP  := $(VENV)/.installed-all
+# OS tools the tests use: kcat (Debian's package; tests/integration/test_kafka_clients.py)
+KCAT   := $(VENV)/.installed-kcat
 
 .PHONY: run test test-fast bench pipeline chaos clean venv
 
@@ -25,12 +27,18 @@ $(STAMP): pyproject.toml $(BASE)
 	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(SERVE) $(STAMP)
 
+$(KCAT): $(BASE)
+	@command -v kcat >/dev/null 2>&1 || apt-get install -y -qq kcat >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq kcat >/dev/null 2>&1; } || \
+		echo "warning: kcat is not installed and apt-get could not install it (run as root: apt-get install kcat); the kcat test will fail"
+	@if command -v kcat >/dev/null 2>&1; then touch $(KCAT); fi
+
 ## run: start a single-node cluster (controller + broker) in the foreground, data in ./data
 run: $(SERVE)
 	$(VENV)/bin/kraftlog serve --data-dir ./data
 
 ## test: the whole suite (unit, functional, integration, spark)
-test: $(STAMP)
+test: $(STAMP) $(KCAT)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 ## test-fast: pure cores and in-process tests only
