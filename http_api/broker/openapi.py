@@ -100,8 +100,64 @@ _SECURITY_ADMIN_PATHS = {
 }
 
 
+# Statuses every route may answer besides its own (API.md: errors are {error_code, message}):
+# the HTTP edge (http_api/wire/hardening.py) and the error middleware answer them for any path.
+_COMMON_ERRORS = {
+    "400": "INVALID_REQUEST (malformed HTTP, parameters or body) or another request error: "
+           "INVALID_TOPIC_EXCEPTION, POLICY_VIOLATION (internal topics), INVALID_CONFIG, ...",
+    "401": "SASL_AUTHENTICATION_FAILED: no or bad credentials (authentication on), with WWW-Authenticate",
+    "403": "TOPIC/GROUP/CLUSTER_AUTHORIZATION_FAILED: the principal lacks the ACL (authorizer on)",
+    "429": "THROTTLING_QUOTA_EXCEEDED: too many connections from this address (connections_max_per_ip) "
+           "or in total, too many long polls, or authentication failures",
+    "500": "UNKNOWN_SERVER_ERROR: a bug; the broker log has the details",
+    "503": "BROKER_NOT_AVAILABLE (metadata not loaded yet), LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS, "
+           "COORDINATOR_NOT_AVAILABLE, KAFKA_STORAGE_ERROR: retry",
+}
+_BODY_ERRORS = {   # routes that read a request body
+    "408": "the request body was not received within request_body_timeout_ms",
+    "413": "RECORD_LIST_TOO_LARGE / MESSAGE_TOO_LARGE: over socket_request_max_bytes or max.message.bytes",
+    "415": "UNSUPPORTED_MEDIA_TYPE: a Content-Type this route does not read",
+}
+_PATH_ERRORS = {   # by path parameter
+    "{topic}": {"404": "UNKNOWN_TOPIC_OR_PARTITION"},
+    "{partition}": {"404": "UNKNOWN_TOPIC_OR_PARTITION",
+                    "409": "FENCED_LEADER_EPOCH / OUT_OF_ORDER_SEQUENCE_NUMBER / INVALID_PRODUCER_EPOCH",
+                    "416": "OFFSET_OUT_OF_RANGE",
+                    "421": "NOT_LEADER_OR_FOLLOWER, with leader_id and leader_url"},
+    "{group}": {"404": "GROUP_ID_NOT_FOUND", "409": "UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH / NON_EMPTY_GROUP",
+                "421": "NOT_COORDINATOR"},
+    "{name}": {"404": "RESOURCE_NOT_FOUND"},
+    "{token_id}": {"404": "RESOURCE_NOT_FOUND"},
+}
+_METHODS = ("get", "put", "post", "delete", "patch")
+
+
+def _complete_responses(paths: dict) -> dict:
+    """Every operation lists every status it may answer: its own, `_COMMON_ERRORS`, the body
+    errors when it reads one, the errors of its path parameters, and 504 REQUEST_TIMED_OUT
+    for writes (they wait for the controller, the coordinator or acks)."""
+    for path, item in paths.items():
+        for method in _METHODS:
+            op = item.get(method)
+            if op is None:
+                continue
+            extra = dict(_COMMON_ERRORS)
+            if "requestBody" in op or method in ("post", "put"):
+                extra.update(_BODY_ERRORS)
+            for param, errors in _PATH_ERRORS.items():
+                if param in path:
+                    extra.update(errors)
+            if method != "get" or "{partition}" in path:
+                extra["504"] = "REQUEST_TIMED_OUT: the write or long poll did not finish in time; retry"
+            responses = op.setdefault("responses", {})
+            for status, desc in extra.items():
+                responses.setdefault(status, _err(desc))
+    return paths
+
+
 def openapi_document(server_url: str) -> dict:
-    """The OpenAPI 3.0 document; every route of the broker app is listed."""
+    """The OpenAPI 3.0 document; every route of the broker app is listed, each with every
+    status it may answer (`_complete_responses`)."""
     produce_partition_body = {
         "required": True,
         "content": dict(_RECORDS_BODY["content"], **{
@@ -115,7 +171,7 @@ def openapi_document(server_url: str) -> dict:
                  "description": "Kafka-style replicated commit log over HTTP. Errors are "
                                 "{error_code, message} with Kafka error names."},
         "servers": [{"url": server_url}],
-        "paths": {
+        "paths": _complete_responses({
             "/v1/metadata": {"get": {"summary": "Cluster metadata", "responses": {"200": _json("Metadata")}}},
             "/v1/topics": {
                 "get": {"summary": "List topics", "responses": {"200": _json("TopicList")}},
@@ -265,10 +321,12 @@ def openapi_document(server_url: str) -> dict:
                                               "responses": {"200": _obj("counters, dirty_ratio: [{topic, "
                                                                         "partition, dirty_ratio}]")}}},
             **_SECURITY_ADMIN_PATHS,
-            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
+            "/healthz": {"get": {"summary": "Liveness (open even with security on)",
+                                 "responses": {"200": _obj("{status: ok, ...}"),
+                                               "503": _obj("{status: starting, ...}: not ready yet")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI"}}}},
-        },
+        }),
         "components": {"schemas": {
             "Error": {"type": "object", "required": ["error_code", "message"],
                       "properties": {"error_code": {"type": "string"}, "message": {"type": "string"}}},
