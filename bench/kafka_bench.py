@@ -5,7 +5,11 @@ Figures (printed, not asserted):
 - produce records/s, acks=1 and acks=all: confluent-kafka Producer (linger 5 ms) vs
   http_api.client.Producer (send() per record, linger 5 ms, 256 KiB batches);
 - consumer catch-up records/s from offset 0: confluent-kafka Consumer vs http_api.client.Consumer;
-- the ratios Kafka / HTTP.
+- the ratios Kafka / HTTP;
+- record format costs, in process (docs/RECORD_FORMAT.md): per record, encoding and decoding
+  kraftlog's columnar records section vs Kafka's varint records (the codecs the Python
+  client, the broker's JSON routes and Spark would run on each), and the listener's
+  conversions both ways.
 
 Both sides run against one `kraftlog serve` node (a broker process + a controller process)
 on this 2-core machine; the client runs in this process (librdkafka's threads are native).
@@ -116,6 +120,61 @@ async def http_consume(base: str, topic: str, n: int) -> float:
     return n / dt
 
 
+def _per_record_us(fn, records: int, min_seconds: float = 0.3) -> float:
+    """Median of 5 timings of `fn()` (each repeated for at least `min_seconds` / 5), per record."""
+    import statistics
+    times = []
+    for _ in range(5):
+        reps, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            reps += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_seconds / 5:
+                break
+        times.append(dt / reps / records * 1e6)
+    return statistics.median(times)
+
+
+def format_costs(records_per_batch: int = 1000, keyed: bool = True) -> list[tuple[str, str]]:
+    """Per-record costs of the two records-section formats (columnar vs Kafka's), in process."""
+    from http_api.kafka.records import kafka_to_stored, parse_kafka_records, stored_batch_to_kafka
+    from partitions.log import record_batch as rb
+    value = b"x" * RECORD_BYTES
+    recs = [rb.Record(f"key-{i}".encode() if keyed else None, value, (), 1_700_000_000_000 + i)
+            for i in range(records_per_batch)]
+    columnar = rb.build_batch(recs)
+    kafka = stored_batch_to_kafka(columnar)
+    h = rb.BatchHeader.parse(kafka)
+    section = bytes(memoryview(kafka)[rb.HEADER_SIZE:])
+    n = records_per_batch
+    rows = []
+    enc_c = _per_record_us(lambda: rb.build_batch(recs), n)
+    enc_k = _per_record_us(lambda: stored_batch_to_kafka(columnar), n) - _per_record_us(
+        lambda: rb.decode_records(columnar, validate=False), n)
+    dec_c = _per_record_us(lambda: rb.decode_records(columnar), n)
+    dec_k = _per_record_us(lambda: parse_kafka_records(section, n, h.base_offset, h.first_timestamp), n)
+    rows.append((f"format: encode {n} records ({'keyed' if keyed else 'no keys'}), columnar us/record",
+                 f"{enc_c:.2f}"))
+    rows.append(("format: encode, Kafka varint records us/record", f"{enc_k:.2f}  ({enc_k / enc_c:.1f}x)"))
+    rows.append(("format: decode to Records, columnar us/record", f"{dec_c:.2f}"))
+    rows.append(("format: decode to Records, Kafka varint records us/record", f"{dec_k:.2f}  ({dec_k / dec_c:.1f}x)"))
+    try:
+        from pipelines import arrow_codec
+        header = rb.BatchHeader.parse(columnar)
+        mv = memoryview(columnar)
+        dec_a = _per_record_us(lambda: arrow_codec.decode_batch_columns(header, mv, False), n)
+        rows.append(("format: Spark's Arrow columns from columnar us/record", f"{dec_a:.3f}  "
+                     f"(Kafka records would need the {dec_k:.2f} us/record parse first: {dec_k / dec_a:.0f}x)"))
+    except ImportError:   # the spark extra is not installed
+        pass
+    rows.append(("listener: Kafka batch -> stored (produce) us/record",
+                 f"{_per_record_us(lambda: kafka_to_stored(kafka), n):.2f}"))
+    rows.append(("listener: stored -> Kafka batch (fetch) us/record",
+                 f"{_per_record_us(lambda: stored_batch_to_kafka(columnar), n):.2f}"))
+    return rows
+
+
 def run(n: int) -> list[tuple[str, str]]:
     tmp = tempfile.mkdtemp(prefix="kafka-bench-")
     node = LocalNode(os.path.join(tmp, "data")).start()
@@ -145,8 +204,11 @@ def run(n: int) -> list[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.kafka_bench")
     ap.add_argument("--records", type=int, default=200_000, help="records per measurement (100 B each)")
+    ap.add_argument("--formats-only", action="store_true", help="only the in-process record format costs")
     args = ap.parse_args(argv)
-    rows = run(args.records)
+    rows = format_costs(keyed=True) + format_costs(keyed=False)
+    if not args.formats_only:
+        rows += run(args.records)
     width = max(len(r[0]) for r in rows)
     print(f"Kafka listener vs HTTP, one `kraftlog serve` node, {args.records:,} records of {RECORD_BYTES} B each")
     for name, value in rows:
