@@ -37,6 +37,38 @@ def _set_pdeathsig() -> None:
         pass
 
 
+BROKER_PASSWORD_FILE = "broker.password"                  # this node's broker password (0600)
+BROKER_CREDENTIALS_FILE = "broker-credentials.json"      # its SCRAM verifier (no password)
+
+
+def ensure_broker_credentials(cfg: NodeConfig) -> NodeConfig:
+    """A secured node whose broker has no TLS client certificate to prove it is
+    `User:broker-<id>` gets a broker password: generated once into DATA_DIR/broker.password,
+    its verifier into DATA_DIR/broker-credentials.json, and both set as `broker_password_file`
+    / `broker_credentials_file` (the controller checks the broker with the verifier). Settings
+    given in the config win: a multi-node cluster without TLS lists every broker's verifier in
+    one `broker_credentials_file` (http_api.wire.auth.write_broker_credentials) on every node."""
+    sec = cfg.broker.security
+    has_cert = "mtls" in sec.authentication and bool(sec.tls_cert_file)
+    if not sec.secured or sec.broker_password_file or has_cert:
+        return cfg
+    from http_api.wire.auth import write_broker_credentials
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    pw_path = os.path.join(cfg.data_dir, BROKER_PASSWORD_FILE)
+    if not os.path.exists(pw_path):
+        fd = os.open(pw_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    creds = sec.broker_credentials_file or os.path.join(cfg.data_dir, BROKER_CREDENTIALS_FILE)
+    if not sec.broker_credentials_file:
+        with open(pw_path) as f:
+            write_broker_credentials(creds, {cfg.node_id: f.read().strip()})
+    from http_api.broker.config import BrokerConfig
+    broker = BrokerConfig(**{**cfg.broker.to_dict(), "broker_password_file": pw_path,
+                             "broker_credentials_file": creds})
+    return dataclasses.replace(cfg, broker=broker)
+
+
 def raft_password(cfg: NodeConfig) -> str:
     """The configured password, else one generated once and kept in <data_dir>/raft.password."""
     if cfg.password:
@@ -175,6 +207,7 @@ def serve_combined(cfg: NodeConfig) -> int:
                          "first or pass a different --data-dir\n")
         return 1
     env = {"KRAFTLOG_RAFT_PASSWORD": raft_password(cfg)}
+    cfg = ensure_broker_credentials(cfg)   # secured without a broker certificate: a broker password
 
     stopping = {"sig": None}
     children: list[subprocess.Popen] = []

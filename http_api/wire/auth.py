@@ -299,14 +299,14 @@ class Authenticator:
             return False
         digest = hashlib.sha256(password.encode()).digest()
         entry = self._cache.get(user)
-        if entry is not None and entry[0] == cred and digest in entry[1]:
+        if entry is not None and entry[0] is cred and digest in entry[1]:   # same credential object
             self.cache_hits += 1
             return True
         self._throttle(addr)
         self.cache_misses += 1
         if not verify_password(cred, password):
             return False
-        if entry is None or entry[0] != cred:   # new or changed credential: forget the old passwords
+        if entry is None or entry[0] is not cred:   # new or changed credential: forget the old passwords
             if len(self._cache) >= CACHE_USERS_MAX:
                 self._cache.clear()
             entry = self._cache[user] = (cred, [])
