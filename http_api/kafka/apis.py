@@ -78,9 +78,9 @@ class KafkaApis:
             8: self.offset_commit, 9: self.offset_fetch, 10: self.find_coordinator,
             11: self.join_group, 12: self.heartbeat, 13: self.leave_group, 14: self.sync_group,
             15: self.describe_groups, 16: self.list_groups, 18: self.api_versions,
-            19: self.create_topics, 20: self.delete_topics, 22: self.init_producer_id,
+            19: self.create_topics, 20: self.delete_topics, 21: self.delete_records, 22: self.init_producer_id,
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 37: self.create_partitions,
-            60: self.describe_cluster,
+            42: self.delete_groups, 44: self.incremental_alter_configs, 60: self.describe_cluster,
         }
 
     def start(self) -> None:
@@ -622,6 +622,69 @@ class KafkaApis:
             except KraftlogError as e:
                 return {"name": t.name, "error_code": kafka_error(e), "error_message": e.message}
         return {"throttle_time": 0, "results": await asyncio.gather(*(one(t) for t in req.topics))}
+
+    async def delete_records(self, req, header) -> dict:
+        """Advance log start offsets (the partition leader only; -1 = the high watermark)."""
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                entry = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": K.none}
+                try:
+                    entry["low_watermark"] = await self.rm.delete_records(t.name, p.partition_index, int(p.offset))
+                except KraftlogError as e:
+                    entry["error_code"] = kafka_error(e)
+                except Exception as e:  # noqa: BLE001 - answered per partition (OffsetOutOfRange, ...)
+                    entry["error_code"] = _error_of(e)[0]
+                    if "out of range" in str(e):
+                        entry["error_code"] = K.offset_out_of_range
+                parts.append(entry)
+            topics.append({"name": t.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    async def delete_groups(self, req, header) -> dict:
+        async def one(group: str) -> dict:
+            try:
+                g = self.groups.groups.get(group)
+                if g is not None and g.members:
+                    raise KraftlogError(ErrorCode.NON_EMPTY_GROUP, f"group {group!r} has members")
+
+                async def go(ld):
+                    await self.gc._append(ld, ld.state.delete_group(group), apply=True)
+                await self._on_coordinator(group, go)
+                self.groups.groups.pop(group, None)
+                return {"group_id": group, "error_code": K.none}
+            except (KraftlogError, ClassicGroupError) as e:
+                return {"group_id": group, "error_code": _code(e)}
+        return {"throttle_time": 0, "results": [await one(g) for g in req.groups_names]}
+
+    async def incremental_alter_configs(self, req, header) -> dict:
+        """Topic configs: SET (0) and DELETE (1); APPEND/SUBTRACT (list configs) are refused."""
+        out = []
+        for r in req.resources:
+            entry = {"error_code": K.none, "error_message": None, "resource_type": int(r.resource_type),
+                     "resource_name": r.resource_name}
+            try:
+                if int(r.resource_type) != TOPIC_RESOURCE:
+                    raise KraftlogError(ErrorCode.INVALID_REQUEST, "only topic configs can be altered here")
+                name = r.resource_name
+                if name not in self._image().topics:
+                    raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+                sets = {c.name: c.value for c in r.configs if int(c.config_operation) == 0}
+                deletes = {c.name: None for c in r.configs if int(c.config_operation) == 1}
+                if any(int(c.config_operation) not in (0, 1) for c in r.configs):
+                    raise KraftlogError(ErrorCode.INVALID_REQUEST, "APPEND and SUBTRACT are not supported; use SET")
+                changes = {**TopicRoutes._check_configs({k: v for k, v in sets.items() if v is not None}), **deletes}
+                if not req.validate_only:
+                    await self.ctx.deps.controller.alter_configs(name, changes)
+                    await self.ctx.deps.metadata.wait_until(
+                        lambda img: name in img.topics and all(img.topics[name].configs.get(k) == v
+                                                               for k, v in changes.items()),
+                        self.config.metadata_wait_ms / 1000)
+            except KraftlogError as e:
+                entry["error_code"], entry["error_message"] = kafka_error(e), e.message
+            out.append(entry)
+        return {"throttle_time": 0, "responses": out}
 
     async def describe_configs(self, req, header) -> dict:
         img = self._image()

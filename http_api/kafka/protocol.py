@@ -43,10 +43,13 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     18: ("ApiVersions", 0, 3),
     19: ("CreateTopics", 2, 7),
     20: ("DeleteTopics", 1, 5),
+    21: ("DeleteRecords", 0, 2),
     22: ("InitProducerId", 0, 4),
     23: ("OffsetForLeaderEpoch", 2, 4),
     32: ("DescribeConfigs", 1, 4),
     37: ("CreatePartitions", 0, 3),
+    42: ("DeleteGroups", 0, 2),
+    44: ("IncrementalAlterConfigs", 0, 1),
     60: ("DescribeCluster", 0, 1),
 }
 API_VERSIONS_KEY = 18

@@ -419,3 +419,50 @@ def test_bad_requests_get_kafka_errors_or_a_closed_connection(cluster):
         assert _api_versions_ok(cluster.kafka_address(i))
         assert http("GET", cluster.url(i) + "/healthz")[0] == 200
     assert _http_records(cluster, topic) == []
+
+
+# ---- admin -----------------------------------------------------------------------------------
+
+def _kcat_topics(cluster) -> dict:
+    import json
+    out = subprocess.run(["kcat", "-b", cluster.kafka_address(3), "-L", "-J"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return {t["topic"]: len(t["partitions"]) for t in json.loads(out.stdout)["topics"]}
+
+
+def test_admin_create_alter_describe_delete_reflected_in_kcat(cluster):
+    from confluent_kafka import Producer, TopicPartition
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions,
+                                       NewTopic)
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    name = f"adm-{uuid.uuid4().hex[:6]}"
+    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=2,
+                                  config={"retention.ms": "3600000"})])[name].result(30)
+    assert _wait(lambda: _kcat_topics(cluster).get(name) == 2, 30, "the new topic in kcat -L")
+    assert {p["partition"]: len(p["replicas"]) for p in cluster.partition_list(name)} == {0: 2, 1: 2}
+    with pytest.raises(Exception, match="TOPIC_ALREADY_EXISTS"):
+        admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])[name].result(30)
+
+    admin.create_partitions([NewPartitions(name, 3)])[name].result(30)
+    assert _wait(lambda: _kcat_topics(cluster).get(name) == 3, 30, "3 partitions in kcat -L")
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[
+        ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(30)
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, name)])
+    configs = list(described.values())[0].result(30)
+    assert configs["retention.ms"].value == "7200000"
+
+    pr = Producer({"bootstrap.servers": cluster.kafka_bootstrap})
+    for i in range(10):
+        pr.produce(name, value=b"r%d" % i, partition=0)
+    assert pr.flush(30) == 0
+    done = admin.delete_records([TopicPartition(name, 0, 4)])
+    assert list(done.values())[0].result(30).low_watermark == 4
+    leader = cluster.partition(name, 0)["leader"]
+    assert http("GET", f"{cluster.url(leader)}/v1/topics/{name}/partitions/0/offsets")[1]["log_start_offset"] == 4
+
+    admin.delete_topics([name])[name].result(30)
+    assert _wait(lambda: name not in _kcat_topics(cluster), 30, "the topic gone from kcat -L")
+    assert http("GET", f"{cluster.urls[0]}/v1/topics/{name}")[0] == 404
