@@ -166,7 +166,6 @@ def test_certificate_rotation_under_load_with_no_failed_request(tmp_path):
                         errors.append(e)
                     await asyncio.sleep(0.02)
 
-            tasks = [asyncio.create_task(produce()), asyncio.create_task(new_connections())]
             loop = asyncio.get_running_loop()
 
             async def until(pred, timeout, what):
@@ -175,35 +174,42 @@ def test_certificate_rotation_under_load_with_no_failed_request(tmp_path):
                     assert loop.time() < deadline, f"timed out waiting for {what}"
                     await asyncio.sleep(0.1)
 
-            port, ca_file = node.http_port, ca.cert_path
-            first = await asyncio.to_thread(served_serial, port, ca_file)
-            await until(lambda: acked > 50, 30, "the producer to get going")
+            async def rotations():
+                port, ca_file = node.http_port, ca.cert_path
+                await until(lambda: acked > 50, 30, "the producer to get going")
+                # 1. SIGHUP (to the supervisor, which forwards it to the broker and the controller)
+                with_sighup = rotate()
+                node.proc.send_signal(signal.SIGHUP)
+                await until(lambda: served_serial(port, ca_file) == with_sighup, 20, "the SIGHUP reload")
+                # 2. the file check alone (no signal)
+                by_mtime = rotate()
+                await until(lambda: served_serial(port, ca_file) == by_mtime, 20, "the mtime reload")
+                # 3. a bad pair: the served certificate stays, the failure is logged
+                failed_before = node.output.count("keeping the current certificate")
+                rotate(foreign_key=True)
+                await until(lambda: node.output.count("keeping the current certificate") > failed_before, 20,
+                            "the bad pair to be refused")
+                for _ in range(3):
+                    assert await asyncio.to_thread(served_serial, port, ca_file) == by_mtime
+                # 4. a good pair again
+                fixed = rotate()
+                await until(lambda: served_serial(port, ca_file) == fixed, 20, "the reload after the bad pair")
+                count_at_fix = acked
+                await until(lambda: acked > count_at_fix + 50 and handshakes > 20, 30, "more load after rotations")
 
-            # 1. SIGHUP (to the supervisor, which forwards it to the broker and the controller)
-            with_sighup = rotate()
-            node.proc.send_signal(signal.SIGHUP)
-            await until(lambda: served_serial(port, ca_file) == with_sighup, 20, "the SIGHUP reload")
-            # 2. the file check alone (no signal)
-            by_mtime = rotate()
-            await until(lambda: served_serial(port, ca_file) == by_mtime, 20, "the mtime reload")
-            # 3. a bad pair: the served certificate stays, the failure is counted and logged
-            failed_before = node.output.count("keeping the current certificate")
-            rotate(foreign_key=True)
-            await until(lambda: node.output.count("keeping the current certificate") > failed_before, 20,
-                        "the bad pair to be refused")
-            for _ in range(3):
-                assert await asyncio.to_thread(served_serial, port, ca_file) == by_mtime
-            # 4. a good pair again
-            fixed = rotate()
-            await until(lambda: served_serial(port, ca_file) == fixed, 20, "the reload after the bad pair")
-            count_at_fix = acked
-            await until(lambda: acked > count_at_fix + 50 and handshakes > 20, 30, "more load after rotations")
-            stop.set()
-            await asyncio.gather(*tasks)
-            return first, errors, acked, handshakes
+            tasks = [asyncio.create_task(produce()), asyncio.create_task(new_connections())]
+            try:
+                await rotations()
+            finally:
+                stop.set()
+                await asyncio.wait(tasks, timeout=30)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            return errors, acked, handshakes
 
-    first, errors, acked, handshakes = asyncio.run(scenario())
     try:
+        errors, acked, handshakes = asyncio.run(scenario())
         assert errors == [], errors[:5]
         assert acked > 100 and handshakes > 20
         assert node.proc.poll() is None

@@ -149,8 +149,10 @@ async def test_a_bad_pair_keeps_the_current_certificate_and_says_why(pki, caplog
     runner, port = await _serve(r.context)
     ca = pki["ca"].cert_path
     try:
-        other = trustme.CA().issue_cert("127.0.0.1")
-        other.private_key_pem.write_to_path(pki["key"])     # the key of another certificate
+        d = pki["dir"]   # a new certificate with the key of another one (trustme's)
+        pki["ca"].issue("broker-1", ["127.0.0.1"], str(d / "new.pem"), str(d / "unused-key.pem"))
+        os.replace(d / "new.pem", pki["cert"])
+        trustme.CA().issue_cert("127.0.0.1").private_key_pem.write_to_path(pki["key"])
         with caplog.at_level(logging.WARNING, logger="kraftlog.tls"):
             assert not r.reload("test")
         lines = [rec.getMessage() for rec in caplog.records if rec.name == "kraftlog.tls"]
