@@ -52,6 +52,11 @@ class LogConfig:
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     compression_type: str = "producer"
+    # tiered storage (KIP-405; partitions/log/remote/): closed segments copied to the remote
+    # store; the local log keeps local.retention.* (-2 = the total retention.* value)
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2  # -2 = retention.ms, -1 = keep forever
+    local_retention_bytes: int = -2  # -2 = retention.bytes, -1 = no size limit
 
     def __post_init__(self) -> None:
         for key in TOPIC_CONFIG_KEYS.values():
@@ -64,6 +69,16 @@ class LogConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
+
+    @property
+    def effective_local_retention_ms(self) -> int:
+        """local.retention.ms with -2 resolved to retention.ms."""
+        return self.retention_ms if self.local_retention_ms == -2 else self.local_retention_ms
+
+    @property
+    def effective_local_retention_bytes(self) -> int:
+        """local.retention.bytes with -2 resolved to retention.bytes."""
+        return self.retention_bytes if self.local_retention_bytes == -2 else self.local_retention_bytes
 
     @property
     def log_append_time(self) -> bool:
@@ -204,6 +219,12 @@ TOPIC_CONFIG_KEYS: dict[str, ConfigKey] = {
         ConfigKey("min.insync.replicas", "min_insync_replicas", "int", 1, _INT32_MAX),
         ConfigKey("unclean.leader.election.enable", "unclean_leader_election_enable", "bool"),
         ConfigKey("compression.type", "compression_type", "choice", choices=COMPRESSION_TYPES),
+        ConfigKey("remote.storage.enable", "remote_storage_enable", "bool",
+                  doc="tiered storage: copy closed segments to the remote store (not for compacted topics)"),
+        ConfigKey("local.retention.ms", "local_retention_ms", "int", -2, _INT64_MAX,
+                  doc="local tail of a tiered topic by age; -2 = retention.ms, -1 = forever"),
+        ConfigKey("local.retention.bytes", "local_retention_bytes", "int", -2, _INT64_MAX,
+                  doc="local tail of a tiered topic by size; -2 = retention.bytes, -1 = no limit"),
     ]
 }
 
@@ -225,6 +246,32 @@ def validate_topic_configs(configs: Mapping[str, Any]) -> None:
             raise ValueError(
                 f"min.compaction.lag.ms: {lo_v} is larger than max.compaction.lag.ms {hi_v}; it must be <= it"
             )
+    _validate_tiering(configs)
+
+
+def _validate_tiering(configs: Mapping[str, Any]) -> None:
+    """Kafka's tiered storage rules: compacted topics are never tiered; the local tail is no
+    longer than the total retention (both when given in the same mapping)."""
+    if "remote.storage.enable" not in configs:
+        return
+    enabled = TOPIC_CONFIG_KEYS["remote.storage.enable"].parse(configs["remote.storage.enable"])
+    policy = configs.get("cleanup.policy")
+    if enabled and policy is not None and "compact" in TOPIC_CONFIG_KEYS["cleanup.policy"].parse(policy):
+        raise ValueError(
+            "remote.storage.enable: compacted topics (cleanup.policy containing compact) cannot use tiered "
+            "storage, as in Kafka; use cleanup.policy=delete or leave remote.storage.enable=false")
+    if not enabled:
+        return
+    for local_name, total_name in (("local.retention.ms", "retention.ms"), ("local.retention.bytes", "retention.bytes")):
+        if local_name not in configs or total_name not in configs:
+            continue
+        local_v = TOPIC_CONFIG_KEYS[local_name].parse(configs[local_name])
+        total_v = TOPIC_CONFIG_KEYS[total_name].parse(configs[total_name])
+        if local_v == -2 or total_v == -1:
+            continue
+        if local_v == -1 or local_v > total_v:
+            raise ValueError(f"{local_name}: {local_v} is larger than {total_name} {total_v}; the local tail "
+                             f"must not outlive the total retention (use -2 for the same value)")
 
 
 __all__ = ["LogConfig", "ConfigKey", "TOPIC_CONFIG_KEYS", "validate_topic_configs"]

@@ -139,6 +139,10 @@ class Log:
         self._unflushed_messages = 0
         self._last_flush_ms = clock.now_ms()
         self.producer_state = None
+        # tiered storage: offsets below this are in the remote store (set by the remote log
+        # manager, partitions/log/remote/); with remote.storage.enable only segments wholly
+        # below it may be deleted by local retention. -1: nothing remote (yet)
+        self.remote_copied_end_offset = -1
         self._load(recovery_point, log_start_offset, high_watermark, clean_shutdown)
         return self
 
@@ -821,11 +825,21 @@ class Log:
                 self._delete_first_segment()
 
             retention_ms = self._config.retention_ms
+            retention_bytes = self._config.retention_bytes
+            if self._config.remote_storage_enable:
+                # two tiers (KIP-405): the local tail keeps local.retention.*, and only a
+                # segment already in the remote store may go (the total is the remote log
+                # manager's job)
+                retention_ms = self._config.effective_local_retention_ms
+                retention_bytes = self._config.effective_local_retention_bytes
+                plain_deletable = deletable
+
+                def deletable() -> bool:
+                    return plain_deletable() and self._segments[0].next_offset <= self.remote_copied_end_offset
             if retention_ms >= 0:
                 while deletable() and now - self._segments[0].largest_timestamp > retention_ms:
                     delete_first()
                     deleted += 1
-            retention_bytes = self._config.retention_bytes
             if retention_bytes >= 0:
                 total = self.size_bytes
                 while deletable() and total - self._segments[0].size >= retention_bytes:

@@ -24,6 +24,8 @@ PACKAGES = ("raft", "metadata_quorum", "partitions", "http_api", "deploy", "pipe
 LAYERS: list[tuple[str, str]] = [
     ("partitions.errors", "ground"),
     ("partitions.log.log_scheduler", "shell"),     # background threads and a cleaner process pool
+    ("partitions.log.remote.s3", "shell"),        # tiered storage: boto3 against the object store
+    ("partitions.log.remote.remote_log_manager", "shell"),  # tiered storage: copier/reader threads
     ("partitions.log", "core"),
     ("partitions.groups", "core"),
     ("partitions.replication.partition", "core"),

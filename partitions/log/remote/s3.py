@@ -1,0 +1,191 @@
+"""Tiered storage on an S3-compatible object store (AWS S3, SeaweedFS, MinIO...): both
+KIP-405 plug points (`RemoteStorageManager`, `RemoteLogMetadataManager`) over boto3.
+
+Why boto3 (in the remote log manager's threads) and not an asyncio client: every caller
+here already runs in a worker thread (the copier next to retention, remote reads in their
+own pool, so the event loop never waits on the store); boto3 is AWS's own SDK (signing,
+retries, path/virtual addressing, endpoints) and its clients are thread-safe;
+aiobotocore would pin botocore to its own releases and still need the segment file reads
+off the loop. Requests are bounded by `remote_storage_request_timeout_ms` with no SDK
+retries: the copier owns the retry policy (backoff while the store is down).
+
+Object layout, under `[remote_storage] s3_prefix` (topic id in the path: a topic deleted
+and re-created under the same name never sees the old data):
+
+    <topic>-<topic_id>/<partition>/<base:020d>-<segment_id>.{log,index,timeindex,leader-epoch-checkpoint,snapshot}
+    <topic>-<topic_id>/<partition>/_metadata/<segment_id>.json     RemoteLogSegmentMetadata
+
+The metadata object is written COPY_SEGMENT_STARTED before the data and rewritten
+COPY_SEGMENT_FINISHED after it (and DELETE_SEGMENT_STARTED before deleting), so a listing
+shows every upload a dead leader started (see docs/TIERED_STORAGE.md for why the metadata
+lives next to the data).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .config import RemoteStorageConfig
+from .metadata import RemoteLogSegmentMetadata
+from .storage import LogSegmentData, RemoteResourceNotFoundError, RemoteStorageError
+
+log = logging.getLogger(__name__)
+
+METADATA_DIR = "_metadata"
+
+
+def _missing(exc: ClientError) -> bool:
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+
+
+class S3RemoteStorage:
+    """`RemoteStorageManager` + `RemoteLogMetadataManager` on one S3 bucket (thread-safe)."""
+
+    def __init__(self, cfg: RemoteStorageConfig) -> None:
+        self.cfg = cfg
+        self.bucket = cfg.remote_storage_s3_bucket
+        self.prefix = cfg.remote_storage_s3_prefix.strip("/")
+        if self.prefix:
+            self.prefix += "/"
+        timeout = cfg.remote_storage_request_timeout_ms / 1000
+        session = boto3.session.Session(
+            aws_access_key_id=cfg.remote_storage_s3_access_key_id or os.environ.get("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=cfg.remote_storage_s3_secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            region_name=cfg.remote_storage_s3_region)
+        self.client = session.client(
+            "s3", endpoint_url=cfg.remote_storage_s3_endpoint,
+            config=BotoConfig(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1},
+                              s3={"addressing_style": "path"}, max_pool_connections=16,
+                              signature_version="s3v4"))
+        self._bucket_ready = threading.Event()
+
+    # ------------------------------------------------------------------ keys
+
+    def partition_prefix(self, topic: str, topic_id: str, partition: int) -> str:
+        return f"{self.prefix}{topic}-{topic_id}/{partition}/"
+
+    def topic_prefix(self, topic: str, topic_id: str) -> str:
+        return f"{self.prefix}{topic}-{topic_id}/"
+
+    def data_key(self, md: RemoteLogSegmentMetadata, kind: str) -> str:
+        return f"{self.partition_prefix(md.topic, md.topic_id, md.partition)}{md.base_offset:020d}-{md.segment_id}.{kind}"
+
+    def metadata_key(self, md: RemoteLogSegmentMetadata) -> str:
+        return f"{self.partition_prefix(md.topic, md.topic_id, md.partition)}{METADATA_DIR}/{md.segment_id}.json"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, what: str, fn, **kwargs):
+        try:
+            return fn(**kwargs)
+        except ClientError as exc:
+            if _missing(exc):
+                raise RemoteResourceNotFoundError(f"{what}: {exc}") from exc
+            raise RemoteStorageError(f"{what}: {exc}") from exc
+        except (BotoCoreError, OSError) as exc:
+            raise RemoteStorageError(f"{what}: {exc}") from exc
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket when missing (once per process, retried by callers until it works)."""
+        if self._bucket_ready.is_set():
+            return
+        try:
+            self._call("head bucket", self.client.head_bucket, Bucket=self.bucket)
+        except RemoteResourceNotFoundError:
+            try:
+                self._call("create bucket", self.client.create_bucket, Bucket=self.bucket)
+            except RemoteStorageError as exc:
+                if "BucketAlreadyOwnedByYou" not in str(exc) and "BucketAlreadyExists" not in str(exc):
+                    raise
+        self._bucket_ready.set()
+
+    def _put(self, key: str, body: bytes) -> None:
+        self.ensure_bucket()
+        self._call(f"put {key}", self.client.put_object, Bucket=self.bucket, Key=key, Body=body)
+
+    def _get(self, key: str, range_header: str | None = None) -> bytes:
+        kwargs = {"Bucket": self.bucket, "Key": key}
+        if range_header:
+            kwargs["Range"] = range_header
+        resp = self._call(f"get {key}", self.client.get_object, **kwargs)
+        try:
+            return resp["Body"].read()
+        except (BotoCoreError, OSError) as exc:
+            raise RemoteStorageError(f"get {key}: {exc}") from exc
+
+    def _list(self, prefix: str) -> list[dict]:
+        self.ensure_bucket()
+        out: list[dict] = []
+        token = None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            resp = self._call(f"list {prefix}", self.client.list_objects_v2, **kwargs)
+            out.extend(resp.get("Contents", []))
+            if not resp.get("IsTruncated"):
+                return out
+            token = resp.get("NextContinuationToken")
+
+    def _delete_keys(self, keys: list[str]) -> int:
+        n = 0
+        for i in range(0, len(keys), 1000):
+            batch = keys[i:i + 1000]
+            self._call("delete objects", self.client.delete_objects, Bucket=self.bucket,
+                       Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            n += len(batch)
+        return n
+
+    # ------------------------------------------------------------------ RemoteStorageManager
+
+    def copy_log_segment_data(self, md: RemoteLogSegmentMetadata, data: LogSegmentData) -> int:
+        total = 0
+        for kind, body in data.files().items():
+            self._put(self.data_key(md, kind), body)
+            total += len(body)
+        return total
+
+    def fetch(self, md: RemoteLogSegmentMetadata, kind: str, start: int, end_inclusive: int | None = None) -> bytes:
+        rng = f"bytes={start}-" if end_inclusive is None else f"bytes={start}-{end_inclusive}"
+        return self._get(self.data_key(md, kind), rng)
+
+    def delete_log_segment_data(self, md: RemoteLogSegmentMetadata) -> None:
+        from .storage import SEGMENT_FILES
+        self._delete_keys([self.data_key(md, kind) for kind in SEGMENT_FILES])
+
+    def delete_partition_data(self, topic: str, topic_id: str) -> int:
+        keys = [o["Key"] for o in self._list(self.topic_prefix(topic, topic_id))]
+        return self._delete_keys(keys) if keys else 0
+
+    def count_objects(self, topic: str, topic_id: str) -> int:
+        return len(self._list(self.topic_prefix(topic, topic_id)))
+
+    # ------------------------------------------------------------------ RemoteLogMetadataManager
+
+    def put_segment_metadata(self, md: RemoteLogSegmentMetadata) -> None:
+        from .metadata import RemoteLogSegmentState
+        if md.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:
+            self._delete_keys([self.metadata_key(md)])
+        else:
+            self._put(self.metadata_key(md), md.to_json())
+
+    def list_segments(self, topic: str, topic_id: str, partition: int) -> list[RemoteLogSegmentMetadata]:
+        prefix = f"{self.partition_prefix(topic, topic_id, partition)}{METADATA_DIR}/"
+        out = []
+        for obj in self._list(prefix):
+            try:
+                out.append(RemoteLogSegmentMetadata.from_json(self._get(obj["Key"])))
+            except RemoteResourceNotFoundError:
+                continue  # deleted between the listing and the read
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring unreadable remote segment metadata %s: %s", obj["Key"], exc)
+        return out
+
+
+__all__ = ["S3RemoteStorage"]
