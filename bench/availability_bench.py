@@ -151,10 +151,10 @@ async def partition_writer(partition: int, follower: MetadataFollower, stop: asy
                 # follow metadata while the request waits: once another leader (a higher leader
                 # epoch) is named, the same batch goes there (the idempotent resend is safe)
                 while True:
-                    done, _ = await asyncio.wait({req}, timeout=leader_check_s)
+                    done, _ = await asyncio.wait({req}, timeout=leader_check_s / 2)
                     if done:
                         break
-                    await follower.refresh()
+                    await follower.refresh(wait_s=leader_check_s / 2)
                     if follower.leaders.get(partition, (leader_epoch,))[0] > leader_epoch:
                         moved = True
                         break

@@ -565,6 +565,9 @@ class BrokerLifecycle:
         self.last_heartbeat: Optional[dict] = None
         self.session_timeout_ms: Optional[int] = None   # the controller's broker_session_timeout_ms
         self._heartbeat_controller: Optional[str] = None  # the controller that answered the last heartbeat
+        # monotonic time (s) of the last heartbeat or registration the controller answered
+        # (issue 24 part D: a leader that has lost the controller stops leading)
+        self.last_heartbeat_ok: Optional[float] = None
         self._task: Optional[asyncio.Task] = None
         self._state_changed = asyncio.Event()
         self._paused = False
@@ -592,7 +595,14 @@ class BrokerLifecycle:
         self.session_timeout_ms = body.get("session_timeout_ms", self.session_timeout_ms)
         return self.broker_epoch
 
+    def heartbeat_silence_ms(self) -> Optional[int]:
+        """How long no heartbeat has succeeded (None before the first one)."""
+        if self.last_heartbeat_ok is None:
+            return None
+        return int((time.monotonic() - self.last_heartbeat_ok) * 1000)
+
     def _update(self, body: dict) -> None:
+        self.last_heartbeat_ok = time.monotonic()
         self.broker_epoch = body["broker_epoch"]
         self.is_fenced = body["fenced"]
         self.in_controlled_shutdown = body.get("in_controlled_shutdown", False)

@@ -109,9 +109,12 @@ class ControllerConfig:
     settings: ControllerSettings = field(default_factory=ControllerSettings)   # the controller role's decisions
     maintenance_interval_ms: int = 200
     unreachable_probe_timeout_ms: int = 1000   # probe of a broker reported unreachable (refused = fence now)
-    # probe of a broker reported silent (part B): a TCP connect from this host, in a thread
-    # (a busy event loop cannot fake a timeout); not connected within this long = cut off
-    broker_silence_probe_timeout_ms: int = 500
+    # probe of a broker reported silent (part B), in a thread (a busy event loop cannot fake a
+    # timeout): a TCP connect from this host (not connected within this long = cut off), then
+    # GET /healthz (no answer within the second limit = not serving: stopped, or behind a
+    # proxy or load balancer that accepts for it)
+    broker_silence_probe_timeout_ms: int = 300
+    broker_silence_probe_answer_timeout_ms: int = 1000
     propose_timeout_ms: int = 5000
     long_poll_max_wait_ms: int = 30_000
     feed_records_per_response_max: int = 5000
@@ -342,7 +345,8 @@ class ControllerServer:
                 return
             epoch, url = b.epoch, b.url
             timeout_ms = self.config.broker_silence_probe_timeout_ms
-            outcome = await asyncio.to_thread(_tcp_probe, url, timeout_ms / 1000)
+            answer_ms = self.config.broker_silence_probe_answer_timeout_ms
+            outcome = await asyncio.to_thread(_probe_broker, url, timeout_ms / 1000, answer_ms / 1000)
             if outcome == "connected":
                 self._probe_connected_ms[target] = self.clock.monotonic_ms()
                 log.info("broker %s was reported silent but %s accepts connections: not fenced (%s)", target, url,
@@ -351,8 +355,11 @@ class ControllerServer:
             if not self.is_active:
                 return
             now = self.clock.monotonic_ms()
-            why = (f"{self.controller.silence_reason(target, now)}; the probe of {url} "
-                   f"{'timed out after ' + str(timeout_ms) + ' ms' if outcome == 'timeout' else 'was refused'}")
+            why = f"{self.controller.silence_reason(target, now)}; the probe of {url}: " + {
+                "timeout": f"no connection within {timeout_ms} ms",
+                "refused": "connection refused",
+                "no-answer": f"connected, but no answer to GET /healthz within {answer_ms} ms",
+                "closed": "connected, but closed without an answer"}[outcome]
             await self.write(lambda img: self.controller.fence_silent(img, target, epoch, now), reason=why)
         except KraftlogError as exc:
             log.info("fencing silent broker %s failed: %s", target, exc)
@@ -715,22 +722,34 @@ async def _connection_refused(url: Optional[str], timeout_s: float) -> bool:
     return False
 
 
-def _tcp_probe(url: Optional[str], timeout_s: float) -> str:
-    """"connected", "refused" or "timeout": a blocking TCP connect to the host:port of `url`
-    (run it in a thread: the kernel times the connect, so a busy event loop cannot turn a
-    slow loop into a timeout). A paused or busy process still accepts connections."""
+def _probe_broker(url: Optional[str], connect_timeout_s: float, answer_timeout_s: float) -> str:
+    """Probe a broker from this host, blocking (run it in a thread: the kernel times it, so a
+    busy event loop cannot turn into a timeout). "timeout" (no TCP connection: the host is cut
+    off), "refused" (nothing listens), "no-answer" / "closed" (connected, but no HTTP answer
+    to GET /healthz within `answer_timeout_s`: stopped process, or a proxy accepting for a
+    dead one), else "connected" (any answer, 503 included). https: the connect only."""
     import socket
     from urllib.parse import urlsplit
     if not url:
         return "connected"
     u = urlsplit(url)
     try:
-        with socket.create_connection((u.hostname, u.port or 80), timeout=timeout_s):
-            return "connected"
+        sock = socket.create_connection((u.hostname, u.port or 80), timeout=connect_timeout_s)
     except ConnectionRefusedError:
         return "refused"
     except OSError:   # socket.timeout, unreachable
         return "timeout"
+    with sock:
+        if u.scheme == "https":
+            return "connected"
+        try:
+            sock.settimeout(answer_timeout_s)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            return "connected" if sock.recv(16) else "closed"
+        except socket.timeout:
+            return "no-answer"
+        except OSError:
+            return "closed"
 
 
 # error answers as json_response gave them (charset=utf-8); never crash on a request

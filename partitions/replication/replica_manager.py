@@ -276,6 +276,7 @@ class ReplicaManager:
         key = (topic, partition)
         part = self.partitions.get(key)
         if part is not None and part.is_leader:
+            self.core.check_not_suspended(TopicPartition(topic, partition))
             return part, self.logs[key]
         img = self._image
         if img is None or img.partition(topic, partition) is None:
@@ -500,6 +501,19 @@ class ReplicaManager:
         `leader_epoch` = the epoch the follower follows under (stale: FENCED_LEADER_EPOCH)."""
         self.leader_partition(topic, partition)
         return self.core.epoch_end_offset(TopicPartition(topic, partition), epoch, leader_epoch)
+
+    def update_isolation(self, heartbeat_silence_ms: int | None, *, leader_lease_ms: int,
+                         replica_silence_report_ms: int) -> None:
+        """Suspend or resume led partitions by the isolation rule (issue 24 part D,
+        `ReplicaState.update_isolation`)."""
+        before = set(self.core.suspended)
+        self._carry_out(self.core.update_isolation(self._clock_ms(), heartbeat_silence_ms,
+                                                   leader_lease_ms=leader_lease_ms,
+                                                   replica_silence_report_ms=replica_silence_report_ms))
+        if self.core.suspended != before:
+            log.warning("broker %s: leaderships suspended (no heartbeat succeeded for %s ms and followers silent): "
+                        "%s; resumed: %s", self.broker_id, heartbeat_silence_ms,
+                        sorted(self.core.suspended - before), sorted(before - self.core.suspended))
 
     def replica_lag_time_max_ms(self, topic: str, default_ms: int) -> int:
         """The topic's `replica.lag.time.max.ms`, else the broker's."""

@@ -130,6 +130,9 @@ class ReplicaState:
         self.logs: dict[TopicPartition, PartitionLog] = {}
         self._ack_waiters: dict[TopicPartition, list[tuple[int, Waiter]]] = {}
         self._hw_floor: dict[TopicPartition, tuple[int, int]] = {}   # leader's (epoch, HW) seen last
+        # led partitions whose leadership is suspended: this broker lost the controller and
+        # the partition's followers (issue 24 part D, `update_isolation`)
+        self.suspended: set[TopicPartition] = set()
 
     # ---- replicas ----------------------------------------------------------------------
 
@@ -149,6 +152,7 @@ class ReplicaState:
         eff = Effects()
         part = self.partitions.pop(tp, None)
         self.logs.pop(tp, None)
+        self.suspended.discard(tp)
         self._hw_floor.pop(tp, None)
         if part is not None:
             self._fail_ack_waiters(tp, eff, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -184,6 +188,7 @@ class ReplicaState:
                 log_end_offset=lg.log_end_offset, high_watermark=part.high_watermark)
         if not changed:
             return eff
+        self.suspended.discard(tp)   # the controller's word is newer than our isolation
         self._high_watermark_changed(tp, eff)
         if was_leader and (not part.is_leader or part.leader_epoch != old_epoch):
             self._fail_ack_waiters(tp, eff, ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -195,12 +200,47 @@ class ReplicaState:
     # ---- leader: appends and acks=all ----------------------------------------------------
 
     def leader(self, tp: TopicPartition) -> tuple[Partition, PartitionLog]:
-        """The leader replica of `tp`, else NOT_LEADER_OR_FOLLOWER."""
+        """The leader replica of `tp`, else NOT_LEADER_OR_FOLLOWER (also while its leadership
+        is suspended: `update_isolation`)."""
         part = self.partitions.get(tp)
         if part is None or not part.is_leader:
             raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                 f"broker {self.broker_id} is not the leader of {tp[0]}-{tp[1]}; refresh metadata")
+        self.check_not_suspended(tp)
         return part, self.logs[tp]
+
+    def check_not_suspended(self, tp: TopicPartition) -> None:
+        if tp in self.suspended:
+            raise KraftlogError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"broker {self.broker_id} has lost contact with the controllers and with the followers of "
+                f"{tp[0]}-{tp[1]}, so it no longer takes writes it cannot replicate (the controller is moving "
+                "the leadership); refresh metadata and send to the leader it names")
+
+    def update_isolation(self, now_ms: int, heartbeat_silence_ms: int | None, *, leader_lease_ms: int,
+                         replica_silence_report_ms: int) -> Effects:
+        """An isolated leader stops leading (issue 24 part D, KIP-966's rule that a leader
+        takes no writes it cannot replicate). A led partition is suspended while this
+        broker's heartbeats have not succeeded for `leader_lease_ms` (the session timeout
+        minus one heartbeat interval: the controller fences it about now) AND an ISR member
+        has sent no fetch for `replica_silence_report_ms` (so a controller quorum that is down
+        while the followers replicate does not stop the partition; a partition without
+        followers is never suspended). Suspended: produce and fetch answer
+        NOT_LEADER_OR_FOLLOWER, acks=all waiters fail with it (clients move); lifted as soon
+        as both conditions no longer hold, or the metadata gives the partition a new state.
+        `heartbeat_silence_ms`: None when no heartbeat failed yet."""
+        eff = Effects()
+        isolated = heartbeat_silence_ms is not None and heartbeat_silence_ms >= leader_lease_ms
+        for tp, part in self.partitions.items():
+            suspend = (isolated and part.is_leader
+                       and bool(self._silent_isr_members(part, now_ms, replica_silence_report_ms)))
+            if suspend and tp not in self.suspended:
+                self.suspended.add(tp)
+                self._fail_ack_waiters(tp, eff, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                eff.wake(tp)
+            elif not suspend:
+                self.suspended.discard(tp)
+        return eff
 
     def append_as_leader(self, tp: TopicPartition, batches: bytes | bytearray | memoryview, *,
                          required_min_isr: int | None = None) -> tuple[AppendedBatches, Effects]:
@@ -270,18 +310,23 @@ class ReplicaState:
         fetches, however slowly, is never silent."""
         out: dict[int, int] = {}
         for part in self.partitions.values():
-            if not part.is_leader:
+            for r, silent in self._silent_isr_members(part, now_ms, replica_silence_report_ms).items():
+                out[r] = max(out.get(r, 0), silent)
+        return out
+
+    def _silent_isr_members(self, part: Partition, now_ms: int, silence_ms: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        if not part.is_leader:
+            return out
+        for r in part.isr:
+            state = part.remote_replicas.get(r)
+            if r == self.broker_id or state is None:
                 continue
-            for r in part.isr:
-                state = part.remote_replicas.get(r)
-                if r == self.broker_id or state is None:
-                    continue
-                last_heard = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
-                if last_heard < 0:
-                    continue
-                silent = now_ms - last_heard
-                if silent > replica_silence_report_ms:
-                    out[r] = max(out.get(r, 0), silent)
+            last_heard = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
+            if last_heard < 0:
+                continue
+            if now_ms - last_heard > silence_ms:
+                out[r] = now_ms - last_heard
         return out
 
     def acks_waiting_offset(self, tp: TopicPartition) -> int | None:

@@ -8,6 +8,11 @@ this broker leads that sent no fetch request) and `ReplicaFetcherManager.silent_
 that interval per peer, one report in flight per peer) while the broker's metadata shows it
 unfenced. A report is only a suspicion: the controller fences the peer once its own
 heartbeats from it have stopped too and its probe cannot connect to it.
+
+The same loop applies part D, the other side of the same silence: `isolation()` gives
+(how long no heartbeat has succeeded, the leader lease), and `ReplicaManager.update_isolation`
+suspends the leaderships of partitions whose followers went silent too (an isolated leader
+takes no writes it cannot replicate). Both are off when `replica_silence_report_ms` is 0.
 """
 from __future__ import annotations
 
@@ -25,12 +30,13 @@ log = logging.getLogger(__name__)
 
 
 class PeerSilenceReporter:
-    """Looks for silent peers every quarter of `replica_silence_report_ms` (see the module
+    """Looks for silent peers every eighth of `replica_silence_report_ms` (see the module
     docstring). `is_live(broker_id)`: the broker's metadata holds it registered and unfenced."""
 
     def __init__(self, replica_manager: "ReplicaManager", fetchers: "ReplicaFetcherManager", broker_id: int,
                  report: Callable[[int, int], Awaitable[object]], is_live: Callable[[int], bool], *,
-                 replica_silence_report_ms: int = 1000, clock: Clock = SYSTEM_CLOCK) -> None:
+                 replica_silence_report_ms: int = 1000, clock: Clock = SYSTEM_CLOCK,
+                 isolation: Callable[[], tuple[int | None, int]] | None = None) -> None:
         self.rm = replica_manager
         self.fetchers = fetchers
         self.broker_id = broker_id
@@ -38,6 +44,7 @@ class PeerSilenceReporter:
         self.is_live = is_live
         self.replica_silence_report_ms = replica_silence_report_ms
         self.clock = clock
+        self.isolation = isolation
         self._last_report_ms: dict[int, int] = {}
         self._in_flight: dict[int, asyncio.Task] = {}
         self.reports_sent = 0
@@ -52,7 +59,12 @@ class PeerSilenceReporter:
         return out
 
     def check_once(self) -> list[int]:
-        """Report every silent live peer not reported within the interval; -> the ids reported."""
+        """Report every silent live peer not reported within the interval; -> the ids reported.
+        Then suspend or resume leaderships by the isolation rule (part D)."""
+        if self.isolation is not None:
+            heartbeat_silence_ms, leader_lease_ms = self.isolation()
+            self.rm.update_isolation(heartbeat_silence_ms, leader_lease_ms=leader_lease_ms,
+                                     replica_silence_report_ms=self.replica_silence_report_ms)
         now = self.clock.monotonic_ms()
         sent = []
         for target, silent_ms in sorted(self.silent_peers().items()):
@@ -81,7 +93,7 @@ class PeerSilenceReporter:
     async def run(self) -> None:
         if self.replica_silence_report_ms <= 0:
             return
-        interval_s = max(50, self.replica_silence_report_ms // 4) / 1000
+        interval_s = max(50, self.replica_silence_report_ms // 8) / 1000
         try:
             while True:
                 await asyncio.sleep(interval_s)

@@ -25,6 +25,12 @@ Kinds:
   still reach every controller
 - controller-one-way: one controller's raft messages to the others dropped while it still
   hears them (it keeps believing in a leader the majority replaced, or leads unheard)
+- isolate-host: the combined-mode machine i (controller i + broker i, the active controller's
+  70% of the time) goes silent: every link between it and the other machines is blackholed
+  (connections hang, nothing forwarded, no RST): broker i's links to and from the other
+  brokers and controllers, controller i's raft links and the other brokers' links to it, and
+  the other controllers' probes of broker i; broker i still reaches controller i (same host).
+  Clients keep their direct connections (as a client on that host would). Issue 24
 """
 from __future__ import annotations
 
@@ -262,6 +268,31 @@ class ControllerLinks(Nemesis):
         c.heal_network()
 
 
+class IsolateHost(Nemesis):
+    """A whole combined-mode machine silently cut off (see the module docstring)."""
+
+    name = "isolate-host"
+
+    def start(self, c, rng):
+        active = c.active_controller()
+        self.i = i = active if active is not None and rng.random() < 0.7 else rng.choice(c.ids)
+        others = [j for j in c.ids if j != i]
+        self.affected = [(p, s) for p, s in c.links_from(i) if p is not c.ctl_proxy[i]] + c.links_to(i)
+        self.affected += [(c.ctl_proxy[i], f"broker-{j}") for j in others]          # brokers -> controller i
+        self.affected += [(c.broker_proxy[i], f"controller-{j}") for j in others]   # probes of broker i
+        for j in others:
+            self.affected += c.raft_links(i, j)
+        for proxy, src in self.affected:
+            proxy.blackhole(src)   # live and new connections hang: nothing forwarded, no RST
+        role = "the active controller's" if i == active else "a"
+        return f"{role} host {i} (controller {i} + broker {i}) silently cut off from hosts {others}"
+
+    def stop(self, c):
+        for proxy, src in self.affected:  # drop half-delivered streams: reconnect cleanly
+            proxy.cut(src)
+        c.heal_network()
+
+
 ALL_NEMESES = {
     "kill-broker": KillBroker, "kill-active-controller": KillActiveController, "kill-several": KillSeveral,
     "pause-broker": lambda: Pause("broker"), "pause-controller": lambda: Pause("controller"),
@@ -272,6 +303,7 @@ ALL_NEMESES = {
     "torn-tail": TornTail, "clock-jump": ClockJump,
     "controller-partition": lambda: ControllerLinks("controller-partition"),
     "controller-one-way": lambda: ControllerLinks("controller-one-way"),
+    "isolate-host": IsolateHost,
 }
 
 

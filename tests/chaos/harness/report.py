@@ -52,8 +52,45 @@ def figures(history: History, result: CheckResult, faults: list, min_gap_s: floa
         "unavailable_s_total": round(sum(b - a for a, b in windows), 2),
         "unavailable_s_max": round(max([b - a for a, b in windows] or [0]), 2),
         "unavailability_by_partition": by_partition,
+        "windows_by_fault_kind": windows_by_fault_kind(history, faults),
         "checker_stats": result.stats,
     }
+
+
+def windows_by_fault_kind(history: History, faults: list, f: str = "produce") -> dict:
+    """Per fault kind: the longest window without an acknowledged write of one partition
+    (issue 24), over the faults of that kind. A fault's span runs from its start to the next
+    fault's start (hold, heal and quiet period), the last one to the last completion; within
+    it, per (topic, partition), the longest stretch without an `ok` of kind `f` (clipped to
+    the span). -> {kind: {"faults", "max_s", "worst": "topic-partition at start s", "p50_s"}}"""
+    oks: dict = defaultdict(list)
+    end = 0.0
+    for op in history.ops:
+        if op.f == f and op.type == "ok":
+            oks[op.key].append(op.complete_time)
+        end = max(end, op.complete_time, op.invoke_time)
+    for times in oks.values():
+        times.sort()
+    keys = sorted({op.key for op in history.ops if op.f == f}, key=str)
+    ordered = sorted((x for x in faults if x.end >= 0), key=lambda x: x.start)
+    per_kind: dict = defaultdict(list)   # kind -> [(longest s, key, fault start)]
+    for n, fault in enumerate(ordered):
+        a = fault.start
+        b = ordered[n + 1].start if n + 1 < len(ordered) else max(end, fault.end)
+        worst = (0.0, None)
+        for key in keys:
+            pts = [a] + [t for t in oks.get(key, []) if a < t < b] + [b]
+            gap = max((y - x for x, y in zip(pts, pts[1:])), default=0.0)
+            if gap > worst[0]:
+                worst = (gap, key)
+        per_kind[fault.kind].append((worst[0], worst[1], a))
+    out = {}
+    for kind, rows in sorted(per_kind.items()):
+        rows.sort(key=lambda r: r[0])
+        top = rows[-1]
+        out[kind] = {"faults": len(rows), "max_s": round(top[0], 2), "p50_s": round(rows[len(rows) // 2][0], 2),
+                     "worst": f"{top[1][0]}-{top[1][1]} at {top[2]:.1f}s" if top[1] else None}
+    return out
 
 
 def svg_plot(points: list[dict], faults: list, width: int = 1000, height: int = 420) -> str:
@@ -139,6 +176,10 @@ def write_report(out_dir: str, history: History, result: CheckResult, faults: li
              f"windows, {figs['unavailable_s_total']} s total, longest {figs['unavailable_s_max']} s; per partition "
              f"{figs['unavailability_by_partition']}",
              f"- nemesis errors: {len(figs['fault_errors'])}",
+             "- longest window without an acknowledged write of one partition, per fault kind "
+             "(span: the fault's start to the next fault's start): " + "; ".join(
+                 f"{k} {v['max_s']} s (p50 {v['p50_s']} s, {v['faults']} faults)"
+                 for k, v in figs["windows_by_fault_kind"].items()),
              f"- log cleaner (summed over broker processes, last sample of each): {json.dumps(log_cleaner or {})}",
              "", "![](throughput_latency.svg)", "",
              "## Faults", ""]

@@ -129,3 +129,41 @@ def test_the_rule_is_off_at_zero_and_settings_are_checked():
         ControllerSettings(broker_silence_fence_ms=-1)
     with pytest.raises(ValueError, match="broker_silence_report_max_age_ms"):
         ControllerSettings(broker_silence_report_max_age_ms=0)
+
+
+def test_the_probe_tells_a_serving_broker_from_a_stopped_or_missing_one():
+    """The shell's probe (`_probe_broker`, a blocking connect + GET /healthz in a thread):
+    only an HTTP answer counts as alive; an accepted connection alone does not (a stopped
+    process, or a proxy accepting for a dead one)."""
+    import socket
+    import threading
+
+    from metadata_quorum.controller_server import _probe_broker
+
+    def server(answer: bytes):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+
+        def serve():
+            conn, _ = s.accept()
+            conn.recv(1024)
+            if answer:
+                conn.sendall(answer)
+            conn.close()
+        threading.Thread(target=serve, daemon=True).start()
+        return s, f"http://127.0.0.1:{s.getsockname()[1]}"
+
+    s, url = server(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")
+    assert _probe_broker(url, 0.5, 1.0) == "connected"        # any answer: alive (503 while starting)
+    s.close()
+    s, url = server(b"")
+    assert _probe_broker(url, 0.5, 1.0) == "closed"            # accepted, then closed unanswered
+    s.close()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)                                            # the kernel accepts; nobody answers
+    assert _probe_broker(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.5, 0.3) == "no-answer"
+    port = silent.getsockname()[1]
+    silent.close()
+    assert _probe_broker(f"http://127.0.0.1:{port}", 0.5, 0.3) == "refused"
