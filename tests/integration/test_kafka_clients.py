@@ -477,7 +477,7 @@ def test_idempotent_acks_all_producer_survives_a_killed_leader(tmp_path):
     with ReplicatedCluster(str(tmp_path), brokers=3) as c:
         topic = "failover"
         c.create_topic(topic, partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"})
-        old_leader = c.partition(topic)["leader"]
+        old_leader, old_epoch = c.partition(topic)["leader"], c.partition(topic)["leader_epoch"]
         survivor = next(b for b in (1, 2, 3) if b != old_leader)
         delivered, errors = [], []
 
@@ -500,6 +500,9 @@ def test_idempotent_acks_all_producer_survives_a_killed_leader(tmp_path):
         new_leader = c.wait_for(lambda: (lead := c.partition(topic)["leader"]) not in (-1, old_leader) and lead,
                                 30, "a new leader")
         assert new_leader in c.procs
+        # a client still on the old leader epoch is told its epoch is fenced
+        assert c.partition(topic)["leader_epoch"] > old_epoch
+        assert _raw_fetch(c.kafka_address(new_leader), topic, old_epoch).error_code.name == "fenced_leader_epoch"
         msgs = []
         from confluent_kafka import Consumer, TopicPartition
         cons = Consumer({"bootstrap.servers": c.kafka_address(survivor), "group.id": "check",
@@ -514,3 +517,42 @@ def test_idempotent_acks_all_producer_survives_a_killed_leader(tmp_path):
         finally:
             cons.close()
         assert msgs == [f"v{i}".encode() for i in range(n)]   # 0 lost, 0 duplicated, in order
+
+
+def _raw_fetch(address: str, topic: str, current_epoch: int):
+    """One Fetch v12 of partition 0 from offset 0 with `current_leader_epoch`: its partition answer."""
+    import datetime
+    from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+    from kio.schema.fetch.v12.response import FetchResponse
+    from kio.serial import entity_reader
+    host, port = address.rsplit(":", 1)
+    req = FetchRequest(max_wait=datetime.timedelta(0), min_bytes=1, topics=(FetchTopic(topic=topic, partitions=(
+        FetchPartition(partition=0, current_leader_epoch=current_epoch, fetch_offset=0,
+                       partition_max_bytes=1 << 20),)),), forgotten_topics_data=())
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(_kafka_request(1, 12, 3, req))
+        answer = _read_answer(s)
+    return entity_reader(FetchResponse)(answer[5:], 0)[0].responses[0].partitions[0]
+
+
+def test_fetch_and_list_offsets_check_the_current_leader_epoch(cluster):
+    from kio.schema.list_offsets.v7.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+    from kio.schema.list_offsets.v7.response import ListOffsetsResponse
+    from kio.serial import entity_reader
+    topic = _topic(cluster)
+    part = cluster.partition(topic)
+    leader, epoch = part["leader"], part["leader_epoch"]
+    host, port = cluster.kafka_address(leader).rsplit(":", 1)
+
+    def list_offsets(current_epoch: int):
+        req = ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(ListOffsetsTopic(name=topic, partitions=(
+            ListOffsetsPartition(partition_index=0, current_leader_epoch=current_epoch, timestamp=-1),)),))
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(_kafka_request(2, 7, 4, req))
+            answer = _read_answer(s)
+        return entity_reader(ListOffsetsResponse)(answer[5:], 0)[0].topics[0].partitions[0]
+
+    assert _raw_fetch(cluster.kafka_address(leader), topic, epoch).error_code.name == "none"
+    assert _raw_fetch(cluster.kafka_address(leader), topic, epoch + 5).error_code.name == "unknown_leader_epoch"
+    assert list_offsets(epoch).error_code.name == "none"
+    assert list_offsets(epoch + 5).error_code.name == "unknown_leader_epoch"
