@@ -25,6 +25,7 @@ from http_api.kafka import protocol
 from http_api.kafka.classic_groups import ClassicGroupError, ClassicGroups
 from http_api.kafka.protocol import API_VERSIONS, API_VERSIONS_KEY, FrameError, build, kafka_error
 from http_api.kafka.records import kafka_to_stored, split_kafka_batches, stored_to_kafka
+from partitions import internal_topics
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.groups.records import OFFSETS_TOPIC
 from partitions.log.errors import CorruptRecordError, RecordTooLargeError
@@ -258,6 +259,7 @@ class KafkaApis:
 
     async def _produce_partition(self, topic: str, partition: int, records, acks: int, timeout_ms: int) -> dict:
         try:
+            internal_topics.check_client_write(topic, "produce")   # only coordinators write internal topics
             if not records:
                 raise CorruptRecordError("the produce request carries no record batch for this partition")
             self.rm.leader_partition(topic, partition)   # NOT_LEADER_OR_FOLLOWER before converting anything
@@ -561,6 +563,7 @@ class KafkaApis:
                "num_partitions": -1, "replication_factor": -1, "configs": ()}
         try:
             validate_topic_name(t.name)
+            internal_topics.check_client_write(t.name, "creation")   # its coordinator creates it
             if t.assignments:
                 raise KraftlogError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported; "
                                     "give num_partitions and replication_factor")
@@ -631,6 +634,7 @@ class KafkaApis:
             for p in t.partitions:
                 entry = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": K.none}
                 try:
+                    internal_topics.check_client_write(t.name, "delete-records")
                     entry["low_watermark"] = await self.rm.delete_records(t.name, p.partition_index, int(p.offset))
                 except KraftlogError as e:
                     entry["error_code"] = kafka_error(e)
