@@ -102,7 +102,7 @@ def in_process_cost(iterations: int = 20_000) -> float:
     from metadata_quorum.security.config import SecurityConfig
     from metadata_quorum.security.scram import make_credential
 
-    img = types.SimpleNamespace(scram_credentials={USER: make_credential(PASSWORD)}, token_principals={},
+    img = types.SimpleNamespace(scram_credentials={USER: make_credential(PASSWORD)}, tokens={},
                                 acls=(AclBinding(f"User:{USER}", ResourceType.TOPIC, TOPIC, PatternType.LITERAL,
                                                  Operation.WRITE),), version=1)
     sec = SecurityConfig(authentication=("basic",), authorizer="acl", super_users=("User:admin",))

@@ -6,8 +6,9 @@ Job: turn a request into a principal (`User:NAME`) or refuse it, before any hand
   broker verifiers of `broker_credentials_file`). A check costs a PBKDF2 (~0.9 ms), so a
   successful one is cached, keyed by (user, sha256(password), the credential): a changed or
   deleted credential no longer matches its entries and drops them.
-- `Authorization: Bearer TOKEN` ("bearer"): the principal of sha256(TOKEN) in
-  `SecurityImage.token_principals` (tokens are long and random: no cache needed).
+- `Authorization: Bearer TOKEN` ("bearer"): the principal of the unexpired delegation token
+  whose sha256 is sha256(TOKEN) in `SecurityImage.tokens` (indexed by hash once per image;
+  tokens are long and random: no cache of checks needed).
 - a TLS client certificate ("mtls"): `User:<CN>`.
 - No authentication configured: every request is `User:ANONYMOUS` (the node says so on start).
 
@@ -64,7 +65,7 @@ class SecurityImageLike(Protocol):
     """What authentication and authorization read from the metadata quorum's SecurityImage."""
 
     scram_credentials: Mapping[str, ScramCredential]   # user name (no `User:`) -> credential
-    token_principals: Mapping[str, str]                # sha256 hex of a token -> principal
+    tokens: Mapping[str, Any]                          # token id -> DelegationToken (token_hash, principal, expired())
     acls: tuple                                        # AclBinding, ...
     version: int
 
@@ -270,6 +271,7 @@ class Authenticator:
         self.peer_principal = peer_principal
         self.limiter = FailureLimiter(security.authentication_failures_max_per_second, clock)
         self._cache: dict[str, tuple[ScramCredential, list[bytes]]] = {}   # user -> (credential, sha256s)
+        self._token_index: tuple[Any, dict] = (None, {})   # (image, token hash -> token)
         self.cache_hits = 0
         self.cache_misses = 0
         self.failures = 0
@@ -315,6 +317,14 @@ class Authenticator:
         entry[1].append(digest)
         return True
 
+    def _tokens_by_hash(self) -> Mapping[str, Any]:
+        img = self.image()
+        if img is None:
+            return {}
+        if self._token_index[0] is not img:   # a new image: index its tokens by hash once
+            self._token_index = (img, {t.token_hash: t for t in img.tokens.values()})
+        return self._token_index[1]
+
     def _throttle(self, addr: Optional[str]) -> None:
         if addr is not None and not self.limiter.allowed(addr):
             raise Throttled(f"too many failed authentications from {addr} (authentication_failures_max_per_second="
@@ -336,11 +346,13 @@ class Authenticator:
             return f"User:{user}"
         self._throttle(addr)
         if scheme == "bearer" and "bearer" in self.methods:
-            img = self.image()
-            principal = None if img is None or not rest else img.token_principals.get(hash_token(rest))
-            if principal is None:
+            token = self._tokens_by_hash().get(hash_token(rest)) if rest else None
+            if token is None:
                 raise AuthenticationFailed("unknown or revoked bearer token")
-            return principal
+            if token.expired(int(time.time() * 1000)):
+                raise AuthenticationFailed(f"the bearer token {token.token_id} has expired; ask an admin for a new "
+                                           "one (kraftlog token create)")
+            return token.principal
         raise AuthenticationFailed(f"the {scheme or 'empty'} Authorization scheme is not accepted here; use "
                                    f"{' or '.join(sorted(m for m in self.methods if m != 'mtls')) or 'a client certificate'}")
 

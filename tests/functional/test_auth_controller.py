@@ -35,7 +35,7 @@ async def node(tmp_path):
                               broker_credentials_file=str(creds), authentication_failures_max_per_second=1000)
     n = await start_node(security=security)
     users = {"admin": make_credential("admin-pw"), "alice": make_credential("alice-pw")}
-    n.server.authenticator.image = lambda: types.SimpleNamespace(scram_credentials=users, token_principals={},
+    n.server.authenticator.image = lambda: types.SimpleNamespace(scram_credentials=users, tokens={},
                                                                  acls=(), version=1)
     try:
         async with aiohttp.ClientSession() as s:

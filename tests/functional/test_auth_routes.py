@@ -15,21 +15,25 @@ from http_api.broker.config import BrokerConfig
 from http_api.broker.metadata_view import MetadataView
 from http_api.wire.auth import basic_header, write_broker_credentials
 from metadata_quorum.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from metadata_quorum.security.image import DelegationToken
 from metadata_quorum.security.scram import hash_token, make_credential
 
 PASSWORDS = {"admin": "admin-pw", "alice": "alice-pw", "bob": "bob-pw"}
 BROKER_PASSWORDS = {7: "broker-7-pw", 8: "broker-8-pw"}
 ALICE_TOKEN = "alice-token-0123456789abcdef"
+EXPIRED_TOKEN = "alice-old-token-0123456789abcdef"
 CREDENTIALS = {u: make_credential(p) for u, p in PASSWORDS.items()}
 
 
 class SecurityHolder:
-    """A hand-built SecurityImage-like object the broker reads (scram_credentials,
-    token_principals, acls, version); `grant()` swaps in new ACLs as a new version."""
+    """A hand-built SecurityImage-like object the broker reads (scram_credentials, tokens,
+    acls, version); `grant()` swaps in new ACLs as a new version."""
 
     def __init__(self) -> None:
         self.image = types.SimpleNamespace(scram_credentials=dict(CREDENTIALS),
-                                           token_principals={hash_token(ALICE_TOKEN): "User:alice"},
+                                           tokens={"t1": DelegationToken("t1", hash_token(ALICE_TOKEN), "User:alice"),
+                                                   "t2": DelegationToken("t2", hash_token(EXPIRED_TOKEN), "User:alice",
+                                                                         expiry_timestamp_ms=1)},
                                            acls=(), version=1)
 
     def get(self):
@@ -37,7 +41,7 @@ class SecurityHolder:
 
     def grant(self, *acls: AclBinding) -> None:
         self.image = types.SimpleNamespace(scram_credentials=self.image.scram_credentials,
-                                           token_principals=self.image.token_principals,
+                                           tokens=self.image.tokens,
                                            acls=tuple(acls), version=self.image.version + 1)
 
 
@@ -265,6 +269,9 @@ async def test_bearer_token_authenticates_its_principal(secure_broker):
     r = await h.client.post("/v1/topics/secret/records", json={"records": [{"value": "t"}]},
                             headers={"Authorization": f"Bearer {ALICE_TOKEN}"})
     assert r.status == 403 and "User:alice lacks WRITE on topic secret" in (await r.json())["message"]
+    r = await h.client.post("/v1/topics/orders/records", json={"records": [{"value": "t"}]},
+                            headers={"Authorization": f"Bearer {EXPIRED_TOKEN}"})
+    assert r.status == 401 and "expired" in (await r.json())["message"]
 
 
 async def test_replica_fetch_as_another_broker_is_refused(secure_broker):

@@ -27,7 +27,7 @@ class Image:
         self.users = {u: make_credential(p) for u, p in users.items()}
 
     def get(self):
-        return types.SimpleNamespace(scram_credentials=self.users, token_principals={}, acls=(), version=1)
+        return types.SimpleNamespace(scram_credentials=self.users, tokens={}, acls=(), version=1)
 
 
 def req(user, password):
