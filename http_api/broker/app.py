@@ -31,7 +31,7 @@ from http_api.broker.produce import ProduceRoutes
 from http_api.broker.replica import ReplicaRoutes
 from http_api.broker.security_admin import SecurityAdminRoutes
 from http_api.broker.topics import TopicRoutes
-from http_api.wire.auth import AuthMiddleware, Authenticator
+from http_api.wire.auth import AuthMiddleware, Authenticator, register_auth_metrics
 from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
 from partitions.errors import ErrorCode, KraftlogError
 
@@ -85,6 +85,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     auth = AuthMiddleware(authenticator, authorizer, open_paths=OPEN_ROUTES, echo_headers=(CORRELATION_HEADER,))
     app = web.Application(middlewares=[auth, _ERRORS], client_max_size=config.socket_request_max_bytes)
     ctx.authenticator, ctx.authorizer = authenticator, authorizer
+    register_auth_metrics(deps.registry, authenticator)
     app[BROKER_KEY] = ctx
     topics, produce, fetch = TopicRoutes(ctx), ProduceRoutes(ctx), FetchRoutes(ctx)
     replica, ops = ReplicaRoutes(ctx), OpsRoutes(ctx)

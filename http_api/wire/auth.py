@@ -458,7 +458,14 @@ def say_unauthenticated(security: SecurityConfig, node: str, logger: logging.Log
                        "authentication configured; see API.md, Security)", node)
 
 
-def auth_metrics_text(a: Authenticator) -> dict[str, Any]:
-    """Counters of an authenticator (for /metrics and the bench)."""
-    return {"failures": a.failures, "refused_by_rate_limit": a.limiter.refused,
-            "cache_hits": a.cache_hits, "cache_misses": a.cache_misses}
+def register_auth_metrics(registry, a: Authenticator) -> None:
+    """The authenticator's counters on /metrics (Prometheus gauges read at scrape time)."""
+    import prometheus_client as prom
+    for name, doc, fn in (
+            ("kraftlog_authentication_failures", "Requests refused for missing or wrong credentials (401)",
+             lambda: a.failures),
+            ("kraftlog_authentication_throttled", "Requests refused by authentication_failures_max_per_second (429)",
+             lambda: a.limiter.refused),
+            ("kraftlog_authentication_cache_hits", "Basic checks answered by the cache", lambda: a.cache_hits),
+            ("kraftlog_authentication_cache_misses", "Basic checks that ran PBKDF2", lambda: a.cache_misses)):
+        prom.Gauge(name, doc, registry=registry).set_function(fn)

@@ -274,6 +274,18 @@ async def test_bearer_token_authenticates_its_principal(secure_broker):
     assert r.status == 401 and "expired" in (await r.json())["message"]
 
 
+async def test_authentication_counters_on_metrics(secure_broker):
+    h, _ = secure_broker
+    for _ in range(3):
+        assert (await h.client.get("/v1/topics", headers=WRONG)).status == 401
+    for _ in range(5):
+        assert (await h.client.get("/v1/topics", headers=ALICE)).status == 200
+    text = await (await h.client.get("/metrics", headers=ADMIN)).text()
+    values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("kraftlog_authentication")}
+    assert values["kraftlog_authentication_failures"] >= 3
+    assert values["kraftlog_authentication_cache_hits"] >= 4 and values["kraftlog_authentication_cache_misses"] >= 1
+
+
 async def test_replica_fetch_as_another_broker_is_refused(secure_broker):
     h, _ = secure_broker
     body = {"replica_id": 7, "partitions": []}
