@@ -21,6 +21,7 @@ import urllib.request
 from typing import Optional
 
 from deploy.config import NodeConfig
+from http_api.wire.hardening import HttpLimits
 
 READY_TIMEOUT_S = 60.0
 BROKER_STOP_TIMEOUT_S = 25.0
@@ -121,7 +122,16 @@ def controller_command(cfg: NodeConfig) -> list[str]:
             "--broker-heartbeat-interval-ms", str(c.broker_heartbeat_interval_ms),
             "--leader-imbalance-check-interval-ms", str(c.leader_imbalance_check_interval_ms)] + \
         (["--raft-bind-host", cfg.raft_bind_host] if cfg.raft_bind_host else []) + \
-        security_args(cfg)
+        security_args(cfg) + http_limits_args(cfg)
+
+
+def http_limits_args(cfg: NodeConfig) -> list[str]:
+    """The node's HTTP edge limits (the broker's request_header_timeout_ms, connections_max, ...)
+    for the controller's listener too (none when at defaults)."""
+    limits = HttpLimits.from_settings(cfg.broker)
+    if limits == HttpLimits():
+        return []
+    return ["--http-limits-json", json.dumps(dataclasses.asdict(limits))]
 
 
 def security_args(cfg: NodeConfig) -> list[str]:

@@ -34,7 +34,7 @@ from http_api.broker.metadata_view import MetadataView
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.broker.replica_client import ReplicaTransport
 from http_api.wire.auth import broker_auth_headers, say_unauthenticated
-from http_api.wire.hardening import HardenedAppRunner, HttpLimits
+from http_api.wire.hardening import HardenedAppRunner, HardeningCollector, HttpLimits
 from http_api.wire.tls import ReloadingServerContext, TlsMetricsCollector, internal_client_context
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
@@ -162,6 +162,7 @@ class Broker:
         # hardened edge: head/body deadlines, connection caps, rate-limited rejection log
         self.runner = HardenedAppRunner(app, HttpLimits.from_settings(cfg), log, handler_cancellation=True,
                                         shutdown_timeout=SHUTDOWN_HANDLERS_WAIT_S)
+        deps.registry.register(HardeningCollector(self.runner.guard))   # kraftlog_http_edge_*
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024,
                            ssl_context=self.tls.context if self.tls is not None else None)

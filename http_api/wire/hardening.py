@@ -328,6 +328,27 @@ class HardenedServer(web.Server):
         return handler
 
 
+class HardeningCollector:
+    """Prometheus collector of one listener's edge: what it refused, by reason
+    (kraftlog_http_edge_refused_total{reason}) and the connections open now."""
+
+    REASONS = {"connection_cap": "connections_refused", "header_timeout": "header_timeouts",
+               "body_timeout": "body_timeouts", "malformed": "malformed_requests",
+               "rejected": "rejected_requests"}
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        refused = CounterMetricFamily("kraftlog_http_edge_refused", "Connections and requests the HTTP edge "
+                                      "refused or answered as rejected, by reason", labels=["reason"])
+        for reason, attr in self.REASONS.items():
+            refused.add_metric([reason], getattr(self.guard.stats, attr))
+        yield refused
+        yield GaugeMetricFamily("kraftlog_http_edge_connections", "Open HTTP connections", value=self.guard.total)
+
+
 class HardenedAppRunner(web.AppRunner):
     """`web.AppRunner` serving `app` behind the hardened edge (module docstring). Extra
     keyword arguments go to aiohttp as for AppRunner; its access log is the rejection log."""

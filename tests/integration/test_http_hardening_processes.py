@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
 
 import pytest
 
@@ -87,6 +88,10 @@ def test_slowloris_and_malformed_requests_on_a_broker_and_a_controller_process(t
         assert len(log_lines(broker_log, "rejected UNKNOWN")) + len(log_lines(broker_log, "rejected GET")) == 3
         assert len(log_lines(broker_log, "rejected POST /v1/topics")) == 2
         assert len(log_lines(controller_log, "rejected")) == 3
+        with urllib.request.urlopen(c.url(1) + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert 'kraftlog_http_edge_refused_total{reason="header_timeout"} 1.0' in metrics
+        assert 'kraftlog_http_edge_refused_total{reason="rejected"} 5.0' in metrics
         for path in (broker_log, controller_log):
             assert not log_lines(path, "Traceback"), path
             assert len(log_lines(path, "request head not complete within request_header_timeout_ms=600")) == 1
