@@ -395,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, required=True)
     up.add_argument("--data-dir", required=True)
     up.add_argument("--base-port", type=int, default=8082)
-    up.add_argument("--kafka-base-port", type=int, default=9092,
-                    help="broker i listens for Kafka clients on kafka-base-port + i - 1")
+    up.add_argument("--kafka-base-port", type=int, default=None,
+                    help="broker i listens for Kafka clients on kafka-base-port + i - 1 (default 9092; "
+                         "a restart keeps the cluster's)")
     up.add_argument("--secure", action="store_true",
                     help="TLS on every listener, authentication and ACLs on: writes DATA_DIR/ca.pem (a new CA, "
                          "node certificates) and DATA_DIR/admin.password (super user admin)")

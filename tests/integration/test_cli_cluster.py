@@ -33,7 +33,9 @@ def get(url):
 def test_cluster_up_status_down_restart(tmp_path):
     data = str(tmp_path / "c")
     base = free_base_port(2)
-    r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base))
+    kafka_base = free_port()   # never Kafka's default 9092: tests run side by side
+    r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base),
+                 "--kafka-base-port", str(kafka_base))
     try:
         assert r.returncode == 0, r.stderr
         urls = r.stdout.split()
@@ -44,7 +46,10 @@ def test_cluster_up_status_down_restart(tmp_path):
         procs = json.loads(r.stdout)
         assert sorted((p["node_id"], p["role"]) for p in procs) == [
             (1, "broker"), (1, "controller"), (2, "broker"), (2, "controller")]
-        assert all(set(p) == {"node_id", "role", "pid", "url"} for p in procs)
+        assert all(set(p) == {"node_id", "role", "pid", "url"} | ({"kafka_address"} if p["role"] == "broker" else set())
+                   for p in procs)
+        assert sorted(p["kafka_address"] for p in procs if p["role"] == "broker") == [
+            f"127.0.0.1:{kafka_base}", f"127.0.0.1:{kafka_base + 1}"]
         r = kraftlog("topic", "create", "kept", "--partitions", "2", "--bootstrap", urls[0])
         assert r.returncode == 0, r.stderr
         req = urllib.request.Request(urls[1] + "/v1/topics/kept/records?acks=1", method="POST",
