@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from deploy.local_node import ROOT, free_port
+from deploy.supervisor import port_in_use
 from http_api.client import Consumer, Producer
 from http_api.wire import tls
 
@@ -27,9 +28,12 @@ pytestmark = pytest.mark.integration
 
 
 def free_base_port(n):
-    for _ in range(50):
+    """A base port whose broker, controller and raft ports (base + {0, 1000, 2000} + i) are all
+    free now (other tests run beside this one)."""
+    for _ in range(200):
         base = free_port()
-        if base + 2000 + n < 65535:
+        if base + 2000 + n < 65535 and not any(port_in_use("127.0.0.1", base + off + i)
+                                               for off in (0, 1000, 2000) for i in range(n)):
             return base
     raise RuntimeError("no free base port")
 
@@ -67,8 +71,9 @@ def secure_cluster(tmp_path):
         assert r.returncode == 0, r.stderr
         yield data, base, r.stdout.split()
     finally:
-        down = kraftlog("cluster", "down", "--data-dir", data)
-        assert down.returncode == 0, down.stderr
+        if os.path.exists(os.path.join(data, "cluster.json")):
+            down = kraftlog("cluster", "down", "--data-dir", data)
+            assert down.returncode == 0, down.stderr
 
 
 def test_secure_cluster_replicates_over_tls(secure_cluster):
