@@ -183,6 +183,7 @@ class ChaosCluster:
         state = os.path.join(self.node_dir(i), f"broker-{i}")
         cfg = BrokerConfig(broker_id=i, cluster_id=self.cluster_id, http_host="127.0.0.1",
                            http_port=self.http_port[i], advertised_url=self.broker_proxy[i].url,
+                           kafka_port=0,   # no Kafka listener: the harness speaks HTTP (and leaves 9092 free)
                            log_dirs=[os.path.join(state, "logs")], state_dir=state,
                            controller_urls=[self.ctl_proxy[j].url for j in self.ids], **self.s.broker)
         cmd = [sys.executable, "-m", "http_api.broker.server", "--config-json",
