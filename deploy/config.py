@@ -276,6 +276,15 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ValueError(f"config file {path!r} must hold a table/object of settings")
     if "kraftlog" in doc and isinstance(doc["kraftlog"], dict):
         doc = doc["kraftlog"]
+    section = doc.pop("remote_storage", None) if isinstance(doc.get("remote_storage"), dict) else None
+    if section is not None:   # TOML/JSON [remote_storage] table: enable, s3_endpoint, ... = remote_storage_<key>
+        for k, v in section.items():
+            flat = k if k.startswith(("remote_storage_", "remote_log_", "remote_fetch_", "remote_index_")) \
+                else f"remote_storage_{k}"
+            if flat in doc:
+                raise ValueError(f"config file {path!r}: {flat!r} is set both at top level and in [remote_storage]; "
+                                 f"keep one")
+            doc[flat] = v
     section = doc.pop("security", None) if isinstance(doc.get("security"), dict) else None
     if section is not None:   # TOML/JSON [security] table: its keys are flat settings (tls_cert_file, ...)
         for k, v in section.items():

@@ -30,6 +30,7 @@ from http_api.broker.ops import OpsRoutes
 from http_api.broker.produce import ProduceRoutes
 from http_api.broker.replica import ReplicaRoutes
 from http_api.broker.security_admin import SecurityAdminRoutes
+from http_api.broker.tiering import install_tiered_storage
 from http_api.broker.topics import TopicRoutes
 from http_api.wire.auth import AuthMiddleware, Authenticator, register_auth_metrics
 from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
@@ -106,6 +107,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_post("/v1/producer-ids", produce.init_producer_id)
     install_log_cleaner_routes(app, ctx)                 # /admin/v1/log-cleaner...
     SecurityAdminRoutes(ctx).install(r)                  # /v1/admin/users, /tokens, /acls
+    install_tiered_storage(app, ctx)                     # [remote_storage]: remote log manager (tiering.py)
     r.add_post("/internal/v1/replica-fetch", replica.replica_fetch)
     r.add_post("/internal/v1/epoch-end-offsets", replica.epoch_end_offsets)
     r.add_get("/healthz", ops.healthz)

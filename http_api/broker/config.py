@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from metadata_quorum.controller import MinInsyncReplicasDefault
 from metadata_quorum.security.config import SecurityConfig
+from partitions.log.remote.config import RemoteStorageConfig
 
 MiB = 1024 * 1024
 
@@ -263,6 +264,7 @@ GROUPS: dict[str, type] = {
     "groups": GroupCoordinatorConfig,
     "memory": MemoryConfig,
     "security": SecurityConfig,   # [security]: TLS, authentication, authorizer (API.md, Security)
+    "remote_storage": RemoteStorageConfig,  # [remote_storage]: tiered storage (API.md, Tiered storage)
 }
 # setting name -> the group field holding it
 SETTING_GROUP: dict[str, str] = {f.name: g for g, cls in GROUPS.items() for f in dataclasses.fields(cls)}
@@ -295,6 +297,7 @@ class BrokerConfig:
     groups: GroupCoordinatorConfig = field(default_factory=GroupCoordinatorConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    remote_storage: RemoteStorageConfig = field(default_factory=RemoteStorageConfig)
 
     def __init__(self, **settings: Any) -> None:
         own = {f.name: f for f in dataclasses.fields(self)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from http_api.broker import tiering
 from http_api.broker.context import Routes, int_param, json_response, partition_param
 from http_api.wire import codecs
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
@@ -30,8 +31,11 @@ class FetchRoutes(Routes):
         max_wait_ms = min(int_param(q.get("max_wait_ms"), "max_wait_ms", default=0),
                           self.config.fetch_max_wait_ms)
         media = codecs.negotiate_response_type(request.headers.get("Accept"), JSON)
-        res = await self.rm.fetch(name, partition, offset, max_bytes=max_bytes, min_bytes=min_bytes,
-                                  max_wait_ms=max_wait_ms)
+        # below the local log start of a tiered partition: the remote store (tiering.py)
+        res = await tiering.remote_fetch(self.ctx, name, partition, offset, max_bytes)
+        if res is None:
+            res = await self.rm.fetch(name, partition, offset, max_bytes=max_bytes, min_bytes=min_bytes,
+                                      max_wait_ms=max_wait_ms)
         self.metrics.fetch_bytes.inc(len(res.records))
         if media == RAW_BATCH:
             return web.Response(body=res.records, content_type=RAW_BATCH, headers={
@@ -51,7 +55,7 @@ class FetchRoutes(Routes):
         if ts is not None:
             t = int_param(ts, "timestamp")
             return json_response({"offset": self.rm.offset_for_timestamp(name, partition, t)})
-        return json_response(self.rm.offsets(name, partition))
+        return json_response(await tiering.offsets_doc(self.ctx, name, partition, self.rm.offsets(name, partition)))
 
     async def delete_records(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]

@@ -241,7 +241,7 @@ def openapi_document(server_url: str) -> dict:
             "/v1/topics/{topic}/partitions/{partition}/offsets": {
                 "parameters": [_T, _P, {"name": "timestamp", "in": "query", "schema": {"type": "integer"}}],
                 "get": {"summary": "Log start offset and high watermark, or the offset for a timestamp",
-                        "responses": {"200": {"description": "{log_start_offset, high_watermark} or {offset}",
+                        "responses": {"200": {"description": "{log_start_offset, local_log_start_offset, high_watermark} or {offset}",
                                               "content": {"application/json": {"schema": {"type": "object"}}}}}},
             },
             "/v1/topics/{topic}/partitions/{partition}/delete-records": {

@@ -166,7 +166,7 @@ async def test_corrupt_raw_batch_is_rejected_and_log_unchanged(broker):
         d = await r.json()
         assert r.status == 400 and d["error_code"] in ("CORRUPT_MESSAGE", "INVALID_REQUEST"), d
     r = await c.get("/v1/topics/raw/partitions/0/offsets")
-    assert (await r.json()) == {"log_start_offset": 0, "high_watermark": 1}
+    assert (await r.json()) == {"log_start_offset": 0, "high_watermark": 1, "local_log_start_offset": 0}
 
 
 async def test_malformed_produce_leaves_log_unchanged(broker):

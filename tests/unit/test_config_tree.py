@@ -15,6 +15,7 @@ from deploy.cli import build_parser, serve_overrides
 from deploy.config import NodeConfig
 from deploy.supervisor import broker_command, controller_command
 from metadata_quorum.security.config import SecurityConfig
+from partitions.log.remote.config import RemoteStorageConfig
 from http_api.broker.config import (GROUPS, RENAMED_SETTINGS, BrokerConfig, DeprecatedSettingWarning, GroupCoordinatorConfig,
                              ListenerConfig, LogCleanerConfig, LogDefaults, MemoryConfig, ReplicationConfig,
                              RequestLimits)
@@ -45,6 +46,7 @@ INVALID = [
     (GroupCoordinatorConfig, "group_max_session_timeout_ms", 500),   # below the min (1000)
     (MemoryConfig, "malloc_trim_threshold_bytes", -1),
     (SecurityConfig, "tls_client_auth", "always"),
+    (RemoteStorageConfig, "remote_log_manager_task_interval_ms", 0),
     (ControllerSettings, "broker_session_timeout_ms", 0),
     (ControllerSettings, "leader_imbalance_check_interval_ms", -1),
 ]

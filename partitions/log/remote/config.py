@@ -41,7 +41,7 @@ class RemoteStorageConfig:
                   "remote_index_cache_entries", "remote_fetch_chunk_bytes"):
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{n} must be > 0, got {v!r}; fix {n} in [remote_storage]")
+                raise ValueError(f"{n} must be > 0, got {v!r}; fix {n} in the config ([remote_storage])")
         if self.remote_fetch_cache_max_bytes < self.remote_fetch_chunk_bytes:
             raise ValueError(f"remote_fetch_cache_max_bytes must be >= remote_fetch_chunk_bytes "
                              f"({self.remote_fetch_chunk_bytes}), got {self.remote_fetch_cache_max_bytes!r}")
