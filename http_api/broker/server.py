@@ -201,7 +201,12 @@ class Broker:
         from http_api.broker.groups import SERVICE_KEY
         from http_api.kafka.apis import KafkaApis
         from http_api.kafka.server import KafkaListener
+        from http_api.kafka.server import unsecured_listener_refusal
         cfg = self.config
+        refusal = unsecured_listener_refusal(cfg)
+        if refusal is not None:
+            log.warning("broker %s: %s", cfg.broker_id, refusal)
+            return None
         lst = cfg.listeners
         address = ""
         apis = KafkaApis(app[BROKER_KEY], app[SERVICE_KEY], broker_id=cfg.broker_id, kafka_address=lambda: address)

@@ -24,6 +24,19 @@ log = logging.getLogger("kraftlog.kafka")
 _SIZE = struct.Struct(">i")
 
 
+def unsecured_listener_refusal(config) -> str | None:
+    """Why this broker must not open its Kafka listener, or None. The listener has no TLS or
+    SASL yet: on a broker whose HTTP API requires TLS, authentication or ACLs it would be an
+    open side door to the same data, so it stays closed there."""
+    sec = config.security
+    what = [name for name, on in (("TLS", bool(sec.tls_cert_file)), ("authentication", bool(sec.authentication)),
+                                  ("an authorizer", bool(sec.authorizer))) if on]
+    if not what:
+        return None
+    return (f"the Kafka listener has no TLS/SASL yet and this broker's [security] configures {', '.join(what)}: "
+            "not opening an unauthenticated side door to the same data; set kafka_port = 0 to silence this")
+
+
 class KafkaListener:
     """Accepts Kafka client connections and runs each one's requests through `KafkaApis`."""
 
