@@ -37,7 +37,7 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from partitions.errors import KraftlogError
@@ -123,6 +123,14 @@ class SimConfig:
     # of a follower's previous process adds the restarted follower, shorter log and all, to
     # the ISR: simulation seed 60 at fault_probability=0.02)
     isr_broker_epochs: bool = True
+    # issue 24 part B: brokers report a peer silent this long (a follower whose fetches
+    # stopped, a leader that stopped answering) and the controller fences a reported broker it
+    # had no heartbeat from for `broker_silence_fence_ms` once its probe fails (in the
+    # simulation: the broker is down or its links with the controller are cut); part D: a
+    # leader without an answered heartbeat for the session minus one heartbeat interval and
+    # with a silent follower suspends its leadership. None: both off
+    replica_silence_report_ms: Optional[int] = 100
+    broker_silence_fence_ms: int = 150
 
 
 @dataclass
@@ -146,6 +154,9 @@ class SimBroker:
     last_hb_ms: int = -10**9
     last_isr_ms: int = -10**9
     torn: bool = False                # tail torn at a crash, not in the ISR since
+    last_leader_answer_ms: int = 0    # follower: when its leader last answered (issue 24 B)
+    last_hb_ok_ms: int = 0            # when the controller last answered a heartbeat (issue 24 D)
+    reported: dict = field(default_factory=dict)   # peer -> when reported silent
 
 
 @contextlib.contextmanager
@@ -244,8 +255,11 @@ class Simulation:
     def new_controller(self) -> None:
         """A controller failover: fresh soft state (sessions), next epoch, leader change record."""
         self.controller_epoch += 1
+        silence = self.cfg.replica_silence_report_ms
         settings = ControllerSettings(broker_session_timeout_ms=self.cfg.session_timeout_ms,
-                                      auto_leader_rebalance_enable=False)
+                                      auto_leader_rebalance_enable=False,
+                                      broker_silence_fence_ms=self.cfg.broker_silence_fence_ms if silence else 0,
+                                      broker_silence_report_max_age_ms=3 * (silence or 100))
         self.controller = QuorumController(settings, random.Random(self.rng.getrandbits(32)))
         assert self.propose([LeaderChangeRecord(1, self.controller_epoch)])
         self.controller.reset_sessions(self.image, self.now)
@@ -293,6 +307,8 @@ class Simulation:
         b.registered = False
         b.broker_epoch = -1
         b.last_register_ms = -10**9
+        b.last_hb_ok_ms = b.last_leader_answer_ms = self.now
+        b.reported = {}
         self.note(f"b{b.id} starts: LEO {b.log.log_end_offset}, partition {self.reg()}")
 
     def incarnation_id(self, b: SimBroker) -> str:
@@ -357,6 +373,8 @@ class Simulation:
         effects = b.core.apply_leader_and_isr(
             TP, LeaderAndIsr(leader, leader_epoch, tuple(replicas), tuple(isr), partition_epoch),
             now_ms=self.now, registered=registered)
+        if b.part.leader_id != before[0]:
+            b.last_leader_answer_ms = self.now   # a new leader: its silence counts from now
         if (b.part.leader_id, b.part.leader_epoch, b.part.partition_epoch) != before:
             self.note(f"b{b.id} applies metadata {state} (LEO {b.log.log_end_offset}, HW {b.part.high_watermark})")
         self.carry_out(b, effects)
@@ -407,6 +425,42 @@ class Simulation:
                 self.send(b.id, part.leader_id, "fetch", (part.leader_epoch, b.log.log_end_offset, b.broker_epoch))
         if part.is_leader:
             self.expire_waiters(b)
+        if self.cfg.replica_silence_report_ms and b.registered:
+            self.silence_tick(b)
+
+    def silence_tick(self, b: SimBroker) -> None:
+        """Issue 24 parts B and D on one broker: report silent peers (at most once per
+        interval each) and suspend the leadership while isolated."""
+        limit = self.cfg.replica_silence_report_ms
+        part = b.part
+        silent = dict(b.core.silent_followers(self.now, limit))
+        if not part.is_leader and part.leader_id > 0 and self.now - b.last_leader_answer_ms > limit:
+            silent[part.leader_id] = self.now - b.last_leader_answer_ms
+        for target in silent:
+            if target != b.id and self.now - b.reported.get(target, -10**9) >= limit:
+                b.reported[target] = self.now
+                self.send(b.id, CONTROLLER, "silent", (b.id, b.broker_epoch, target))
+        if part.is_leader:
+            was = TP in b.core.suspended
+            self.carry_out(b, b.core.update_isolation(
+                self.now, self.now - b.last_hb_ok_ms,
+                leader_lease_ms=self.cfg.session_timeout_ms - self.cfg.heartbeat_interval_ms,
+                replica_silence_report_ms=limit))
+            if (TP in b.core.suspended) != was:
+                self.note(f"b{b.id} leadership {'suspended' if not was else 'resumed'} (isolation)")
+                self.count("leaderships_suspended" if not was else "leaderships_resumed")
+
+    def fence_silent_brokers(self) -> None:
+        """The controller's side of part B: probe every broker it counts as silent (the probe
+        fails when the broker is down or cut from the controller) and fence it then."""
+        for target in self.controller.silent_brokers(self.image, self.now):
+            t = self.brokers[target]
+            if t.alive and (CONTROLLER, target) not in self.cut and (target, CONTROLLER) not in self.cut:
+                continue
+            epoch = self.image.brokers[target].epoch
+            if self.propose(self.controller.fence_silent(self.image, target, epoch, self.now)):
+                self.note(f"controller fences b{target} for silence")
+                self.count("fenced_for_silence")
 
     def expire_waiters(self, b: SimBroker) -> None:
         for w in b.core.ack_waiters(TP):
@@ -427,8 +481,12 @@ class Simulation:
         if not b.alive:
             return
         part, lg = b.part, b.log
+        if src == part.leader_id:
+            b.last_leader_answer_ms = self.now
         if kind == "metadata":
             self.apply_metadata(b, payload)
+        elif kind == "hb_ok":
+            b.last_hb_ok_ms = self.now
         elif kind == "registered":
             inc, epoch = payload
             if inc == self.incarnation_id(b) and not b.registered:
@@ -508,6 +566,11 @@ class Simulation:
                 report = [{"topic": TOPIC, "partition": 0, "partition_epoch": partition_epoch,
                            "last_epoch": last_epoch, "log_end_offset": leo}]
                 self.propose(self.controller.heartbeat(self.image, bid, epoch, offset, self.now, log_reports=report))
+                if self.cfg.replica_silence_report_ms:   # (no extra message, no extra rng draw when off)
+                    self.send(CONTROLLER, bid, "hb_ok", None)
+            elif kind == "silent":
+                reporter, epoch, target = payload
+                self.controller.report_silent(self.image, reporter, epoch, target, self.now)
             elif kind == "alter":
                 bid, epoch, leader_epoch, partition_epoch, new_isr, epochs = payload
                 ok = self.propose(self.controller.alter_partition(self.image, bid, epoch, TOPIC, 0, leader_epoch,
@@ -665,6 +728,8 @@ class Simulation:
         if self.now - self.last_maintenance >= self.cfg.maintenance_interval_ms:
             self.last_maintenance = self.now
             self.propose(self.controller.maintenance(self.image, self.now))
+            if self.cfg.replica_silence_report_ms:
+                self.fence_silent_brokers()
         if self.now - self.last_push >= self.cfg.metadata_push_interval_ms:
             self.last_push = self.now
             self.push_metadata()

@@ -41,7 +41,7 @@ def _produce_to(sim: Simulation, broker: int, n: int) -> list:
 
 def test_regression_hw_passes_a_member_of_a_pending_isr_expansion(tmp_path):
     cfg = SimConfig(message_loss=0.0, fault_probability=0.0, produce_probability=0.0, delay_ms_max=5,
-                    check_hw_within_isr=False)
+                    check_hw_within_isr=False, replica_silence_report_ms=None)
     sim = Simulation(1, cfg, root=str(tmp_path))
     try:
         _scenario(sim)   # fails today with SimulationFailure: acknowledged record ... missing on leader X

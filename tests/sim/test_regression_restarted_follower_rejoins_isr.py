@@ -22,7 +22,8 @@ SEED = 222
 
 def _config(isr_broker_epochs: bool) -> SimConfig:
     return SimConfig(steps=3000, fault_probability=0.02, isr_broker_epochs=isr_broker_epochs,
-                     replica_fetch_silence_max_ms=None)  # the seed reaches the bug with the rules of its time
+                     replica_fetch_silence_max_ms=None,  # the seed reaches the bug with the rules of its time
+                     replica_silence_report_ms=None)
 
 
 def test_without_broker_epochs_a_restarted_follower_rejoins_the_isr_on_stale_progress(tmp_path):

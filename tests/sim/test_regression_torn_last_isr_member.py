@@ -27,7 +27,8 @@ SEED = 22
 
 def _config(report_unclean_shutdowns: bool) -> SimConfig:
     return SimConfig(steps=3000, fault_probability=0.02, report_unclean_shutdowns=report_unclean_shutdowns,
-                     replica_fetch_silence_max_ms=None)  # the seed reaches the bug with the rules of its time
+                     replica_fetch_silence_max_ms=None,  # the seed reaches the bug with the rules of its time
+                     replica_silence_report_ms=None)
 
 
 def test_without_unclean_shutdown_reports_the_torn_last_isr_member_loses_committed_records(tmp_path):

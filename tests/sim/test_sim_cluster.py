@@ -88,9 +88,10 @@ def test_without_the_incarnation_gate_a_restarted_leader_is_caught(tmp_path):
     metadata, resumes its old incarnation's leadership with a reset high watermark: the
     bug of tests/chaos/test_regression_restarted_leader_truncates_followers.py."""
     with pytest.raises(SimulationFailure, match="HW went backwards|acknowledged record"):
-        Simulation(71, SimConfig(steps=600, incarnation_gate=False, replica_fetch_silence_max_ms=None),
+        Simulation(71, SimConfig(steps=600, incarnation_gate=False, replica_fetch_silence_max_ms=None,
+                                      replica_silence_report_ms=None),
                    root=str(tmp_path / "off")).run()
-    Simulation(71, SimConfig(steps=600, replica_fetch_silence_max_ms=None), root=str(tmp_path / "on")).run()
+    Simulation(71, SimConfig(steps=600, replica_fetch_silence_max_ms=None, replica_silence_report_ms=None), root=str(tmp_path / "on")).run()
 
 
 def test_a_broken_hw_rule_in_the_replica_core_fails_a_seed(tmp_path, monkeypatch):
