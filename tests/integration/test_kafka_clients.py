@@ -77,9 +77,12 @@ def _confluent_consume(cluster, topic: str, n: int, partitions: int = 1, timeout
 def test_kafka_metadata_lists_three_brokers_with_their_kafka_addresses(cluster):
     from confluent_kafka.admin import AdminClient
     topic = _topic(cluster, partitions=3)
-    md = AdminClient({"bootstrap.servers": cluster.kafka_address(2)}).list_topics(timeout=20)
-    assert {b.id: f"{b.host}:{b.port}" for b in md.brokers.values()} == \
-        {i: cluster.kafka_address(i) for i in (1, 2, 3)}
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_address(2)})
+    want = {i: cluster.kafka_address(i) for i in (1, 2, 3)}
+    # every broker's metadata follows the controller asynchronously: poll until broker 2 lists all
+    md = _wait(lambda: (m := admin.list_topics(timeout=20)) and
+               {b.id: f"{b.host}:{b.port}" for b in m.brokers.values()} == want and topic in m.topics and m, 30,
+               "broker 2's metadata listing the 3 brokers and the topic")
     assert md.controller_id in (1, 2, 3)          # a live broker, never -1
     ours = md.topics[topic]
     http_parts = {p["partition"]: p for p in cluster.partition_list(topic)}
