@@ -559,3 +559,39 @@ def test_fetch_and_list_offsets_check_the_current_leader_epoch(cluster):
     assert _raw_fetch(cluster.kafka_address(leader), topic, epoch + 5).error_code.name == "unknown_leader_epoch"
     assert list_offsets(epoch).error_code.name == "none"
     assert list_offsets(epoch + 5).error_code.name == "unknown_leader_epoch"
+
+
+def test_admin_describes_the_cluster_and_the_groups(cluster):
+    """DescribeCluster, ListGroups, DescribeGroups, OffsetFetch and DeleteGroups through
+    confluent-kafka's AdminClient, with a live group member and after it left."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    desc = admin.describe_cluster(request_timeout=30).result(30)
+    assert sorted((n.id, f"{n.host}:{n.port}") for n in desc.nodes) == [(i, cluster.kafka_address(i)) for i in (1, 2, 3)]
+    assert desc.controller.id in (1, 2, 3)
+
+    topic = _topic(cluster)
+    pr = Producer({"bootstrap.servers": cluster.kafka_bootstrap})
+    for i in range(5):
+        pr.produce(topic, value=b"d%d" % i, partition=0)
+    assert pr.flush(30) == 0
+    group = f"desc-{uuid.uuid4().hex[:6]}"
+    c = Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "client.id": "describer"})
+    try:
+        c.subscribe([topic])
+        _wait(lambda: (c.poll(0.2), bool(c.assignment()))[1], 60, "an assignment")
+        c.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+        listed = admin.list_consumer_groups(request_timeout=30).result(30)
+        assert group in {g.group_id for g in listed.valid}
+        described = admin.describe_consumer_groups([group], request_timeout=30)[group].result(30)
+        assert str(described.state).endswith("STABLE")
+        assert [m.client_id for m in described.members] == ["describer"]
+        assert [(tp.topic, tp.partition) for tp in described.members[0].assignment.topic_partitions] == [(topic, 0)]
+    finally:
+        c.close()
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    assert [(tp.topic, tp.partition, tp.offset) for tp in offsets.topic_partitions] == [(topic, 0, 3)]
+    admin.delete_consumer_groups([group], request_timeout=30)[group].result(30)
+    assert http("GET", f"{cluster.urls[0]}/v1/groups/{group}/offsets")[1].get("offsets", []) == []
