@@ -398,6 +398,11 @@ class LogCleaner:
                     end = min(end, seg.base_offset)
                     break
         first_dirty = self.first_dirty_offset(lg)
+        txn = getattr(lg, "transactions", None)
+        bound = txn.clean_bound(first_dirty) if txn is not None else None
+        if bound is not None:
+            # transactions: not past an open one, nor over an aborted one (transactions.py)
+            end = min(end, bound)
         return min(first_dirty, end), end
 
     def dirty_ratio(self, lg: Log, now_ms: int | None = None) -> float:

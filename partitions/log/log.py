@@ -39,6 +39,7 @@ from .errors import (
 )
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache, fsync_dir
 from .producer_state import ProducerStateManager
+from .transactions import TransactionIndex
 from .record_batch import (
     CONTROL_MASK,
     H_ATTRIBUTES,
@@ -50,6 +51,7 @@ from .record_batch import (
     H_PRODUCER_ID,
     H_RECORD_COUNT,
     LOG_OVERHEAD,
+    TRANSACTIONAL_MASK,
     decode_records,
     set_log_append_time,
     validate_batch_raw,
@@ -139,6 +141,7 @@ class Log:
         self._unflushed_messages = 0
         self._last_flush_ms = clock.now_ms()
         self.producer_state = None
+        self.transactions: TransactionIndex | None = None
         # tiered storage: offsets below this are in the remote store (set by the remote log
         # manager, partitions/log/remote/); with remote.storage.enable only segments wholly
         # below it may be deleted by local retention. -1: nothing remote (yet)
@@ -267,8 +270,23 @@ class Log:
         self._check_offsets()
 
     def _rebuild_producer_state(self) -> None:
-        """Idempotent producer state (producer_state.py), rebuilt from the log."""
+        """Idempotent producer state (producer_state.py) and transaction state
+        (transactions.py), rebuilt from the log."""
         self.producer_state = ProducerStateManager.rebuild(self)
+        self.transactions = TransactionIndex.rebuild(self._segments, self._log_start_offset, self._dir,
+                                                     self._high_watermark)
+
+    def last_stable_offset(self, high_watermark: int | None = None) -> int:
+        """min(high watermark, first offset of the oldest open transaction) (Kafka's LSO)."""
+        hw = self._high_watermark if high_watermark is None else high_watermark
+        txn = self.transactions
+        return hw if txn is None else txn.last_stable_offset(hw)
+
+    def aborted_transactions(self, start: int, end: int) -> list:
+        """Aborted transactions (transactions.AbortedTxn) with records in [start, end)."""
+        with self._lock:
+            txn = self.transactions
+            return [] if txn is None else txn.aborted_in_range(start, end)
 
     def _delete_segment_files(self, base: int) -> None:
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
@@ -459,6 +477,10 @@ class Log:
                 if h[H_PRODUCER_ID] >= 0:
                     idempotent = True
             producer_state = self.producer_state if idempotent else None
+            transactional = idempotent and self.transactions is not None and any(
+                h[H_ATTRIBUTES] & TRANSACTIONAL_MASK for _, h in batches)
+            if transactional:
+                self.transactions.check_leader_append(batches)
             if producer_state is not None:
                 duplicate = producer_state.check(batches, entries)
                 if duplicate is not None:
@@ -469,6 +491,9 @@ class Log:
             self._append(data, entries, max_ts, num_records, now, nbytes)
             if producer_state is not None:
                 producer_state.update(batches, entries, now)
+            if transactional:
+                self.transactions.on_append(records, batches, [e.base_offset for e in entries],
+                                            self._segments[-1].base_offset, self._high_watermark)
             return AppendInfo(first_offset, offset - 1, max_ts, now if append_time else -1, num_records, nbytes)
 
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> AppendInfo:
@@ -518,6 +543,9 @@ class Log:
             self._append(data, entries, max_ts, num_records, now, len(data))
             if self.producer_state is not None:
                 self.producer_state.update(batches, entries, now)
+            if self.transactions is not None and any(h[H_ATTRIBUTES] & TRANSACTIONAL_MASK for _, h in batches):
+                self.transactions.on_append(data, batches, [e.base_offset for e in entries],
+                                            self._segments[-1].base_offset, self._high_watermark)
             return AppendInfo(first, prev_next - 1, max_ts, -1, num_records, len(data))
 
     def _append(self, data, entries: list[BatchEntry], max_ts: int, num_records: int, now: int,
@@ -590,6 +618,9 @@ class Log:
             )
             self._segments[i : i + len(old)] = [loaded]
             self._bases = [s.base_offset for s in self._segments]
+            if self.transactions is not None:  # merged segments: their aborted entries move
+                self.transactions = TransactionIndex.rebuild(self._segments, self._log_start_offset, self._dir,
+                                                             self._high_watermark)
             return True
 
     def roll(self) -> LogSegment:
@@ -796,6 +827,8 @@ class Log:
         seg = self._segments.pop(0)
         self._bases.pop(0)
         seg.delete()
+        if self.transactions is not None:
+            self.transactions.drop_segment(seg.base_offset)
         if self._segments[0].base_offset > self._log_start_offset:
             self._log_start_offset = self._segments[0].base_offset
 
