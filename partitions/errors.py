@@ -80,6 +80,11 @@ class ErrorCode(enum.Enum):
     GROUP_AUTHORIZATION_FAILED = (False,)
     RESOURCE_NOT_FOUND = (False,)             # a user, token or ACL that does not exist (Kafka's RESOURCE_NOT_FOUND)
     DUPLICATE_RESOURCE = (False,)             # a user or ACL that already exists
+    PRODUCER_FENCED = (False,)                # a newer producer initialised the same transactional id
+    CONCURRENT_TRANSACTIONS = (True,)         # the transaction is still completing: retry
+    INVALID_TXN_STATE = (False,)              # e.g. commit after abort of the same transaction
+    INVALID_TRANSACTION_TIMEOUT = (False,)    # beyond transaction_max_timeout_ms
+    INVALID_PRODUCER_ID_MAPPING = (False,)    # the producer id is not the transactional id's
 
     @property
     def retriable(self) -> bool:
