@@ -85,8 +85,8 @@ class RateLimitedLog:
     def __bool__(self) -> bool:   # aiohttp tests its access_log for truth
         return True
 
-    def log(self, level: int, msg: str, *args: Any) -> bool:
-        """Log one line (True) or count it as suppressed (False)."""
+    def log(self, level: int, msg: str, *args: Any, exc_info: BaseException | None = None) -> bool:
+        """Log one line (True) or count it as suppressed (False); `exc_info` only for bugs."""
         window = int(self.clock())
         if window != self.window:
             self.window, self.in_window = window, 0
@@ -99,7 +99,7 @@ class RateLimitedLog:
             msg += " (suppressed %d similar lines)"
             args += (self.pending_suppressed,)
             self.pending_suppressed = 0
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
         return True
 
 
@@ -269,12 +269,16 @@ class HardenedRequestHandler(RequestHandler):
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         """A request aiohttp could not parse (or a failure outside the handlers): a JSON
-        error answer and one rate-limited line naming the client and the reason."""
-        self.guard.stats.malformed_requests += 1
+        error answer; a 4xx is logged once by RejectedRequestLog, a 5xx here with its traceback."""
         reason = one_line(message or (str(exc) if exc is not None else "") or "malformed request")
-        if status not in REJECTED_STATUSES:   # those are logged once, by RejectedRequestLog
-            self.guard.log.log(logging.WARNING, "failed a request from %s: %d %s",
-                               request.remote or self._ip, status, reason)
+        if status < 500:
+            self.guard.stats.malformed_requests += 1
+            if status not in REJECTED_STATUSES:   # those are logged once, by RejectedRequestLog
+                self.guard.log.log(logging.WARNING, "rejected a malformed request from %s: %d %s",
+                                   request.remote or self._ip, status, reason)
+        else:   # a failure outside the app's handlers is a bug: its traceback (still rate limited)
+            self.guard.log.log(logging.ERROR, "failed a request from %s: %d %s", request.remote or self._ip,
+                               status, reason, exc_info=exc)
         if request.writer.output_size > 0:
             raise ConnectionError("the answer was being sent already; closing the connection")
         code = ErrorCode.INVALID_REQUEST if status < 500 else ErrorCode.UNKNOWN_SERVER_ERROR
