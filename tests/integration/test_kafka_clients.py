@@ -595,3 +595,85 @@ def test_admin_describes_the_cluster_and_the_groups(cluster):
     assert [(tp.topic, tp.partition, tp.offset) for tp in offsets.topic_partitions] == [(topic, 0, 3)]
     admin.delete_consumer_groups([group], request_timeout=30)[group].result(30)
     assert http("GET", f"{cluster.urls[0]}/v1/groups/{group}/offsets")[1].get("offsets", []) == []
+
+
+def test_group_rebalances_when_a_member_joins_and_one_leaves_then_resumes_from_commits(cluster):
+    """Two confluent-kafka members share 4 partitions; a third joins (3 members), one leaves
+    (2 again); every member commits what it read; a restarted group resumes at the commits."""
+    import threading
+    from confluent_kafka import Consumer, Producer
+    topic = _topic(cluster, partitions=4)
+    pr = Producer({"bootstrap.servers": cluster.kafka_bootstrap, "enable.idempotence": True})
+    for i in range(80):
+        pr.produce(topic, value=f"r{i}".encode(), partition=i % 4)
+    assert pr.flush(30) == 0
+    group = f"reb-{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+
+    class Member(threading.Thread):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stop = threading.Event()
+            self.assigned: set = set()
+            self.read: set = set()
+            self.failure: BaseException | None = None
+
+        def run(self) -> None:
+            c = Consumer(conf)
+            try:
+                c.subscribe([topic])
+                while not self.stop.is_set():
+                    m = c.poll(0.2)
+                    if m is not None and m.error() is None:
+                        self.read.add((m.partition(), m.offset()))
+                        c.commit(message=m, asynchronous=False)
+                    self.assigned = {tp.partition for tp in c.assignment()}
+            except BaseException as e:  # noqa: BLE001 - reported by the test
+                self.failure = e
+            finally:
+                c.close()
+
+    def split(members) -> bool:
+        sets = [m.assigned for m in members]
+        return all(sets) and set().union(*sets) == {0, 1, 2, 3} and sum(map(len, sets)) == 4
+
+    members = [Member(), Member()]
+    try:
+        for m in members:
+            m.start()
+        _wait(lambda: split(members), 60, "2 members sharing 4 partitions")
+        third = Member()
+        members.append(third)
+        third.start()
+        _wait(lambda: split(members), 60, "3 members sharing 4 partitions")
+        leaving = members.pop(0)
+        leaving.stop.set()
+        leaving.join(30)
+        assert leaving.failure is None
+        _wait(lambda: split(members), 60, "2 members sharing 4 partitions after one left")
+        _wait(lambda: len(set().union(leaving.read, *(m.read for m in members))) == 80, 60, "all 80 records read")
+    finally:
+        for m in members:
+            m.stop.set()
+        for m in members:
+            m.join(30)
+    assert all(m.failure is None for m in members)
+    # every partition's commit is its end: a restarted member of the group reads nothing old
+    status, doc = http("GET", f"{cluster.urls[0]}/v1/groups/{group}/offsets")
+    assert status == 200, doc
+    assert sorted((o["partition"], o["offset"]) for o in doc["offsets"]) == [(p, 20) for p in range(4)]
+    pr.produce(topic, value=b"after", partition=2)
+    assert pr.flush(30) == 0
+    c = Consumer(conf)
+    try:
+        c.subscribe([topic])
+        got = []
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append((m.partition(), m.offset(), m.value()))
+    finally:
+        c.close()
+    assert got == [(2, 20, b"after")]
