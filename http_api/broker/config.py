@@ -119,6 +119,7 @@ class RequestLimits(_Group):
     fetch_default_max_bytes: int = 1 * MiB    # max_bytes when the request has none
     fetch_max_wait_ms: int = 30_000           # cap on a fetch's max_wait_ms
     kafka_request_max_bytes: int = 8 * MiB    # one Kafka request frame; larger: the connection is closed
+    kafka_connections_max_idle_ms: int = 600_000   # Kafka connections.max.idle.ms: idle Kafka connections closed; 0: never
     long_poll_max_requests: int = 1024        # waiting fetches at once; 429 THROTTLING_QUOTA_EXCEEDED
     request_timeout_ms: int = 30_000          # acks=all wait bound; forwarded requests
     metadata_wait_ms: int = 10_000            # how long admin calls wait for the broker to see their result
@@ -149,7 +150,7 @@ class RequestLimits(_Group):
                   "kafka_request_max_bytes",
                   "controller_request_timeout_ms", "controller_long_poll_margin_ms")
         _non_negative(self, "controller_retry_backoff_ms", "controller_leader_check_after_ms")
-        _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms")
+        _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms", "kafka_connections_max_idle_ms")
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,9 @@ class Broker:
         address = ""
         apis = KafkaApis(app[BROKER_KEY], app[SERVICE_KEY], broker_id=cfg.broker_id, kafka_address=lambda: address)
         listener = KafkaListener(apis, lst.kafka_bind_host, cfg.kafka_port,
-                                 request_max_bytes=cfg.kafka_request_max_bytes)
+                                 request_max_bytes=cfg.kafka_request_max_bytes,
+                                 connections_max_idle_ms=cfg.kafka_connections_max_idle_ms,
+                                 connections_max=cfg.connections_max, connections_max_per_ip=cfg.connections_max_per_ip)
         try:
             await listener.start()
         except OSError as e:

@@ -6,7 +6,9 @@ connection's requests are handled one at a time, in arrival order (the client ma
 answers leave in the same order). acks=0 produce requests get no answer. A frame larger
 than `kafka_request_max_bytes`, a frame that does not parse, or an API key / version this
 listener does not serve closes the connection (ApiVersions of an unknown version is
-answered with UNSUPPORTED_VERSION and the versions served, as Kafka does). Nothing a client
+answered with UNSUPPORTED_VERSION and the versions served, as Kafka does). A connection
+silent between requests for `kafka_connections_max_idle_ms` is closed, and connections over
+the HTTP edge's `connections_max` / `connections_max_per_ip` are closed at once. Nothing a client
 sends is allowed to escape the connection: every failure is logged and answered or closed.
 """
 from __future__ import annotations
@@ -40,11 +42,17 @@ def unsecured_listener_refusal(config) -> str | None:
 class KafkaListener:
     """Accepts Kafka client connections and runs each one's requests through `KafkaApis`."""
 
-    def __init__(self, apis: KafkaApis, host: str, port: int, *, request_max_bytes: int) -> None:
+    def __init__(self, apis: KafkaApis, host: str, port: int, *, request_max_bytes: int,
+                 connections_max_idle_ms: int = 600_000, connections_max: int = 0,
+                 connections_max_per_ip: int = 0) -> None:
         self.apis = apis
         self.host = host
         self.port = port
         self.request_max_bytes = request_max_bytes
+        self.connections_max_idle_ms = connections_max_idle_ms   # Kafka connections.max.idle.ms; 0: none
+        self.connections_max = connections_max                   # 0: no cap (as the HTTP edge's settings)
+        self.connections_max_per_ip = connections_max_per_ip
+        self._per_ip: dict[str, int] = {}
         self.server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task] = set()
 
@@ -79,10 +87,21 @@ class KafkaListener:
         if task is not None:
             self._conns.add(task)
         peer = writer.get_extra_info("peername")
+        ip = peer[0] if isinstance(peer, tuple) else str(peer)
+        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+        idle_s = self.connections_max_idle_ms / 1000 if self.connections_max_idle_ms > 0 else None
         try:
+            if (self.connections_max and len(self._conns) > self.connections_max) or \
+                    (self.connections_max_per_ip and self._per_ip[ip] > self.connections_max_per_ip):
+                log.info("closing Kafka connection %s: over connections_max=%d / connections_max_per_ip=%d",
+                         peer, self.connections_max, self.connections_max_per_ip)
+                return
             while True:
                 try:
-                    head = await reader.readexactly(4)
+                    head = await asyncio.wait_for(reader.readexactly(4), idle_s)
+                except asyncio.TimeoutError:
+                    log.debug("closing idle Kafka connection %s", peer)
+                    return
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 (size,) = _SIZE.unpack(head)
@@ -114,6 +133,9 @@ class KafkaListener:
         finally:
             if task is not None:
                 self._conns.discard(task)
+            self._per_ip[ip] -= 1
+            if not self._per_ip[ip]:
+                del self._per_ip[ip]
             try:
                 writer.close()
             except Exception:  # noqa: BLE001

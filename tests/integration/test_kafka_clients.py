@@ -677,3 +677,25 @@ def test_group_rebalances_when_a_member_joins_and_one_leaves_then_resumes_from_c
     finally:
         c.close()
     assert got == [(2, 20, b"after")]
+
+
+def test_idle_and_surplus_kafka_connections_are_closed(tmp_path):
+    with ReplicatedCluster(str(tmp_path), brokers=1, broker_config={
+            "kafka_connections_max_idle_ms": 500, "connections_max_per_ip": 3}) as c:
+        host, port = c.kafka_address(1).rsplit(":", 1)
+        idle = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            assert _api_versions_ok(c.kafka_address(1))
+            started = time.monotonic()
+            assert _closed(idle)                        # nothing sent for 500 ms: closed
+            assert time.monotonic() - started < 5
+        finally:
+            idle.close()
+        held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3)]
+        try:
+            with socket.create_connection((host, int(port)), timeout=10) as fourth:
+                assert _closed(fourth)                  # a 4th connection from this address: closed at once
+        finally:
+            for s in held:
+                s.close()
+        assert _wait(lambda: _api_versions_ok(c.kafka_address(1)), 10, "the listener serving again")
