@@ -829,11 +829,13 @@ async def run_controller_async(config: ControllerConfig, started: Optional[async
     raft_log.start()
     runner = HardenedAppRunner(server.build_app(), config.http_limits, log)
     await runner.setup()
-    from http_api.wire.tls import ReloadingServerContext
+    from http_api.wire.tls import ReloadingServerContext, TcpSite
     tls = ReloadingServerContext.from_security(config.security, name="controller")   # SIGHUP / file change
     say_unauthenticated(config.security, f"controller {config.node_id}", log)
-    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True,
-                       ssl_context=tls.context if tls is not None else None)
+    # a TLS handshake gets the request head's deadline (slowloris before the first byte of HTTP)
+    site = TcpSite(runner, config.http_host, config.http_port, reuse_address=True,
+                   ssl_context=tls.context if tls is not None else None,
+                   handshake_timeout_ms=config.http_limits.request_header_timeout_ms)
     await site.start()
     if tls is not None:
         tls.start()

@@ -35,7 +35,7 @@ from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.broker.replica_client import ReplicaTransport
 from http_api.wire.auth import broker_auth_headers, say_unauthenticated
 from http_api.wire.hardening import HardenedAppRunner, HardeningCollector, HttpLimits
-from http_api.wire.tls import ReloadingServerContext, TlsMetricsCollector, internal_client_context
+from http_api.wire.tls import ReloadingServerContext, TcpSite, TlsMetricsCollector, internal_client_context
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
@@ -164,8 +164,10 @@ class Broker:
                                         shutdown_timeout=SHUTDOWN_HANDLERS_WAIT_S)
         deps.registry.register(HardeningCollector(self.runner.guard))   # kraftlog_http_edge_*
         await self.runner.setup()
-        site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024,
-                           ssl_context=self.tls.context if self.tls is not None else None)
+        # a TLS handshake gets the request head's deadline (slowloris before the first byte of HTTP)
+        site = TcpSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True, backlog=1024,
+                       ssl_context=self.tls.context if self.tls is not None else None,
+                       handshake_timeout_ms=cfg.request_header_timeout_ms)
         await site.start()
         if self.tls is not None:
             self.tls.start()

@@ -14,6 +14,8 @@
   line saying why and what to do).
 - `TlsMetricsCollector`: `kraftlog_tls_certificate_expiry_timestamp_seconds` and reload
   counters for /metrics.
+- `TcpSite`: aiohttp's TCPSite with a TLS handshake deadline (asyncio's default is 60 s, and
+  the HTTP head deadline only starts once the handshake is done: a slowloris handshake).
 """
 from __future__ import annotations
 
@@ -27,10 +29,13 @@ import tempfile
 import time
 from typing import Any, Callable, Iterable, Optional
 
+from aiohttp import web
+
 log = logging.getLogger("kraftlog.tls")
 
 TLS_MIN_VERSION = ssl.TLSVersion.TLSv1_2
 DEFAULT_RELOAD_CHECK_INTERVAL_MS = 5_000
+DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000
 CA_FILE_ENV = "KRAFTLOG_CA_FILE"
 VERIFY_MODES = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
@@ -288,3 +293,29 @@ class TlsMetricsCollector:
             reloads.add_metric([c.name, "failed"], c.reloads_failed)
         yield expiry
         yield reloads
+
+
+class TcpSite(web.TCPSite):
+    """`web.TCPSite` whose TLS handshakes must finish within `handshake_timeout_ms` (a
+    connection still handshaking then is closed); the same as TCPSite without TLS."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
+                 handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS, **kw: Any) -> None:
+        super().__init__(runner, host, port, **kw)
+        self.handshake_timeout_ms = handshake_timeout_ms
+
+    async def start(self) -> None:
+        if self._ssl_context is None or self.handshake_timeout_ms <= 0:
+            await super().start()
+            return
+        await web.BaseSite.start(self)   # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self.handshake_timeout_ms / 1000)
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+        else:
+            self._bound_port = self._port

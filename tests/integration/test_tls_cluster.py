@@ -64,9 +64,13 @@ def plain_http_refused(url) -> bool:
 @pytest.fixture
 def secure_cluster(tmp_path):
     data = str(tmp_path / "c")
-    base = free_base_port(3)
-    r = kraftlog("cluster", "up", "--secure", "--nodes", "3", "--data-dir", data, "--base-port", str(base),
-                 timeout=240)
+    for _ in range(3):   # a port picked free can be taken before the cluster binds it: pick again
+        base = free_base_port(3)
+        r = kraftlog("cluster", "up", "--secure", "--nodes", "3", "--data-dir", data, "--base-port", str(base),
+                     timeout=240)
+        taken = r.returncode != 0 and "is in use" in r.stderr
+        if not taken or os.path.exists(os.path.join(data, "cluster.json")):
+            break
     try:
         assert r.returncode == 0, r.stderr
         yield data, base, r.stdout.split()

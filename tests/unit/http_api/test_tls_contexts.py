@@ -37,7 +37,7 @@ def _security(pki, client_auth="none") -> SecurityConfig:
                           tls_client_auth=client_auth)
 
 
-async def _serve(ctx: ssl.SSLContext):
+async def _serve(ctx: ssl.SSLContext, handshake_timeout_ms: int = tls.DEFAULT_HANDSHAKE_TIMEOUT_MS):
     """An aiohttp listener on a free port answering GET /whoami with the peer principal."""
     async def whoami(request):
         return web.json_response({"principal": tls.peer_principal(request)})
@@ -46,7 +46,7 @@ async def _serve(ctx: ssl.SSLContext):
     app.router.add_get("/whoami", whoami)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    site = tls.TcpSite(runner, "127.0.0.1", 0, ssl_context=ctx, handshake_timeout_ms=handshake_timeout_ms)
     await site.start()
     port = runner.addresses[0][1]
     return runner, port
@@ -227,3 +227,20 @@ def test_node_certificates_name_the_broker_and_cover_loopback(tmp_path):
     assert oct(os.stat(tmp_path / "ca-key.pem").st_mode & 0o777) == "0o600"
     again = CertificateAuthority.load_or_create(str(tmp_path))     # kept, not replaced
     assert again.cert.serial_number == ca.cert.serial_number
+
+
+async def test_a_silent_tls_handshake_is_closed_at_its_deadline(pki):
+    """A connection that never sends its ClientHello (slowloris before any HTTP) is closed
+    after `handshake_timeout_ms`, not after asyncio's 60 s; TLS clients are served as before."""
+    runner, port = await _serve(tls.server_context(_security(pki)), handshake_timeout_ms=300)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await asyncio.wait_for(reader.read(), 10) == b""     # closed by the listener
+        assert loop.time() - t0 < 5
+        writer.close()
+        ok = await _get(f"https://127.0.0.1:{port}/whoami", tls.client_context(ca_file=pki["ca"].cert_path))
+        assert ok == (200, {"principal": None})
+    finally:
+        await runner.cleanup()
