@@ -16,13 +16,11 @@ import sys
 import urllib.error
 import urllib.request
 
-import aiohttp
 import pytest
 
 from deploy.local_node import ROOT, free_port
 from deploy.supervisor import port_in_use
 from http_api.client import Consumer, Producer
-from http_api.wire import tls
 
 pytestmark = pytest.mark.integration
 
@@ -109,17 +107,15 @@ def test_secure_cluster_replicates_over_tls(secure_cluster):
         "name": "tls-rf3", "partitions": 3, "replication_factor": 3, "configs": {}})
     assert status == 201
 
-    async def produce_and_consume():
-        def session():   # the Python client over https with the CA and the admin's password
-            return aiohttp.ClientSession(headers={"Authorization": auth},
-                                         connector=aiohttp.TCPConnector(ssl=tls.client_context(ca_file=ca_file)))
-        async with session() as ps, Producer(urls[2], acks="all", session=ps) as p:
+    async def produce_and_consume():   # the Python client with the CA and the admin's password
+        creds = dict(ca_file=ca_file, user="admin", password=password)
+        async with Producer(urls[2], acks="all", **creds) as p:
             futures = [await p.send("tls-rf3", f"v{i}".encode(), key=f"k{i % 7}".encode()) for i in range(300)]
             await p.flush()
             acked = [await f for f in futures]
         assert len(acked) == 300
         got = []
-        async with session() as cs, Consumer(urls[1], auto_offset_reset="earliest", session=cs) as c:
+        async with Consumer(urls[1], auto_offset_reset="earliest", **creds) as c:
             await c.subscribe(["tls-rf3"])
             deadline = asyncio.get_running_loop().time() + 60
             while len(got) < 300 and asyncio.get_running_loop().time() < deadline:
@@ -132,6 +128,16 @@ def test_secure_cluster_replicates_over_tls(secure_cluster):
     # every replica kept up over TLS: the ISR of every partition is still all three brokers
     _, topic = https_json(urls[0] + "/v1/topics/tls-rf3", ctx, auth)
     assert all(sorted(p["isr"]) == [1, 2, 3] for p in topic["partitions"]), topic
+
+    # the CLI with --ca-file / $KRAFTLOG_CA_FILE and the admin's password file
+    login = ["--user", "admin", "--password-file", password_file]
+    r = kraftlog("produce", "tls-rf3", "--bootstrap", urls[1], "--ca-file", ca_file, *login,
+                 input="cli-1\ncli-2\n", env={"KRAFTLOG_CA_FILE": ""})
+    assert r.returncode == 0, r.stderr
+    r = kraftlog("consume", "tls-rf3", "--from-beginning", "--max-records", "302", "--bootstrap", urls[2], *login,
+                 env={"KRAFTLOG_CA_FILE": ca_file})
+    assert r.returncode == 0, r.stderr
+    assert {"cli-1", "cli-2"} <= set(r.stdout.split())
 
     # the CLI without the CA: refused by the TLS handshake, and told what to do
     r = kraftlog("topic", "list", "--bootstrap", urls[0], env={"KRAFTLOG_CA_FILE": ""})
