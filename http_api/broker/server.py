@@ -105,7 +105,10 @@ class Broker:
         self.view = MetadataView(self.rm)
         # TLS ([security]): the listener's context reloads on SIGHUP / file change, and the
         # node's client certificate (replica fetches, controller, forwarding) rotates with it
-        self.tls = ReloadingServerContext.from_security(cfg.security, name="broker")
+        try:
+            self.tls = ReloadingServerContext.from_security(cfg.security, name="broker")
+        except ValueError as e:   # says which file is wrong
+            raise SystemExit(str(e)) from None
         client_ssl = internal_client_context(cfg.security)
         if self.tls is not None and client_ssl is not None:
             self.tls.attach(client_ssl)

@@ -40,6 +40,12 @@ CA_FILE_ENV = "KRAFTLOG_CA_FILE"
 VERIFY_MODES = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
+def _no_passphrase() -> str:
+    """OpenSSL would prompt on the terminal for an encrypted key; refuse instead."""
+    raise ValueError("the TLS key file is encrypted (a passphrase is needed); give an unencrypted PEM key "
+                     "readable only by kraftlog (chmod 600)")
+
+
 def server_context(security: Any) -> Optional[ssl.SSLContext]:
     """The listener context of a `SecurityConfig` (None when TLS is off)."""
     if not security.tls_enabled:
@@ -51,7 +57,7 @@ def server_context(security: Any) -> Optional[ssl.SSLContext]:
 def _server_context(cert_file: str, key_file: str, ca_file: Optional[str], client_auth: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = TLS_MIN_VERSION
-    ctx.load_cert_chain(cert_file, key_file)
+    ctx.load_cert_chain(cert_file, key_file, password=_no_passphrase)
     if ca_file:
         ctx.load_verify_locations(cafile=ca_file)
     ctx.verify_mode = VERIFY_MODES[client_auth]
@@ -69,7 +75,7 @@ def client_context(security: Any = None, *, ca_file: Optional[str] = None, cert_
     ctx = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
     ctx.minimum_version = TLS_MIN_VERSION
     if cert_file and key_file:
-        ctx.load_cert_chain(cert_file, key_file)
+        ctx.load_cert_chain(cert_file, key_file, password=_no_passphrase)
     return ctx
 
 
@@ -179,11 +185,16 @@ class ReloadingServerContext:
 
     @classmethod
     def from_security(cls, security: Any, name: str = "listener") -> Optional["ReloadingServerContext"]:
+        """The listener's context (None when TLS is off); ValueError saying which file is wrong."""
         if not security.tls_enabled:
             return None
-        interval = getattr(security, "tls_reload_check_interval_ms", DEFAULT_RELOAD_CHECK_INTERVAL_MS)
-        return cls(security.tls_cert_file, security.tls_key_file, security.tls_ca_file, security.tls_client_auth,
-                   check_interval_ms=interval, name=name)
+        try:
+            return cls(security.tls_cert_file, security.tls_key_file, security.tls_ca_file,
+                       security.tls_client_auth, check_interval_ms=security.tls_reload_check_interval_ms, name=name)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            raise ValueError(f"TLS {name}: cannot load tls_cert_file {security.tls_cert_file!r}, tls_key_file "
+                             f"{security.tls_key_file!r}, tls_ca_file {security.tls_ca_file!r}: {e}; fix the "
+                             "files or the [security] settings") from None
 
     def attach(self, client: ssl.SSLContext) -> ssl.SSLContext:
         """Reload `client`'s certificate (the node's client certificate) with the listener's."""
@@ -208,10 +219,10 @@ class ReloadingServerContext:
             cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
             shutil.copyfile(self.cert_file, cert)    # one snapshot for the check and the live load
             shutil.copyfile(self.key_file, key)
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)   # the check
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_passphrase)  # the check
             expiry, serial = certificate_info(cert)
             for ctx in [self.context, *self._clients]:
-                ctx.load_cert_chain(cert, key)
+                ctx.load_cert_chain(cert, key, password=_no_passphrase)
         except (OSError, ssl.SSLError, ValueError) as e:
             self.reloads_failed += 1
             self.last_error = f"{type(e).__name__}: {e}"

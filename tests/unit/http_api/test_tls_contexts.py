@@ -244,3 +244,18 @@ async def test_a_silent_tls_handshake_is_closed_at_its_deadline(pki):
         assert ok == (200, {"principal": None})
     finally:
         await runner.cleanup()
+
+
+def test_unusable_files_are_refused_at_start_naming_them(pki):
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(open(pki["key"], "rb").read(), None)
+    encrypted = pki["dir"] / "encrypted-key.pem"
+    encrypted.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(b"secret")))
+    sec = SecurityConfig(tls_cert_file=pki["cert"], tls_key_file=str(encrypted))
+    with pytest.raises(ValueError, match="encrypted.*unencrypted PEM key"):   # never a terminal prompt
+        tls.ReloadingServerContext.from_security(sec)
+    missing = SecurityConfig(tls_cert_file=str(pki["dir"] / "nope.pem"), tls_key_file=pki["key"])
+    with pytest.raises(ValueError, match=r"TLS broker: cannot load tls_cert_file .*nope\.pem"):
+        tls.ReloadingServerContext.from_security(missing, name="broker")
