@@ -699,3 +699,33 @@ def test_idle_and_surplus_kafka_connections_are_closed(tmp_path):
             for s in held:
                 s.close()
         assert _wait(lambda: _api_versions_ok(c.kafka_address(1)), 10, "the listener serving again")
+
+
+def test_kcat_produces_and_consumes_and_aiokafka_joins_a_group(cluster):
+    topic = _topic(cluster)
+    b = cluster.kafka_bootstrap
+    r = subprocess.run(["kcat", "-b", b, "-P", "-t", topic, "-p", "0", "-K:"], input="k1:v1\nk2:v2\n",
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["kcat", "-b", b, "-C", "-t", topic, "-o", "beginning", "-e", "-f", "%k=%s@%o\\n"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "k1=v1@0\nk2=v2@1\n"
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def group_read():
+        c = AIOKafkaConsumer(topic, bootstrap_servers=b, group_id=f"aio-{uuid.uuid4().hex[:6]}",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+        await c.start()
+        try:
+            got = []
+            deadline = time.monotonic() + 60
+            while len(got) < 2 and time.monotonic() < deadline:
+                for msgs in (await c.getmany(timeout_ms=500)).values():
+                    got += [(m.key, m.value) for m in msgs]
+            await c.commit()
+            return got, await c.committed(TopicPartition(topic, 0))
+        finally:
+            await c.stop()
+
+    assert asyncio.run(group_read()) == ([(b"k1", b"v1"), (b"k2", b"v2")], 2)
