@@ -32,6 +32,7 @@ from http_api.broker.replica import ReplicaRoutes
 from http_api.broker.security_admin import SecurityAdminRoutes
 from http_api.broker.tiering import install_tiered_storage
 from http_api.broker.topics import TopicRoutes
+from http_api.broker.transactions import install_transaction_routes
 from http_api.wire.auth import AuthMiddleware, Authenticator, register_auth_metrics
 from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
 from partitions.errors import ErrorCode, KraftlogError
@@ -104,6 +105,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_get("/v1/topics/{topic}/partitions/{partition}/offsets", fetch.offsets)
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", fetch.delete_records)
     install_group_routes(app, ctx, deps.clock)           # consumer groups: /v1/groups...
+    install_transaction_routes(app, ctx, deps.clock)     # transactions: /v1/transactions/{txid}/...
     r.add_post("/v1/producer-ids", produce.init_producer_id)
     install_log_cleaner_routes(app, ctx)                 # /admin/v1/log-cleaner...
     SecurityAdminRoutes(ctx).install(r)                  # /v1/admin/users, /tokens, /acls

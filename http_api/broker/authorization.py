@@ -139,6 +139,23 @@ async def _replica_fetch(az: "BrokerAuthorizer", request: web.Request, principal
                             f"it names (authenticate as User:broker-{replica_id})")
 
 
+async def _txn_records(az: "BrokerAuthorizer", request: web.Request, principal: str) -> None:
+    """WRITE on every topic a transactional produce writes to (Kafka's Produce/AddPartitionsToTxn)."""
+    doc = await _document(request)
+    records = doc.get("records") if isinstance(doc, dict) else None
+    for t in sorted({r["topic"] for r in (records if isinstance(records, list) else ())
+                     if isinstance(r, dict) and isinstance(r.get("topic"), str)}):
+        az.require(principal, Op.WRITE, RT.TOPIC, t)
+
+
+async def _txn_offsets(az: "BrokerAuthorizer", request: web.Request, principal: str) -> None:
+    """READ on the group the offsets go to (Kafka's AddOffsetsToTxn / TxnOffsetCommit)."""
+    doc = await _document(request)
+    group = doc.get("group") if isinstance(doc, dict) else None
+    if isinstance(group, str):
+        az.require(principal, Op.READ, RT.GROUP, group)
+
+
 # ---- listings ----------------------------------------------------------------------------
 
 def _topic_names(az: "BrokerAuthorizer", principal: str, doc: Any) -> Any:
@@ -160,7 +177,7 @@ def _group_objects(az: "BrokerAuthorizer", principal: str, doc: Any) -> Any:
     return doc
 
 
-T, G = "topic", "group"
+T, G, X = "topic", "group", "txid"
 ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/metadata"): Rule(listing=_topic_objects),
     ("GET", "/v1/topics"): Rule(listing=_topic_names),
@@ -184,12 +201,20 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/groups/{group}/offsets"): Rule((Need(Op.READ, RT.GROUP, G),), check=_commit_offsets),
     ("GET", "/v1/groups/{group}/offsets"): Rule((Need(Op.DESCRIBE, RT.GROUP, G),)),
     ("POST", "/v1/producer-ids"): Rule(check=_producer_ids),
+    # transactions: WRITE on the transactional id (Kafka's InitProducerId/EndTxn), plus the
+    # topics written and the group whose offsets join the transaction
+    ("POST", "/v1/transactions/{txid}/init"): Rule((Need(Op.WRITE, RT.TRANSACTIONAL_ID, X),)),
+    ("POST", "/v1/transactions/{txid}/records"): Rule((Need(Op.WRITE, RT.TRANSACTIONAL_ID, X),), check=_txn_records),
+    ("POST", "/v1/transactions/{txid}/offsets"): Rule((Need(Op.WRITE, RT.TRANSACTIONAL_ID, X),), check=_txn_offsets),
+    ("POST", "/v1/transactions/{txid}/commit"): Rule((Need(Op.WRITE, RT.TRANSACTIONAL_ID, X),)),
+    ("POST", "/v1/transactions/{txid}/abort"): Rule((Need(Op.WRITE, RT.TRANSACTIONAL_ID, X),)),
     ("POST", "/admin/v1/log-cleaner/run"): Rule((Need(Op.ALTER, RT.CLUSTER),)),
     ("GET", "/admin/v1/log-cleaner"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
     ("GET", "/metrics"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
     ("POST", "/internal/v1/replica-fetch"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),), check=_replica_fetch),
     ("POST", "/internal/v1/epoch-end-offsets"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
     ("GET", "/internal/v1/groups"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
+    ("POST", "/internal/v1/txn-markers"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
 }
 # every route under these prefixes: reads DESCRIBE the cluster, changes ALTER it (Kafka's
 # DescribeAcls/CreateAcls and the SCRAM credential APIs); /internal/: CLUSTER_ACTION

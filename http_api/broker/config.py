@@ -233,8 +233,15 @@ class GroupCoordinatorConfig(_Group):
     group_rebalance_timeout_ms: int = 60_000   # a member must revoke within this, else it is removed
     offsets_retention_minutes: int = 10_080    # committed offsets of groups without members kept this long (7 days)
     offsets_retention_check_interval_ms: int = 600_000  # how often expired offsets are looked for
+    # transactions (http_api/broker/transactions.py; Kafka's transaction.* settings)
+    transaction_max_timeout_ms: int = 900_000  # a longer transaction_timeout_ms is INVALID_TRANSACTION_TIMEOUT
+    transaction_state_num_partitions: int = 10  # __transaction_state partitions (fixed once created)
+    transaction_state_replication_factor: int = 3  # capped at the number of live brokers when created
+    transaction_abort_timed_out_check_interval_ms: int = 10_000  # how often timed-out transactions are aborted
 
     def validate(self) -> None:
+        _positive(self, "transaction_max_timeout_ms", "transaction_state_num_partitions",
+                  "transaction_state_replication_factor", "transaction_abort_timed_out_check_interval_ms")
         _positive(self, "offsets_topic_num_partitions", "offsets_topic_replication_factor",
                   "offsets_commit_timeout_ms", "group_min_session_timeout_ms", "group_session_timeout_ms",
                   "group_heartbeat_interval_ms", "group_rebalance_timeout_ms", "offsets_retention_minutes",

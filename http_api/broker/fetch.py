@@ -12,6 +12,7 @@ from http_api.wire import codecs
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
 from partitions import internal_topics
 from partitions.errors import ErrorCode, KraftlogError
+from partitions.log import transactions as txn
 
 
 class FetchRoutes(Routes):
@@ -31,22 +32,38 @@ class FetchRoutes(Routes):
         max_wait_ms = min(int_param(q.get("max_wait_ms"), "max_wait_ms", default=0),
                           self.config.fetch_max_wait_ms)
         media = codecs.negotiate_response_type(request.headers.get("Accept"), JSON)
+        try:
+            isolation = txn.parse_isolation_level(q.get("isolation_level"))
+        except ValueError as e:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, str(e)) from None
         # below the local log start of a tiered partition: the remote store (tiering.py)
         res = await tiering.remote_fetch(self.ctx, name, partition, offset, max_bytes)
         if res is None:
             res = await self.rm.fetch(name, partition, offset, max_bytes=max_bytes, min_bytes=min_bytes,
                                       max_wait_ms=max_wait_ms)
-        self.metrics.fetch_bytes.inc(len(res.records))
+        # transactions (partitions/log/transactions.py): the LSO, and read_committed's view
+        data, fetched_next = res.records, res.next_offset
+        lg = self.rm.logs.get((name, partition))
+        lso = res.high_watermark
+        if lg is not None and getattr(lg, "transactions", None) is not None:
+            lso = lg.last_stable_offset(res.high_watermark)
+            if isolation == txn.READ_COMMITTED:
+                data, fetched_next = txn.filter_read_committed(data, offset, lso,
+                                                               lg.aborted_transactions(offset, lso))
+        self.metrics.fetch_bytes.inc(len(data))
         if media == RAW_BATCH:
-            return web.Response(body=res.records, content_type=RAW_BATCH, headers={
+            return web.Response(body=data, content_type=RAW_BATCH, headers={
                 codecs.HEADER_HIGH_WATERMARK: str(res.high_watermark),
-                codecs.HEADER_NEXT_OFFSET: str(res.next_offset),
+                codecs.HEADER_NEXT_OFFSET: str(fetched_next),
                 codecs.HEADER_LOG_START_OFFSET: str(res.log_start_offset),
+                "X-Kraftlog-Last-Stable-Offset": str(lso),
             })
-        records, next_offset = codecs.decode_fetched(res.records, offset, binary=(media == CBOR))
-        return json_response({"records": records, "next_offset": next_offset,
-                               "high_watermark": res.high_watermark,
-                               "log_start_offset": res.log_start_offset}, 200, media)
+        records, next_offset = codecs.decode_fetched(data, offset, binary=(media == CBOR))
+        return json_response({"records": records, "next_offset": max(next_offset, fetched_next)
+                              if isolation == txn.READ_COMMITTED else next_offset,
+                              "high_watermark": res.high_watermark,
+                              "last_stable_offset": lso,
+                              "log_start_offset": res.log_start_offset}, 200, media)
 
     async def offsets(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]

@@ -50,6 +50,38 @@ _CREDENTIAL = {"type": "object", "description": "a precomputed SCRAM-SHA-256 cre
 _USER_BODY = {"required": True, "content": {"application/json": {"schema": {"type": "object", "properties": {
     "name": {"type": "string"}, "password": {"type": "string"}, "credential": _CREDENTIAL,
     "iterations": {"type": "integer", "minimum": 4096, "maximum": 16384}}}}}}
+_X = {"name": "txid", "in": "path", "required": True, "schema": {"type": "string"}}
+_TXN_ERRORS = {"400": _err("PRODUCER_FENCED (a newer init of the id) / INVALID_PRODUCER_ID_MAPPING / "
+                           "INVALID_TRANSACTION_TIMEOUT / INVALID_REQUEST"),
+               "409": _err("CONCURRENT_TRANSACTIONS (retry) / INVALID_TXN_STATE"),
+               "421": _err("NOT_COORDINATOR with coordinator_id, coordinator_url (retry)")}
+# transactions (http_api/broker/transactions.py, API.md "Transactions")
+_TRANSACTION_PATHS = {
+    "/v1/transactions/{txid}/init": {"parameters": [_X], "post": {
+        "summary": "Initialise a transactional id: {transaction_timeout_ms?}; bumps the epoch, fences older "
+                   "producers and aborts what they left open", "requestBody": _obj_body(),
+        "responses": {"200": _obj("{producer_id, producer_epoch}"), **_TXN_ERRORS}}},
+    "/v1/transactions/{txid}/records": {"parameters": [_X], "post": {
+        "summary": "Write records in the open transaction (which begins with its first write): "
+                   "{producer_id, producer_epoch, records: [{topic, partition?, key?, value, headers?}]}",
+        "requestBody": _obj_body(),
+        "responses": {"200": _obj("{offsets: [{topic, partition, offset}]}"), **_TXN_ERRORS}}},
+    "/v1/transactions/{txid}/offsets": {"parameters": [_X], "post": {
+        "summary": "Send group offsets to the transaction (committed with it): "
+                   "{producer_id, producer_epoch, group, offsets: [{topic, partition, offset}]}",
+        "requestBody": _obj_body(), "responses": {"200": _obj("{}"), **_TXN_ERRORS}}},
+    "/v1/transactions/{txid}/commit": {"parameters": [_X], "post": {
+        "summary": "Commit: {producer_id, producer_epoch}; 200 once the decision is durable",
+        "requestBody": _obj_body(), "responses": {"200": _obj("{state}"), **_TXN_ERRORS}}},
+    "/v1/transactions/{txid}/abort": {"parameters": [_X], "post": {
+        "summary": "Abort: {producer_id, producer_epoch}; 200 once the decision is durable",
+        "requestBody": _obj_body(), "responses": {"200": _obj("{state}"), **_TXN_ERRORS}}},
+    "/internal/v1/txn-markers": {"post": {
+        "summary": "Broker-to-broker: write COMMIT/ABORT markers on partitions led here (WriteTxnMarkers)",
+        "requestBody": _obj_body(),
+        "responses": {"200": _obj("{results: [{topic, partition, error}]}"),
+                      "401": _err("SASL_AUTHENTICATION_FAILED: without the token of the cluster secret (brokers only)")}}},
+}
 _AUTH = {"401": _err("SASL_AUTHENTICATION_FAILED (security on)"),
          "403": _err("CLUSTER_AUTHORIZATION_FAILED (security on)"),
          "503": _err("BROKER_NOT_AVAILABLE: metadata not loaded yet"), "504": _err("REQUEST_TIMED_OUT")}
@@ -225,7 +257,10 @@ def openapi_document(server_url: str) -> dict:
                             {"name": "offset", "in": "query", "required": True, "schema": {"type": "integer"}},
                             {"name": "max_bytes", "in": "query", "schema": {"type": "integer"}},
                             {"name": "min_bytes", "in": "query", "schema": {"type": "integer", "default": 1}},
-                            {"name": "max_wait_ms", "in": "query", "schema": {"type": "integer", "default": 0}}],
+                            {"name": "max_wait_ms", "in": "query", "schema": {"type": "integer", "default": 0}},
+                            {"name": "isolation_level", "in": "query", "schema": {
+                                "type": "string", "enum": ["read_uncommitted", "read_committed"],
+                                "default": "read_uncommitted"}}],
                         "responses": {"200": {"description": "Records (JSON/CBOR) or raw batches with "
                                                              "X-Kraftlog-High-Watermark, X-Kraftlog-Next-Offset, "
                                                              "X-Kraftlog-Log-Start-Offset headers",
@@ -321,6 +356,7 @@ def openapi_document(server_url: str) -> dict:
                                               "responses": {"200": _obj("counters, dirty_ratio: [{topic, "
                                                                         "partition, dirty_ratio}]")}}},
             **_SECURITY_ADMIN_PATHS,
+            **_TRANSACTION_PATHS,
             "/healthz": {"get": {"summary": "Liveness (open even with security on)",
                                  "responses": {"200": _obj("{status: ok, ...}"),
                                                "503": _obj("{status: starting, ...}: not ready yet")}}},
@@ -365,6 +401,7 @@ def openapi_document(server_url: str) -> dict:
                     {"$ref": "#/components/schemas/Record"},
                     {"type": "object", "properties": {"offset": {"type": "integer"}}}]}},
                 "next_offset": {"type": "integer"}, "high_watermark": {"type": "integer"},
+                "last_stable_offset": {"type": "integer"},
                 "log_start_offset": {"type": "integer"}}},
             "GroupOffsets": {"type": "object", "properties": {"offsets": {"type": "array", "items": {
                 "type": "object", "properties": {"topic": {"type": "string"}, "partition": {"type": "integer"},
