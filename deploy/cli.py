@@ -209,7 +209,7 @@ async def _consume(args: argparse.Namespace) -> int:
     count = 0
     reset = "earliest" if args.from_beginning else "latest"
     async with Consumer(args.bootstrap, group_id=args.group, auto_offset_reset=reset,
-                        max_wait_ms=args.max_wait_ms) as consumer:
+                        max_wait_ms=args.max_wait_ms, isolation_level=args.isolation_level) as consumer:
         await consumer.subscribe([args.topic])
         if args.from_beginning and not args.group:
             for tp in consumer.assignment():
@@ -377,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--from-beginning", action="store_true")
     c.add_argument("--group", help="consumer group: start at its committed offsets and commit progress")
     c.add_argument("--max-records", type=int)
+    c.add_argument("--isolation-level", choices=["read_uncommitted", "read_committed"], default="read_uncommitted",
+                   help="read_committed: only committed transactions, never aborted records (Kafka's isolation.level)")
     c.add_argument("--max-wait-ms", type=int, default=1000)
     c.add_argument("--print-key", action="store_true", help="print KEY<sep>VALUE (separator --key-separator)")
     c.add_argument("--key-separator", default="\t")

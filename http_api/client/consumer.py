@@ -49,9 +49,13 @@ class Consumer:
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
                  connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS,
                  user: str | None = None, password: str | None = None, token: str | None = None,
-                 ca_file: str | None = None) -> None:
+                 ca_file: str | None = None, isolation_level: str = "read_uncommitted") -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError("isolation_level must be 'read_uncommitted' or 'read_committed'")
+        # read_committed: only records below the last stable offset, never aborted ones (KIP-98)
+        self.isolation_level = isolation_level
         self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
                            connect_timeout_ms=connect_timeout_ms,
@@ -185,7 +189,9 @@ class Consumer:
         url = await self.meta.leader_url(*tp)
         _, headers, body = await self.t.request(
             "GET", f"{url}/v1/topics/{tp[0]}/partitions/{tp[1]}/records", accept=codecs.RAW_BATCH,
-            params={"offset": str(offset), "max_bytes": str(self.max_bytes), "max_wait_ms": str(max_wait_ms)},
+            params={"offset": str(offset), "max_bytes": str(self.max_bytes), "max_wait_ms": str(max_wait_ms),
+                    **({"isolation_level": self.isolation_level} if self.isolation_level != "read_uncommitted"
+                       else {})},
             # a fetch is safe to repeat: a leader silent past its long poll plus one attempt
             # timeout is marked suspect and the next poll refreshes metadata (part E)
             timeout_s=max_wait_ms / 1000 + self.t.attempt_timeout_s)
@@ -225,7 +231,7 @@ class Consumer:
                 continue
             del self._inflight[tp]
             try:
-                body, _ = task.result()
+                body, headers = task.result()
             except asyncio.CancelledError:
                 continue
             except KraftlogError as e:
@@ -246,6 +252,9 @@ class Consumer:
                 for r in rb.decode_records(batch, validate=False):
                     if r.offset >= pos:
                         out.append(ConsumerRecord(tp[0], tp[1], r.offset, r.timestamp, r.key, r.value, r.headers))
+            if self.isolation_level == "read_committed" and headers is not None:
+                # the broker passed over aborted batches and markers: continue after them
+                nxt = max(nxt, int(headers.get(codecs.HEADER_NEXT_OFFSET, nxt)))
             self._positions[tp] = nxt
         return out
 

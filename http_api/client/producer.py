@@ -17,10 +17,19 @@ attempt is abandoned and the same bytes (same producer id, epoch and sequence) a
 the new leader, which deduplicates them if the first attempt was written after all; a slow
 but current leader is waited for, up to `request_timeout_ms` + 5 s as before. A connection
 error marks the broker suspect and refreshes at once.
+
+Transactions (KIP-98; API.md "Transactions"): with `transactional_id`, `init_transactions()`
+gets the id's producer id and epoch from its coordinator (fencing older producers of the
+same id), `begin_transaction()` opens a transaction locally, `send()` buffers its records
+(written through `POST /v1/transactions/{id}/records` on `flush()`, when
+`batch_size_bytes` fill, or at commit), `send_offsets_to_transaction()` adds group
+offsets, and `commit_transaction()` / `abort_transaction()` end it. A fenced producer gets
+PRODUCER_FENCED and must be closed.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
 import time
@@ -63,7 +72,13 @@ class Producer:
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
                  connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, leader_check_interval_ms: int = 500,
                  user: str | None = None, password: str | None = None, token: str | None = None,
-                 ca_file: str | None = None) -> None:
+                 ca_file: str | None = None, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000) -> None:
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._in_transaction = False
+        self._txn_buffer: list[tuple[dict, asyncio.Future]] = []
+        self._txn_buffer_bytes = 0
         self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
                            connect_timeout_ms=connect_timeout_ms,
@@ -128,6 +143,8 @@ class Producer:
         """Queue one record; await the returned future for its RecordMetadata."""
         if self._closed:
             raise RuntimeError("producer is closed; create a new one")
+        if self.transactional_id is not None:
+            return await self._send_transactional(topic, value, key, headers, partition, timestamp)
         if isinstance(value, str):
             value = value.encode()
         if isinstance(key, str):
@@ -278,8 +295,114 @@ class Producer:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
+    # ---- transactions ------------------------------------------------------------------
+
+    def _txn_path(self, what: str) -> str:
+        if self.transactional_id is None:
+            raise RuntimeError("this producer has no transactional_id: Producer(transactional_id=...)")
+        return f"/v1/transactions/{self.transactional_id}/{what}"
+
+    def _ids(self) -> dict:
+        if self.producer_id < 0:
+            raise RuntimeError("call init_transactions() first")
+        return {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch}
+
+    async def _txn_call(self, what: str, doc: dict) -> dict:
+        """POST to the coordinator (any broker forwards); retries retriable errors
+        (CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, ...) with backoff within delivery_timeout_ms."""
+        deadline = time.monotonic() + self.delivery_timeout_s
+        backoff = self.retry_backoff_s
+        while True:
+            try:
+                _, body = await self.t.bootstrap_json("POST", self._txn_path(what), json_body=doc)
+                return body or {}
+            except KraftlogError as e:
+                if not e.code.retriable or time.monotonic() + backoff > deadline:
+                    raise
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.retry_backoff_max_s)
+
+    async def init_transactions(self) -> None:
+        """Get this transactional id's producer id and epoch (fences older producers of it)."""
+        doc = await self._txn_call("init", {"transaction_timeout_ms": self.transaction_timeout_ms})
+        self.producer_id, self.producer_epoch = int(doc["producer_id"]), int(doc["producer_epoch"])
+
+    def begin_transaction(self) -> None:
+        self._ids()
+        if self._in_transaction:
+            raise RuntimeError("a transaction is already open: commit or abort it first")
+        self._in_transaction = True
+
+    async def _send_transactional(self, topic, value, key, headers, partition, timestamp) -> asyncio.Future:
+        if not self._in_transaction:
+            raise RuntimeError("begin_transaction() first: a transactional producer sends inside transactions")
+        rec: dict = {"topic": topic}
+        for name, v in (("key", key), ("value", value)):
+            if isinstance(v, str):
+                rec[name] = v
+            elif v is not None or name == "value":
+                rec[name + "_b64"] = None if v is None else base64.b64encode(v).decode()
+        if headers:
+            items = headers.items() if isinstance(headers, dict) else headers
+            rec["headers"] = {k: v.decode() if isinstance(v, (bytes, bytearray)) else v for k, v in items}
+        if partition is not None:
+            rec["partition"] = partition
+        if timestamp is not None:
+            rec["timestamp"] = timestamp
+        fut = asyncio.get_running_loop().create_future()
+        self._txn_buffer.append((rec, fut))
+        self._txn_buffer_bytes += len(value or b"") + len(key or b"") + 64
+        if self._txn_buffer_bytes >= self.batch_size_bytes:
+            await self._flush_transactional()
+        return fut
+
+    async def _flush_transactional(self) -> None:
+        buffered, self._txn_buffer, self._txn_buffer_bytes = self._txn_buffer, [], 0
+        if not buffered:
+            return
+        try:
+            doc = await self._txn_call("records", {**self._ids(), "records": [r for r, _ in buffered]})
+        except BaseException as e:
+            for _, fut in buffered:
+                if not fut.done():
+                    fut.set_exception(e)
+            raise
+        for (_, fut), o in zip(buffered, doc["offsets"]):
+            if not fut.done():
+                fut.set_result(RecordMetadata(o["topic"], o["partition"], o["offset"]))
+
+    async def send_offsets_to_transaction(self, offsets: dict, group_id: str) -> None:
+        """Commit `offsets` ({(topic, partition): next offset}) to `group_id` with the transaction."""
+        if not self._in_transaction:
+            raise RuntimeError("begin_transaction() first")
+        await self._txn_call("offsets", {**self._ids(), "group": group_id, "offsets": [
+            {"topic": t, "partition": p, "offset": o} for (t, p), o in offsets.items()]})
+
+    async def commit_transaction(self) -> None:
+        """Write what is buffered, then commit: every record of the transaction becomes visible
+        to read_committed consumers together, with the offsets sent to it."""
+        if not self._in_transaction:
+            raise RuntimeError("no transaction is open")
+        await self._flush_transactional()
+        await self._txn_call("commit", self._ids())
+        self._in_transaction = False
+
+    async def abort_transaction(self) -> None:
+        """Drop what is buffered and abort what was written: read_committed consumers never see it."""
+        if not self._in_transaction:
+            raise RuntimeError("no transaction is open")
+        buffered, self._txn_buffer, self._txn_buffer_bytes = self._txn_buffer, [], 0
+        for _, fut in buffered:
+            if not fut.done():
+                fut.set_exception(KraftlogError(ErrorCode.INVALID_TXN_STATE, "the transaction was aborted"))
+                fut.exception()
+        await self._txn_call("abort", self._ids())
+        self._in_transaction = False
+
     async def flush(self) -> None:
         """Send everything buffered and wait for the answers."""
+        if self.transactional_id is not None and self._in_transaction:
+            await self._flush_transactional()
         for tp in list(self._open):
             self._seal(tp)
         await asyncio.gather(*(q.join() for q in list(self._queues.values())))
