@@ -64,6 +64,7 @@ LOAD_READ_BYTES = 1 << 20
 MARKER_RETRY_MS = (50, 1_000)            # backoff bounds of marker and offset-commit retries
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # Kafka's transaction.timeout.ms default
 _TXID_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+SERVICE_KEY: web.AppKey = web.AppKey("transaction_coordinator", object)
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -608,6 +609,7 @@ class TransactionCoordinator:
 def install_transaction_routes(app: web.Application, ctx: BrokerContext,
                                clock: Clock = SYSTEM_CLOCK) -> TransactionCoordinator:
     tc_ = TransactionCoordinator(ctx, clock)
+    app[SERVICE_KEY] = tc_
     r = app.router
     r.add_post("/v1/transactions/{txid}/init", tc_.init)
     r.add_post("/v1/transactions/{txid}/records", tc_.records)
