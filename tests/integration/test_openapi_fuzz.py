@@ -23,13 +23,14 @@ FUZZ_TIME_S = 30
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
-def fuzz(url: str, seconds: int, *extra: str) -> str:
-    """Run schemathesis against `url`/openapi.json for `seconds`; its output (it passed)."""
+def fuzz(url: str, seconds: int, *extra: str, cwd: str) -> str:
+    """Run schemathesis against `url`/openapi.json for `seconds` in `cwd` (it keeps a cache
+    directory there); its output (it passed)."""
     proc = subprocess.run(
         st_command() + ["run", url + "/openapi.json", "--checks", CHECKS, "--phases", "coverage,fuzzing",
                         "--max-examples", "5", "--workers", "1", "--request-timeout", "25",
                         "--max-time", str(seconds), "--seed", "16", "--no-color", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=seconds + 60)
+        cwd=cwd, capture_output=True, text=True, timeout=seconds + 60)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert " passed" in out and "failures" not in out.split("SUMMARY")[-1].lower(), out[-3000:]
@@ -52,7 +53,7 @@ def test_openapi_document_describes_every_answer_of_a_fuzzed_single_node(tmp_pat
             for method, op in item.items():
                 if method in ("get", "post", "put", "delete"):
                     assert {"400", "401", "403"} <= set(op["responses"]), (method, path)
-        fuzz(url, FUZZ_TIME_S)
+        fuzz(url, FUZZ_TIME_S, cwd=str(tmp_path))
         assert http("GET", url + "/healthz")[0] == 200   # the node survived the fuzz
         with open(c.log_path(1), errors="replace") as f:
             assert "Traceback" not in f.read()
@@ -95,8 +96,8 @@ def test_openapi_document_describes_every_answer_of_a_fuzzed_secure_node(tmp_pat
         ca = os.path.join(data, "ca.pem")
         with open(os.path.join(data, "admin.password")) as f:
             password = f.read().strip()
-        fuzz(url, 20, "--tls-verify", ca, "--auth", f"admin:{password}")
-        out = fuzz(url, 10, "--tls-verify", ca)                           # no credentials: 401s, described
+        fuzz(url, 20, "--tls-verify", ca, "--auth", f"admin:{password}", cwd=str(tmp_path))
+        out = fuzz(url, 10, "--tls-verify", ca, cwd=str(tmp_path))   # no credentials: 401s, described
         assert "401" in out
     finally:
         down = kraftlog("cluster", "down", "--data-dir", data)
