@@ -158,3 +158,19 @@ def test_the_fast_fetch_conversion_equals_the_general_one():
         decoded = rb.decode_records(stored)
         first = decoded[0].timestamp if h[rb.H_ATTRIBUTES] & rb.TIMESTAMP_TYPE_MASK else h[rb.H_FIRST_TIMESTAMP]
         assert kr._columnar_to_kafka_section(h, data) == kr._kafka_records_section(decoded, h[rb.H_BASE_OFFSET], first)
+
+
+def test_kafka_ports_of_make_run_and_cluster_up(tmp_path):
+    """API.md: `make run` (kraftlog serve, no flags) listens for Kafka on 9092; `cluster up`
+    gives broker i kafka-base-port + i - 1 (9092 by default) and its broker command carries it."""
+    import json as _json
+    from deploy.cluster import node_configs
+    from deploy.config import NodeConfig
+    from deploy.supervisor import broker_command
+    assert NodeConfig().broker.kafka_port == 9092
+    state = {"nodes": 3, "base_port": 18082, "data_dir": str(tmp_path), "cluster_id": "c", "password": "p"}
+    assert [c.broker.kafka_port for c in node_configs(state)] == [9092, 9093, 9094]
+    cfgs = node_configs(dict(state, kafka_base_port=29000))
+    assert [c.broker.kafka_port for c in cfgs] == [29000, 29001, 29002]
+    cmd = broker_command(cfgs[1])
+    assert _json.loads(cmd[cmd.index("--config-json") + 1])["kafka_port"] == 29001
