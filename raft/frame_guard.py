@@ -7,7 +7,8 @@ quadratic copy) until the process runs out of memory. A frame that fails the pas
 MAC check is dropped silently, so nobody sees a peer with the wrong password.
 
 `install_frame_guard(syncobj, frame_max_bytes, stats)` turns every connection of one
-SyncObj (its outgoing connections now, each incoming connection as it is accepted) into a
+SyncObj (its outgoing connections, now and for voters added later, and each incoming
+connection as it is accepted) into a
 `GuardedTcpConnection`, which:
 - reads no more once a whole frame of the largest allowed size is buffered (memory per
   connection stays below `frame_max_bytes` + 4 + one recv);
@@ -114,4 +115,13 @@ def install_frame_guard(syncobj, frame_max_bytes: int, stats: RaftPeerStats) -> 
         accepted(conn)
 
     server._TcpServer__onNewConnectionCallback = on_new_connection
+    add_node = transport.addNode
+
+    def guarded_add_node(node):   # a voter added at run time (dynamic membership): its outgoing connection
+        add_node(node)
+        conn = connections.get(node)
+        if conn is not None:
+            guard_connection(conn, frame_max_bytes, stats)
+
+    transport.addNode = guarded_add_node
     return True
