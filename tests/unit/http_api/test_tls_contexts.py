@@ -18,6 +18,7 @@ from cryptography import x509
 from deploy.certs import CertificateAuthority
 from http_api.wire import tls
 from metadata_quorum.security.config import SecurityConfig
+from partitions.errors import ErrorCode, KraftlogError
 
 
 @pytest.fixture
@@ -259,3 +260,45 @@ def test_unusable_files_are_refused_at_start_naming_them(pki):
     missing = SecurityConfig(tls_cert_file=str(pki["dir"] / "nope.pem"), tls_key_file=pki["key"])
     with pytest.raises(ValueError, match=r"TLS broker: cannot load tls_cert_file .*nope\.pem"):
         tls.ReloadingServerContext.from_security(missing, name="broker")
+
+
+async def test_replica_fetches_run_over_tls_with_the_node_certificate(pki):
+    """The follower's lean client (ReplicaConnectionPool, a BufferedProtocol) over TLS: the
+    answer body lands intact, the leader sees the follower's certificate (User:broker-1),
+    and an https leader is refused by a follower without TLS (told what to set)."""
+    from http_api.broker.replica_client import (INTERNAL_PREFIX, REPLICA_FETCH_MEDIA, ReplicaTransport,
+                                                encode_fetch_header)
+
+    chunk = os.urandom(300_000)
+    entries = [{"topic": "t", "partition": 0, "size": len(chunk), "high_watermark": 7, "log_start_offset": 0,
+                "log_end_offset": 7}]
+    seen = []
+
+    async def fetch(request):
+        seen.append(tls.peer_principal(request))
+        await request.read()
+        return web.Response(body=encode_fetch_header(entries) + chunk, content_type=REPLICA_FETCH_MEDIA)
+
+    app = web.Application()
+    app.router.add_post(INTERNAL_PREFIX + "/replica-fetch", fetch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = tls.TcpSite(runner, "127.0.0.1", 0, ssl_context=tls.server_context(_security(pki, "requested")))
+    await site.start()
+    url = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    follower = ReplicaTransport(ssl_context=tls.client_context(_security(pki, "requested")))
+    plain = ReplicaTransport()
+    try:
+        for _ in range(3):   # a kept-alive connection is reused
+            [data] = await follower.fetch(url, 1, 1, [{"topic": "t", "partition": 0, "offset": 0, "leader_epoch": 1}],
+                                          max_bytes=1 << 20, partition_max_bytes=1 << 20, max_wait_ms=10)
+            assert bytes(data.records) == chunk and data.high_watermark == 7
+        assert seen == ["User:broker-1"] * 3
+        assert sum(len(idle) for idle in follower.pool._idle.values()) == 1   # one connection, kept alive
+        with pytest.raises(KraftlogError) as e:
+            await plain.fetch(url, 1, 1, [], max_bytes=1, partition_max_bytes=1, max_wait_ms=10)
+        assert e.value.code is ErrorCode.BROKER_NOT_AVAILABLE and "tls_cert_file" in e.value.message
+    finally:
+        await follower.close()
+        await plain.close()
+        await runner.cleanup()
