@@ -522,15 +522,17 @@ def test_idempotent_acks_all_producer_survives_a_killed_leader(tmp_path):
         assert msgs == [f"v{i}".encode() for i in range(n)]   # 0 lost, 0 duplicated, in order
 
 
-def _raw_fetch(address: str, topic: str, current_epoch: int):
-    """One Fetch v12 of partition 0 from offset 0 with `current_leader_epoch`: its partition answer."""
+def _raw_fetch(address: str, topic: str, current_epoch: int, *, offset: int = 0, max_wait_ms: int = 0,
+               min_bytes: int = 1):
+    """One Fetch v12 of partition 0 with `current_leader_epoch`: its partition answer."""
     import datetime
     from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
     from kio.schema.fetch.v12.response import FetchResponse
     from kio.serial import entity_reader
     host, port = address.rsplit(":", 1)
-    req = FetchRequest(max_wait=datetime.timedelta(0), min_bytes=1, topics=(FetchTopic(topic=topic, partitions=(
-        FetchPartition(partition=0, current_leader_epoch=current_epoch, fetch_offset=0,
+    req = FetchRequest(max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes,
+                       topics=(FetchTopic(topic=topic, partitions=(
+        FetchPartition(partition=0, current_leader_epoch=current_epoch, fetch_offset=offset,
                        partition_max_bytes=1 << 20),)),), forgotten_topics_data=())
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(_kafka_request(1, 12, 3, req))
@@ -729,3 +731,30 @@ def test_kcat_produces_and_consumes_and_aiokafka_joins_a_group(cluster):
             await c.stop()
 
     assert asyncio.run(group_read()) == ([(b"k1", b"v1"), (b"k2", b"v2")], 2)
+
+
+def test_fetch_long_polls_until_data_or_max_wait(cluster):
+    import threading
+    topic = _topic(cluster, rf=1)
+    leader = cluster.partition(topic)["leader"]
+    address = cluster.kafka_address(leader)
+    started = time.monotonic()
+    empty = _raw_fetch(address, topic, -1, max_wait_ms=1500)
+    waited = time.monotonic() - started
+    assert empty.error_code.name == "none" and not empty.records and 1.3 <= waited < 10
+    # a record produced while the fetch waits ends the wait early
+    def produce_later():
+        time.sleep(0.5)
+        http("POST", f"{cluster.url(leader)}/v1/topics/{topic}/partitions/0/records?acks=1",
+             {"records": [{"value": "wake"}]})
+    t = threading.Thread(target=produce_later)
+    t.start()
+    try:
+        started = time.monotonic()
+        got = _raw_fetch(address, topic, -1, max_wait_ms=20_000)
+        waited = time.monotonic() - started
+    finally:
+        t.join(30)
+    assert got.records and got.high_watermark == 1 and waited < 10
+    from kafka.record.memory_records import MemoryRecords
+    assert [r.value for r in MemoryRecords(bytes(got.records)).next_batch()] == [b"wake"]
