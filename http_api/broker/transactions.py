@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from typing import Any
 
@@ -65,6 +66,9 @@ MARKER_RETRY_MS = (50, 1_000)            # backoff bounds of marker and offset-c
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # Kafka's transaction.timeout.ms default
 _TXID_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 SERVICE_KEY: web.AppKey = web.AppKey("transaction_coordinator", object)
+# fault injection for crash tests only: a freshly decided commit/abort waits this long before
+# its markers (a resumed one after a coordinator load never waits); unset in production
+TEST_MARKER_DELAY_ENV = "KRAFTLOG_TEST_TXN_MARKER_DELAY_MS"
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -176,7 +180,7 @@ class TransactionCoordinator:
             log.info("transaction coordinator for %s-%d loaded %d transactional ids, resuming %d",
                      TXN_TOPIC, ld.partition, len(ld.state.txns), len(pending))
             for md in pending:
-                self._start_completion(ld, md)
+                self._start_completion(ld, md, resumed=True)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -243,20 +247,25 @@ class TransactionCoordinator:
 
     # ---- completion (markers) ------------------------------------------------------------
 
-    def _start_completion(self, ld: _Loaded, md: TxnMetadata) -> asyncio.Task:
+    def _start_completion(self, ld: _Loaded, md: TxnMetadata, resumed: bool = False) -> asyncio.Task:
         txid = md.transactional_id
         task = self._completing.get(txid)
         if task is None or task.done():
-            task = asyncio.ensure_future(self._complete(ld, md))
+            task = asyncio.ensure_future(self._complete(ld, md, resumed))
             self._completing[txid] = task
             task.add_done_callback(lambda t, k=txid: self._completing.pop(k, None)
                                    if self._completing.get(k) is t else None)
         return task
 
-    async def _complete(self, ld: _Loaded, md: TxnMetadata) -> None:
+    async def _complete(self, ld: _Loaded, md: TxnMetadata, resumed: bool = False) -> None:
         """Markers to every partition (retried until written), the group offsets (commit),
         then Complete*. Stops if this broker stops coordinating the partition: the new
         coordinator resumes from the Prepare* record."""
+        delay_ms = int(os.environ.get(TEST_MARKER_DELAY_ENV, "0") or 0)
+        if delay_ms > 0 and not resumed:
+            log.warning("%s=%d: waiting before the markers of %r (crash tests only)", TEST_MARKER_DELAY_ENV,
+                        delay_ms, md.transactional_id)
+            await asyncio.sleep(delay_ms / 1000)
         commit = md.committing
         pending = list(md.partitions)
         delay = MARKER_RETRY_MS[0]
