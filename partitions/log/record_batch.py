@@ -10,7 +10,8 @@ section (compressed as a whole by the batch's codec):
     16      1     magic                    int8    always 2
     17      4     crc                      uint32  CRC-32C of bytes [21, end)
     21      2     attributes               int16   bits 0-2 codec, bit 3 timestamp type
-                                                   (1 = LogAppendTime), bit 5 control
+                                                   (1 = LogAppendTime), bit 4 transactional,
+                                                   bit 5 control (transactions.py)
     23      4     last_offset_delta        int32
     27      8     first_timestamp          int64   ms
     35      8     max_timestamp            int64   ms
