@@ -63,7 +63,8 @@ def load_state(data_dir: str) -> dict | None:
 def save_state(data_dir: str, state: dict) -> None:
     path = _state_path(data_dir)
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    # owner-only: the state holds the raft password
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(state, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
