@@ -4,6 +4,8 @@ watermark, or the first offset at a timestamp) and `POST .../delete-records`.
 """
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from http_api.broker import tiering
@@ -36,20 +38,32 @@ class FetchRoutes(Routes):
             isolation = txn.parse_isolation_level(q.get("isolation_level"))
         except ValueError as e:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, str(e)) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
         # below the local log start of a tiered partition: the remote store (tiering.py)
         res = await tiering.remote_fetch(self.ctx, name, partition, offset, max_bytes)
+        remote = res is not None
         if res is None:
             res = await self.rm.fetch(name, partition, offset, max_bytes=max_bytes, min_bytes=min_bytes,
                                       max_wait_ms=max_wait_ms)
         # transactions (partitions/log/transactions.py): the LSO, and read_committed's view
-        data, fetched_next = res.records, res.next_offset
-        lg = self.rm.logs.get((name, partition))
-        lso = res.high_watermark
-        if lg is not None and getattr(lg, "transactions", None) is not None:
+        while True:
+            data, fetched_next = res.records, res.next_offset
+            lg = self.rm.logs.get((name, partition))
+            lso = res.high_watermark
+            if lg is None or getattr(lg, "transactions", None) is None:
+                break
             lso = lg.last_stable_offset(res.high_watermark)
-            if isolation == txn.READ_COMMITTED:
-                data, fetched_next = txn.filter_read_committed(data, offset, lso,
-                                                               lg.aborted_transactions(offset, lso))
+            if isolation != txn.READ_COMMITTED:
+                break
+            data, fetched_next = txn.filter_read_committed(data, offset, lso, lg.aborted_transactions(offset, lso))
+            remaining_ms = int((deadline - loop.time()) * 1000)
+            if data or fetched_next > offset or remote or remaining_ms <= 0 or self.rm.closing:
+                break
+            # only records above the LSO (an open transaction): the long poll waits on, for
+            # more data or the marker that moves the LSO, instead of answering at once
+            res = await self.rm.fetch(name, partition, offset, max_bytes=max_bytes,
+                                      min_bytes=len(res.records) + 1, max_wait_ms=remaining_ms)
         self.metrics.fetch_bytes.inc(len(data))
         if media == RAW_BATCH:
             return web.Response(body=data, content_type=RAW_BATCH, headers={

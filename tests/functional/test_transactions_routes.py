@@ -159,3 +159,21 @@ async def test_transaction_state_is_an_internal_topic(broker):
     assert body["error_code"] == "INVALID_TOPIC_EXCEPTION"
     r = await c.delete("/v1/topics/__transaction_state")
     assert r.status >= 400
+
+
+async def test_read_committed_long_poll_waits_for_the_lso_instead_of_spinning(broker):
+    c = broker.client
+    await _setup(c)
+    prod = await _init(c, "tx-poll")
+    await _post(c, "/v1/transactions/tx-poll/records", {**prod, "records": _records("p")})
+    url = "/v1/topics/txa/partitions/0/records?offset=0&isolation_level=read_committed&max_wait_ms=1500"
+    t0 = time.monotonic()
+    r = await c.get(url)
+    doc = await r.json()
+    assert doc["records"] == [] and time.monotonic() - t0 >= 1.2, doc   # held, not answered at once
+    poll = asyncio.ensure_future(c.get(url.replace("1500", "20000")))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    await _post(c, "/v1/transactions/tx-poll/commit", prod)
+    doc = await (await poll).json()
+    assert [x["value"] for x in doc["records"]] == ["p-txa-0"] and time.monotonic() - t0 < 15, doc
