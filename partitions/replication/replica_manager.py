@@ -510,10 +510,12 @@ class ReplicaManager:
         self._carry_out(self.core.update_isolation(self._clock_ms(), heartbeat_silence_ms,
                                                    leader_lease_ms=leader_lease_ms,
                                                    replica_silence_report_ms=replica_silence_report_ms))
-        if self.core.suspended != before:
+        if self.core.suspended - before:
             log.warning("broker %s: leaderships suspended (no heartbeat succeeded for %s ms and followers silent): "
-                        "%s; resumed: %s", self.broker_id, heartbeat_silence_ms,
-                        sorted(self.core.suspended - before), sorted(before - self.core.suspended))
+                        "%s", self.broker_id, heartbeat_silence_ms, sorted(self.core.suspended - before))
+        if before - self.core.suspended:
+            log.warning("broker %s: leaderships resumed (a heartbeat succeeded or a follower fetched again): %s",
+                        self.broker_id, sorted(before - self.core.suspended))
 
     def replica_lag_time_max_ms(self, topic: str, default_ms: int) -> int:
         """The topic's `replica.lag.time.max.ms`, else the broker's."""

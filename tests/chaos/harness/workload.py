@@ -54,6 +54,7 @@ class Workload:
 
     def __init__(self, cluster, history: History, topic: str = "chaos", partitions: int = 3, seed: int = 0,
                  idempotent_every: int = 2, request_timeout_s: float = 8.0, op_interval_s: float = 0.02,
+                 leader_check_s: float = 0.5,
                  group: str = "chaos-group", compacted_topic: Optional[str] = "chaos-compacted",
                  compacted_partitions: int = 2, compacted_keys: int = 8, tombstone_probability: float = 0.2,
                  topic_configs: Optional[dict] = None, compacted_topic_configs: Optional[dict] = None,
@@ -77,6 +78,10 @@ class Workload:
         self.op_interval_s = op_interval_s
         self.group = group
         self.leaders: dict[tuple[str, int], int] = {}
+        self.leader_epochs: dict[tuple[str, int], int] = {}
+        # a produce unanswered this long looks at metadata (again every this long) and is
+        # abandoned once another leader is named (issue 24: writers that follow metadata)
+        self.leader_check_s = leader_check_s
         self.positions: dict[tuple[str, int], int] = {tp: 0 for tp in self.topic_partitions()}
         self.stop_event = asyncio.Event()
         self.session: Optional[aiohttp.ClientSession] = None
@@ -102,19 +107,51 @@ class Workload:
         ids = [i for i in self.c.ids if self.c.alive("broker", i)] or list(self.c.ids)
         return self.c.direct_url(self.rng.choice(ids))
 
-    async def refresh_metadata(self) -> None:
-        for _ in range(len(self.c.ids)):
+    def _merge_metadata(self, doc) -> None:
+        """Per partition, the answer with the highest leader epoch wins: a cut-off or lagging
+        broker's stale view never hides a newer leader."""
+        for t in (doc or {}).get("topics", []):
+            if t["name"] in (self.topic, self.compacted_topic):
+                for p in t["partitions"]:
+                    key = (t["name"], p["partition"])
+                    epoch = p.get("leader_epoch", -1)
+                    if key not in self.leaders or epoch >= self.leader_epochs.get(key, -1):
+                        self.leaders[key] = p["leader"]
+                        self.leader_epochs[key] = epoch
+
+    async def refresh_metadata(self, wait_s: float = 0.5) -> None:
+        """Ask every live broker at once; merge what arrives within `wait_s` (later answers
+        are merged when they come: a paused or cut-off broker does not hold the writer up)."""
+        async def one(url: str):
             try:
-                async with self.session.get(self._any_broker() + "/v1/metadata",
-                                            timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    doc = await r.json()
-                for t in doc.get("topics", []):
-                    if t["name"] in (self.topic, self.compacted_topic):
-                        for p in t["partitions"]:
-                            self.leaders[(t["name"], p["partition"])] = p["leader"]
-                return
+                async with self.session.get(url + "/v1/metadata", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    return await r.json()
             except Exception:
-                continue
+                return None
+        ids = [i for i in self.c.ids if self.c.alive("broker", i)] or list(self.c.ids)
+        tasks = [asyncio.ensure_future(one(self.c.direct_url(i))) for i in ids]
+        for t in tasks:
+            t.add_done_callback(lambda f: self._merge_metadata(f.result()) if not f.cancelled() else None)
+        await asyncio.wait(tasks, timeout=wait_s)
+
+    async def _send_following(self, key: tuple, send) -> tuple:
+        """Run `send()` (-> (status, body)); while it waits, look at metadata every
+        `leader_check_s` and give up once another leader with a higher epoch is named.
+        -> ("answer", status, body) or ("moved", None, None); exceptions propagate."""
+        leader, epoch = self.leaders.get(key, -1), self.leader_epochs.get(key, -1)
+        req = asyncio.ensure_future(send())
+        try:
+            while True:
+                done, _ = await asyncio.wait({req}, timeout=self.leader_check_s)
+                if done:
+                    status, body = req.result()
+                    return "answer", status, body
+                await self.refresh_metadata(wait_s=self.leader_check_s / 2)
+                if self.leader_epochs.get(key, -1) > epoch and self.leaders.get(key, -1) != leader:
+                    return "moved", None, None
+        finally:
+            if not req.done():
+                req.cancel()
 
     def leader_url(self, p: int, topic: Optional[str] = None) -> str:
         leader = self.leaders.get((topic or self.topic, p), -1)
@@ -203,14 +240,20 @@ class Workload:
     async def _post_json(self, op, p: int, record: dict, topic: Optional[str] = None) -> None:
         topic = topic or self.topic
         url = f"{self.leader_url(p, topic)}/v1/topics/{topic}/partitions/{p}/records?acks=all"
-        try:
+
+        async def send():
             async with self.session.post(url, json={"records": [record]}) as r:
-                body = await r.read()
-                if r.status == 200:
-                    self.h.ok(op, offsets=[json.loads(body)["offsets"][0]["offset"]])
-                    return
-                kind, code = self._classify(r.status, body)
-                self.h.complete(op, kind, error=code)
+                return r.status, await r.read()
+        try:
+            outcome, status, body = await self._send_following((topic, p), send)
+            if outcome == "moved":   # abandoned while waiting: it may still commit
+                self.h.info(op, "abandoned: the leader moved while the write waited")
+                return
+            if status == 200:
+                self.h.ok(op, offsets=[json.loads(body)["offsets"][0]["offset"]])
+                return
+            kind, code = self._classify(status, body)
+            self.h.complete(op, kind, error=code)
         except aiohttp.ClientConnectorError as e:
             self.h.fail(op, f"connect: {e.__class__.__name__}")
         except Exception as e:  # timeouts, resets: unknown
@@ -274,15 +317,21 @@ class Workload:
 
     async def _post_raw(self, op, p: int, batch: bytes) -> None:
         url = f"{self.leader_url(p)}/v1/topics/{self.topic}/partitions/{p}/records?acks=all"
-        try:
+
+        async def send():
             async with self.session.post(url, data=batch, headers={"Content-Type": RAW_BATCH,
                                                                    "Accept": "application/json"}) as r:
-                body = await r.read()
-                if r.status == 200:
-                    self.h.ok(op, offsets=[json.loads(body)["offsets"][0]["offset"]])
-                    return
-                kind, code = self._classify(r.status, body)
-                self.h.complete(op, kind, error=code)
+                return r.status, await r.read()
+        try:
+            outcome, status, body = await self._send_following((self.topic, p), send)
+            if outcome == "moved":   # abandoned while waiting: resent (same sequence) to the new leader
+                self.h.info(op, "abandoned: the leader moved while the write waited")
+                return
+            if status == 200:
+                self.h.ok(op, offsets=[json.loads(body)["offsets"][0]["offset"]])
+                return
+            kind, code = self._classify(status, body)
+            self.h.complete(op, kind, error=code)
         except aiohttp.ClientConnectorError as e:
             self.h.fail(op, f"connect: {e.__class__.__name__}")
         except Exception as e:
