@@ -97,6 +97,7 @@ class SeaweedFS:
 
     def start(self, timeout_s: float = 60.0) -> "SeaweedFS":
         os.makedirs(os.path.join(self.dir, "data"), exist_ok=True)
+        self.remove_sockets()
         out = open(os.path.join(self.dir, "weed.log"), "ab")
         self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
                                      start_new_session=True)
@@ -138,14 +139,35 @@ class SeaweedFS:
         except Exception:  # noqa: BLE001 - not yet
             return False
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM, then SIGKILL; the process group (weed has no children, but be sure)."""
+    def stop(self, timeout_s: float = 3.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s` (weed 4.x removes its filer's gRPC socket
+        first and then waits on it: a graceful stop does not finish); its gRPC unix sockets
+        in /tmp are removed after."""
         pid = self.pid
         if pid is None:
             return
         stop_pid(pid, timeout_s, proc=self.proc)
         self.proc = None
         self.pid = None
+        self.remove_sockets()
+
+    def remove_sockets(self) -> None:
+        """weed puts one unix socket per gRPC port in /tmp (not configurable); ours go."""
+        for name in ("master", "volume", "filer", "s3"):
+            port = getattr(self.ports, f"{name}_grpc")
+            try:
+                os.unlink(f"/tmp/seaweedfs-{name}-grpc-{port}.sock")
+            except OSError:
+                pass
+
+    def pause(self) -> None:
+        """SIGSTOP: the store stops answering (connections hang until the clients' timeouts)."""
+        if self.pid is not None:
+            os.killpg(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.pid is not None:
+            os.killpg(self.pid, signal.SIGCONT)
 
     def state(self) -> dict:
         return {"pid": self.pid, "dir": self.dir, "endpoint": self.endpoint, "ports": asdict(self.ports)}

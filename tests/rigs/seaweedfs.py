@@ -27,6 +27,13 @@ class SeaweedStore:
     def stop(self) -> None:
         self.server.stop()
 
+    def pause(self) -> None:
+        """The store stops answering (SIGSTOP): every request hangs until its timeout."""
+        self.server.pause()
+
+    def resume(self) -> None:
+        self.server.resume()
+
     def restart(self) -> None:
         self.server.stop()
         self.server.start()
@@ -72,4 +79,5 @@ def seaweedfs_store(directory: str):
         store.start()
         yield store
     finally:
+        store.resume()   # a paused store must be able to die
         store.stop()

@@ -60,6 +60,9 @@ _LENGTH = struct.Struct(">qi")
 _DELTA = struct.Struct(">i")
 _OFFSET_ENTRY = struct.Struct(">ii")
 FOLLOWER_REFRESH_PASSES = 5  # a follower re-lists the remote segments every this many passes
+# the leader re-lists too (a write that timed out may land in the store later: its orphan
+# is found and removed); only changed metadata objects are read again (ETags)
+LEADER_REFRESH_PASSES = 10
 BACKOFF_INITIAL_MS = 200
 
 
@@ -238,6 +241,9 @@ class RemoteLogManager:
                 st.failures = 0
                 self.store_available = True
             except RemoteStorageError as exc:
+                # a request that timed out may still happen in the store: list it again
+                # before the next copy (and remove what such a write left)
+                st.loaded_epoch = None
                 st.failures += 1
                 self.store_available = False
                 backoff = min(BACKOFF_INITIAL_MS * (2 ** min(st.failures - 1, 16)), self.cfg.remote_log_copy_backoff_max_ms)
@@ -257,10 +263,14 @@ class RemoteLogManager:
         if st.topic_id != info.topic_id:
             st.segments, st.loaded_epoch, st.topic_id = RemoteLogSegments(), None, info.topic_id
         if info.is_leader:
-            if st.loaded_epoch != info.leader_epoch or not st.role_leader:
+            st.passes_since_refresh += 1
+            if (st.loaded_epoch != info.leader_epoch or not st.role_leader
+                    or st.passes_since_refresh >= LEADER_REFRESH_PASSES):
                 self._load(tp, st)
-                self._clean_orphans(st)
-                st.loaded_epoch, st.role_leader = info.leader_epoch, True
+                st.loaded_epoch, st.role_leader, st.passes_since_refresh = info.leader_epoch, True, 0
+            # a dead leader's leftovers, and our own copies or deletions that failed midway
+            # (the copier is this one thread: nothing of ours is in flight now)
+            self._clean_orphans(st, info.leader_epoch)
             self._copy(lg, tp, st, info)
             self._apply_total_retention(lg, st)
         else:
@@ -273,10 +283,13 @@ class RemoteLogManager:
     def _load(self, tp: tuple[str, int], st: _PartitionState) -> None:
         st.segments = RemoteLogSegments(self.storage.list_segments(tp[0], st.topic_id, tp[1]))
 
-    def _clean_orphans(self, st: _PartitionState) -> None:
+    def _clean_orphans(self, st: _PartitionState, leader_epoch: int) -> None:
         """A new leader removes what a dead leader left: unfinished uploads, second copies,
-        and deletions it did not finish."""
-        doomed = st.segments.in_state(STARTED, RemoteLogSegmentState.DELETE_SEGMENT_STARTED) + st.segments.duplicates()
+        and deletions it did not finish. Never an upload of a later leader epoch (we may be
+        a zombie leader: the new leader's copy in flight is not ours to remove)."""
+        unfinished = [md for md in st.segments.in_state(STARTED, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
+                      if md.leader_epoch <= leader_epoch]
+        doomed = unfinished + st.segments.duplicates()
         for md in doomed:
             log.info("removing orphaned remote segment %s [%d, %d] of %s-%d (%s)", md.segment_id, md.base_offset,
                      md.end_offset, md.topic, md.partition, md.state.value)
@@ -306,8 +319,8 @@ class RemoteLogManager:
                 state=STARTED, segment_leader_epochs=self._segment_epochs(lg, base, nxt),
                 event_timestamp_ms=int(time.time() * 1000))
             started = time.monotonic()
+            st.segments.put(md)   # first: if the put fails it is an orphan of ours, removed next pass
             self.storage.put_segment_metadata(md)
-            st.segments.put(md)
             n = self.storage.copy_log_segment_data(md, data)
             done = md.with_state(FINISHED, int(time.time() * 1000))
             self.storage.put_segment_metadata(done)

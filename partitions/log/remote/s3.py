@@ -64,6 +64,9 @@ class S3RemoteStorage:
                               s3={"addressing_style": "path"}, max_pool_connections=16,
                               signature_version="s3v4"))
         self._bucket_ready = threading.Event()
+        # metadata object key -> (ETag, parsed): a re-listing GETs only what changed
+        self._metadata_cache: dict[str, tuple[str, RemoteLogSegmentMetadata]] = {}
+        self._metadata_lock = threading.Lock()
 
     # ------------------------------------------------------------------ keys
 
@@ -172,6 +175,8 @@ class S3RemoteStorage:
         from .metadata import RemoteLogSegmentState
         if md.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:
             self._delete_keys([self.metadata_key(md)])
+            with self._metadata_lock:
+                self._metadata_cache.pop(self.metadata_key(md), None)
         else:
             self._put(self.metadata_key(md), md.to_json())
 
@@ -179,8 +184,16 @@ class S3RemoteStorage:
         prefix = f"{self.partition_prefix(topic, topic_id, partition)}{METADATA_DIR}/"
         out = []
         for obj in self._list(prefix):
+            key, etag = obj["Key"], obj.get("ETag")
+            cached = self._metadata_cache.get(key)
+            if cached is not None and etag and cached[0] == etag:
+                out.append(cached[1])   # unchanged since we read it: no GET
+                continue
             try:
-                out.append(RemoteLogSegmentMetadata.from_json(self._get(obj["Key"])))
+                md = RemoteLogSegmentMetadata.from_json(self._get(key))
+                out.append(md)
+                with self._metadata_lock:
+                    self._metadata_cache[key] = (etag, md)
             except RemoteResourceNotFoundError:
                 continue  # deleted between the listing and the read
             except (ValueError, KeyError, TypeError) as exc:
