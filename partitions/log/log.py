@@ -266,15 +266,15 @@ class Log:
         cache.truncate_from_end(leo, persist=False)
         cache.truncate_from_start(self._log_start_offset, persist=False)
         cache.persist()
-        self._rebuild_producer_state()
+        self._rebuild_producer_state(clean_open=clean)
         self._check_offsets()
 
-    def _rebuild_producer_state(self) -> None:
+    def _rebuild_producer_state(self, clean_open: bool = False) -> None:
         """Idempotent producer state (producer_state.py) and transaction state
-        (transactions.py), rebuilt from the log."""
+        (transactions.py: from its snapshot after a clean shutdown), rebuilt from the log."""
         self.producer_state = ProducerStateManager.rebuild(self)
-        self.transactions = TransactionIndex.rebuild(self._segments, self._log_start_offset, self._dir,
-                                                     self._high_watermark)
+        self.transactions = TransactionIndex.load(self._segments, self._log_start_offset, self._dir,
+                                                  self._high_watermark, self.log_end_offset, clean_open)
 
     def last_stable_offset(self, high_watermark: int | None = None) -> int:
         """min(high watermark, first offset of the oldest open transaction) (Kafka's LSO)."""
@@ -954,6 +954,8 @@ class Log:
             self.leader_epoch_cache.persist()
             if self.producer_state is not None:
                 self.producer_state.close(self.log_end_offset)
+            if self.transactions is not None:
+                self.transactions.write_snapshot(self.log_end_offset)
             self._closed = True
 
     def close_without_flush(self) -> None:

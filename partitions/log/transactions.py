@@ -9,9 +9,12 @@
   first unstable offset (the lowest first offset of an open transaction) and the aborted
   transactions. Each aborted transaction is one entry of the `.txnindex` file of the
   segment holding its ABORT marker (Kafka's layout: 34 bytes, int16 version, int64
-  producer id, first offset, last offset, last stable offset). The state is rebuilt from the
-  batch headers of the log on open and after truncation or compaction; an index file that is
-  missing, torn or disagrees with the log is rewritten (a warning says so).
+  producer id, first offset, last offset, last stable offset). After a clean shutdown the
+  state comes from `transaction-state-snapshot` (open transactions and epochs, written at
+  close, deleted once read) plus the `.txnindex` files; otherwise (recovery, no or stale
+  snapshot, a torn index) and after truncation or compaction it is rebuilt from the batch
+  headers of the log, and an index file that is missing, torn or disagrees with the log is
+  rewritten (a warning says so).
 - The last stable offset (LSO) = min(high watermark, first unstable offset).
   `filter_read_committed` turns fetched batches into what a read_committed consumer sees:
   batches below the LSO, without control batches and without aborted transactions.
@@ -24,6 +27,7 @@ Pure with respect to IO frameworks (files only).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
@@ -52,6 +56,7 @@ from .segment import parse_segment_base, segment_file_name
 log = logging.getLogger(__name__)
 
 TXN_INDEX_SUFFIX = ".txnindex"
+TRANSACTION_STATE_SNAPSHOT = "transaction-state-snapshot"
 CONTROL_ABORT = 0
 CONTROL_COMMIT = 1
 _CONTROL_KEY = struct.Struct(">hh")
@@ -191,6 +196,7 @@ class TransactionIndex:
         self.aborted: list[AbortedTxn] = []    # ordered by last_offset (the marker's offset)
         self._segment_of: list[int] = []       # segment base holding each aborted entry's marker
         self.rewritten_files = 0               # index files rebuilt by the last rebuild (tests, logs)
+        self.loaded_from_snapshot = False
 
     # ------------------------------------------------------------------ queries
 
@@ -265,6 +271,60 @@ class TransactionIndex:
                     os.write(fd, encode_txn_index([entry]))
                 finally:
                     os.close(fd)
+
+    # ------------------------------------------------------------------ snapshot
+
+    def write_snapshot(self, log_end_offset: int) -> None:
+        """Open transactions and epochs as of `log_end_offset` (a clean close)."""
+        if self.dir is None or not self.dir.exists():
+            return
+        path = self.dir / TRANSACTION_STATE_SNAPSHOT
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"offset": log_end_offset, "ongoing": sorted(self.ongoing.items()),
+                       "epochs": sorted(self.epochs.items())}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, segments: Sequence, log_start_offset: int, log_dir: str | Path | None, high_watermark: int,
+             log_end_offset: int, clean: bool) -> "TransactionIndex":
+        """After a clean shutdown: the snapshot (if it is for `log_end_offset`) and the
+        `.txnindex` files; otherwise, or when any of them is unreadable, `rebuild`."""
+        path = Path(log_dir) / TRANSACTION_STATE_SNAPSHOT if log_dir is not None else None
+        doc = None
+        if path is not None and path.exists():
+            try:
+                doc = json.loads(path.read_text())
+                if not clean or int(doc["offset"]) != log_end_offset:
+                    doc = None
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring unreadable transaction state snapshot %s: %s", path, exc)
+                doc = None
+            path.unlink(missing_ok=True)   # consumed: never used after a later crash
+        if doc is None:
+            return cls.rebuild(segments, log_start_offset, log_dir, high_watermark)
+        idx = cls(log_dir)
+        try:
+            idx.ongoing = {int(p): int(o) for p, o in doc["ongoing"]}
+            idx.epochs = {int(p): int(e) for p, e in doc["epochs"]}
+            live = set()
+            for seg in segments:
+                live.add(seg.base_offset)
+                f = idx.dir / segment_file_name(seg.base_offset, TXN_INDEX_SUFFIX)
+                if f.exists():
+                    for entry in decode_txn_index(f.read_bytes()):
+                        idx.aborted.append(entry)
+                        idx._segment_of.append(seg.base_offset)
+        except (OSError, ValueError, TypeError, CorruptRecordError) as exc:
+            log.warning("%s: transaction state unreadable (%s); rebuilding it from the log", log_dir, exc)
+            return cls.rebuild(segments, log_start_offset, log_dir, high_watermark)
+        for f in idx.dir.iterdir():
+            if f.name.endswith(TXN_INDEX_SUFFIX) and parse_segment_base(f.name) not in live:
+                f.unlink(missing_ok=True)
+        idx.loaded_from_snapshot = True
+        return idx
 
     # ------------------------------------------------------------------ rebuild
 

@@ -188,3 +188,35 @@ def test_cleaner_does_not_pass_open_or_aborted_transactions(tmp_path, clock):
     # the aborted "open" value never shadows the committed v2 of key k
     assert b"v2" in committed_values(lg), committed_values(lg)
     lg.close()
+
+
+def test_clean_open_reads_the_snapshot_and_index_files_without_scanning(tmp_path, monkeypatch):
+    from partitions.log.segment import LogSegment
+
+    d = tmp_path / "t-0"
+    lg = Log.open(d, LogConfig())
+    lg.append_as_leader(txn([b"a"], pid=3), 0)
+    lg.append_as_leader(build_marker_batch(3, 0, commit=False), 0)
+    lg.append_as_leader(txn([b"b"], pid=4, epoch=2), 0)           # still open at shutdown
+    end = lg.log_end_offset
+    lg.close()
+    assert (d / "transaction-state-snapshot").exists()
+    real_scan = LogSegment.scan_raw
+
+    def no_txn_scan(self, *a, **kw):
+        import traceback
+        files = [f.filename for f in traceback.extract_stack()]
+        assert not any(f.endswith("partitions/log/transactions.py") for f in files), "clean open scanned the log"
+        return real_scan(self, *a, **kw)
+    monkeypatch.setattr(LogSegment, "scan_raw", no_txn_scan)
+    lg = Log.open(d, LogConfig(), recovery_point=end, high_watermark=end, clean_shutdown=True)
+    assert lg.transactions.loaded_from_snapshot
+    assert lg.transactions.ongoing == {4: 2} and lg.transactions.epochs == {3: 0, 4: 2}
+    assert lg.aborted_transactions(0, end) == [AbortedTxn(3, 0, 1, 2)]
+    assert not (d / "transaction-state-snapshot").exists()        # consumed: a later crash rescans
+    lg.close_without_flush()
+    monkeypatch.setattr(LogSegment, "scan_raw", real_scan)
+    lg = Log.open(d, LogConfig(), recovery_point=end, high_watermark=end, clean_shutdown=True)
+    assert not lg.transactions.loaded_from_snapshot                # no snapshot: rebuilt from the log
+    assert lg.transactions.ongoing == {4: 2}
+    lg.close()
