@@ -618,7 +618,8 @@ class Log:
             )
             self._segments[i : i + len(old)] = [loaded]
             self._bases = [s.base_offset for s in self._segments]
-            if self.transactions is not None:  # merged segments: their aborted entries move
+            txn = self.transactions
+            if txn is not None and (txn.aborted or txn.ongoing or txn.epochs):  # merged segments: entries move
                 self.transactions = TransactionIndex.rebuild(self._segments, self._log_start_offset, self._dir,
                                                              self._high_watermark)
             return True
