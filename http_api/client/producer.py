@@ -307,9 +307,16 @@ class Producer:
             raise RuntimeError("call init_transactions() first")
         return {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch}
 
+    # retriable errors a records request gets before anything was written (others, such as a
+    # lost connection or a timeout, leave it unknown whether the records were written: a resend
+    # could write them twice, so they are raised and the application aborts the transaction)
+    _RECORDS_RETRIABLE = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                    ErrorCode.CONCURRENT_TRANSACTIONS})
+
     async def _txn_call(self, what: str, doc: dict) -> dict:
         """POST to the coordinator (any broker forwards); retries retriable errors
-        (CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, ...) with backoff within delivery_timeout_ms."""
+        (CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, ...) with backoff within delivery_timeout_ms;
+        records requests only those that prove nothing was written."""
         deadline = time.monotonic() + self.delivery_timeout_s
         backoff = self.retry_backoff_s
         while True:
@@ -317,7 +324,8 @@ class Producer:
                 _, body = await self.t.bootstrap_json("POST", self._txn_path(what), json_body=doc)
                 return body or {}
             except KraftlogError as e:
-                if not e.code.retriable or time.monotonic() + backoff > deadline:
+                retry = e.code in self._RECORDS_RETRIABLE if what == "records" else e.code.retriable
+                if not retry or time.monotonic() + backoff > deadline:
                     raise
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.retry_backoff_max_s)
