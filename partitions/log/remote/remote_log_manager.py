@@ -271,13 +271,20 @@ class RemoteLogManager:
             # a dead leader's leftovers, and our own copies or deletions that failed midway
             # (the copier is this one thread: nothing of ours is in flight now)
             self._clean_orphans(st, info.leader_epoch)
-            self._copy(lg, tp, st, info)
+            if self._copy(lg, tp, st, info):
+                # what was just copied may leave the local tail now, not at the next retention
+                # check (log_retention_check_interval_ms, 5 min by default)
+                lg.apply_retention()
             self._apply_total_retention(lg, st)
         else:
             st.passes_since_refresh += 1
             if st.role_leader or st.loaded_epoch is None or st.passes_since_refresh >= FOLLOWER_REFRESH_PASSES:
                 self._load(tp, st)
                 st.loaded_epoch, st.role_leader, st.passes_since_refresh = info.leader_epoch, False, 0
+                before = lg.remote_copied_end_offset
+                lg.remote_copied_end_offset = st.segments.copied_end_offset()
+                if lg.remote_copied_end_offset > before:
+                    lg.apply_retention()   # the follower's local tail follows the leader's copies
         lg.remote_copied_end_offset = st.segments.copied_end_offset()
 
     def _load(self, tp: tuple[str, int], st: _PartitionState) -> None:
@@ -297,7 +304,8 @@ class RemoteLogManager:
 
     # ------------------------------------------------------------------ copy
 
-    def _copy(self, lg: Any, tp: tuple[str, int], st: _PartitionState, info: Leadership) -> None:
+    def _copy(self, lg: Any, tp: tuple[str, int], st: _PartitionState, info: Leadership) -> int:
+        """Copy what is due (see next_segments_to_copy); returns how many segments were copied."""
         with lg.lock:
             segs = lg.segments[:-1]  # never the active segment
             closed = [(s.base_offset, s.next_offset) for s in segs]
@@ -305,9 +313,10 @@ class RemoteLogManager:
         todo = next_segments_to_copy(closed, st.segments.copied_end_offset(), info.high_watermark)
         self.metrics.copy_lag_segments[tp] = len(todo)
         self.metrics.copy_lag_bytes[tp] = sum(by_base[b].size for b, _ in todo)
+        copied = 0
         for base, nxt in todo:
             if self._stop.is_set():
-                return
+                return copied
             seg = by_base[base]
             data = self._segment_data(lg, seg, nxt)
             if data is None:
@@ -331,6 +340,8 @@ class RemoteLogManager:
             self.metrics.copy_lag_bytes[tp] = max(0, self.metrics.copy_lag_bytes.get(tp, 0) - seg.size)
             log.debug("copied %s-%d segment [%d, %d] (%d bytes) in %.0f ms", tp[0], tp[1], base, nxt - 1, n,
                       (time.monotonic() - started) * 1000)
+            copied += 1
+        return copied
 
     @staticmethod
     def _read_file(path: Path, size: int | None = None) -> bytes:
