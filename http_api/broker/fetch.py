@@ -86,7 +86,14 @@ class FetchRoutes(Routes):
         if ts is not None:
             t = int_param(ts, "timestamp")
             return json_response({"offset": self.rm.offset_for_timestamp(name, partition, t)})
-        return json_response(await tiering.offsets_doc(self.ctx, name, partition, self.rm.offsets(name, partition)))
+        doc = self.rm.offsets(name, partition)
+        lg = self.rm.logs.get((name, partition))
+        txn_state = getattr(lg, "transactions", None) if lg is not None else None
+        if txn_state is not None and txn_state.epochs:
+            # a partition that has seen transactions: ListOffsets LATEST of a read_committed
+            # consumer (partitions/log/transactions.py); elsewhere it is the high watermark
+            doc["last_stable_offset"] = lg.last_stable_offset(doc["high_watermark"])
+        return json_response(await tiering.offsets_doc(self.ctx, name, partition, doc))
 
     async def delete_records(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]

@@ -112,9 +112,16 @@ class Consumer:
         _, _, body = await self.t.request("GET", f"{url}/v1/topics/{tp[0]}/partitions/{tp[1]}/offsets")
         return json.loads(body)
 
+    def _end(self, offs: dict) -> int:
+        """The end a consumer of this isolation level starts from: read_committed the last
+        stable offset (records of a transaction open now are read once it commits, as Kafka)."""
+        if self.isolation_level == "read_committed" and "last_stable_offset" in offs:
+            return offs["last_stable_offset"]
+        return offs["high_watermark"]
+
     async def _reset(self, tp) -> int:
         offs = await self._offsets(tp)
-        pos = offs["log_start_offset"] if self.auto_offset_reset == "earliest" else offs["high_watermark"]
+        pos = offs["log_start_offset"] if self.auto_offset_reset == "earliest" else self._end(offs)
         self._positions[tp] = pos
         return pos
 
@@ -178,7 +185,7 @@ class Consumer:
         self.seek(tp, (await self._offsets(tp))["log_start_offset"])
 
     async def seek_to_end(self, tp) -> None:
-        self.seek(tp, (await self._offsets(tp))["high_watermark"])
+        self.seek(tp, self._end(await self._offsets(tp)))
 
     def _drop_inflight(self, tp) -> None:
         entry = self._inflight.pop(tp, None)

@@ -112,3 +112,28 @@ async def test_cli_consume_isolation_level(broker, capsysbinary):
                                       "--bootstrap", url])
     assert await _consume(args) == 0
     assert capsysbinary.readouterr().out.splitlines() == [b"committed", b"last"]
+
+
+async def test_read_committed_latest_starts_at_the_last_stable_offset(broker):
+    url = broker.config.url
+    await _topics(url)
+    async with Producer(url, transactional_id="latest") as p:
+        await p.init_transactions()
+        p.begin_transaction()
+        await p.send("cb", "open-then-committed", partition=0)
+        await p.flush()
+        r = await broker.client.get("/v1/topics/cb/partitions/0/offsets")
+        doc = await r.json()
+        assert doc["last_stable_offset"] == 0 and doc["high_watermark"] == 1, doc
+        async with Consumer(url, isolation_level="read_committed", max_wait_ms=50) as c:
+            c.assign([("cb", 0)])
+            assert await c.position(("cb", 0)) == 0          # latest = the LSO, not the HW
+            await c.seek_to_end(("cb", 0))
+            assert await c.position(("cb", 0)) == 0
+            await p.commit_transaction()
+            got = []
+            for _ in range(20):
+                got += [r.value for r in await c.poll(50)]
+                if got:
+                    break
+            assert got == [b"open-then-committed"]
