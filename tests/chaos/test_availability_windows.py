@@ -24,10 +24,14 @@ def test_longest_window_per_kind_is_per_partition_and_clipped_to_the_fault_span(
     faults = [FaultRecord("isolate-host", "host 1", 4.0, 6.0),     # span 4..10: t-0 silent 4 -> 9
               FaultRecord("kill-broker", "broker 2", 10.0, 12.0),  # span 10..18: t-1 silent 11 -> 16
               FaultRecord("isolate-host", "host 2", 18.0, 19.0)]   # span 18..20: 1 s at most
-    out = windows_by_fault_kind(_history(acks), faults)
+    h = _history(acks)
+    h.now = lambda: 40.0                     # the final reads, long after the writers stopped
+    h.ok(h.invoke("final-reader", "fetch", topic="t", partition=0, offset=0), records=[])
+    out = windows_by_fault_kind(h, faults)   # the last span ends with the last produce (20 s)
     assert out["isolate-host"]["faults"] == 2
     assert out["isolate-host"]["max_s"] == 5.0 and out["isolate-host"]["worst"] == "t-0 at 4.0s"
     assert out["kill-broker"]["max_s"] == 5.0 and out["kill-broker"]["worst"] == "t-1 at 10.0s"
+    assert out["isolate-host"]["faults"] == 2 and out["isolate-host"]["max_s"] == 5.0
 
 
 def test_isolate_host_is_a_nemesis_kind():

@@ -60,13 +60,16 @@ def figures(history: History, result: CheckResult, faults: list, min_gap_s: floa
 def windows_by_fault_kind(history: History, faults: list, f: str = "produce") -> dict:
     """Per fault kind: the longest window without an acknowledged write of one partition
     (issue 24), over the faults of that kind. A fault's span runs from its start to the next
-    fault's start (hold, heal and quiet period), the last one to the last completion; within
+    fault's start (hold, heal and quiet period), the last one to the last operation of kind
+    `f` (the writers stop before the final reads); within
     it, per (topic, partition), the longest stretch without an `ok` of kind `f` (clipped to
     the span). -> {kind: {"faults", "max_s", "worst": "topic-partition at start s", "p50_s"}}"""
     oks: dict = defaultdict(list)
     end = 0.0
     for op in history.ops:
-        if op.f == f and op.type == "ok":
+        if op.f != f:
+            continue   # (the final reads come after the writers stopped: not part of any span)
+        if op.type == "ok":
             oks[op.key].append(op.complete_time)
         end = max(end, op.complete_time, op.invoke_time)
     for times in oks.values():
