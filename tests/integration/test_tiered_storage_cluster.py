@@ -269,3 +269,33 @@ def test_kill_9_of_the_leader_mid_copy_new_leader_finishes_without_loss_or_dupli
             assert read_all(new_url, topic, end) == list(range(end))
         finally:
             cluster.close()
+
+
+def test_wiped_follower_rebuilds_only_the_local_tail(tmp_path):
+    """A follower that lost its disk starts at the leader's local log start (the history is
+    remote), not at offset 0: it fetches the tail only, and rejoins the ISR."""
+    import shutil
+    with seaweedfs_store(str(tmp_path)) as store:
+        cluster = start_cluster(tmp_path, store)
+        try:
+            topic = "rebuild"
+            cluster.create_topic(topic, replication_factor=2, configs=tiered_configs())
+            leader = cluster.partition(topic)["leader"]
+            follower = next(b for b in cluster.ports if b != leader)
+            url = cluster.url(leader)
+            end = produce(url, topic, 0, 40)
+            prefix = topic_prefix(cluster, store, topic)
+            wait_copied(cluster, store, prefix, leader, topic)
+            cluster.stop_broker(follower)
+            shutil.rmtree(os.path.join(cluster.base_dir, f"broker-{follower}", "logs"))
+            cluster.start_broker(follower)
+            cluster.wait_for(lambda: sorted(cluster.partition(topic)["isr"]) == sorted(cluster.ports), 90,
+                             "the wiped follower back in the ISR", interval=0.5)
+            _, offs = http("GET", f"{url}/v1/topics/{topic}/partitions/0/offsets")
+            d = os.path.join(cluster.base_dir, f"broker-{follower}", "logs", f"{topic}-0")
+            bases = sorted(int(f[:-4]) for f in os.listdir(d) if f.endswith(".log"))
+            assert bases[0] >= offs["local_log_start_offset"] > 0, (bases, offs)
+            assert local_log_bytes(cluster, follower, topic) <= LOCAL_BYTES + 2 * SEGMENT_BYTES
+            assert offs["log_start_offset"] == 0 and read_all(url, topic, end) == list(range(end))
+        finally:
+            cluster.close()
