@@ -200,6 +200,8 @@ class RemoteLogManager:
                 topic = image.topics.get(name)
                 if topic is None or topic.topic_id != tid:
                     self._doomed_topics.append((name, tid))
+                elif name not in current:
+                    current[name] = tid   # tiering turned off: its remote data still goes with the topic
             self._tiered_topics = current
         if self._doomed_topics:
             self._wake.set()

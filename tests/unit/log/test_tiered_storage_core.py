@@ -121,3 +121,29 @@ def test_chunk_cache_serves_ranges_and_stays_within_its_bound(tmp_path):
     assert cache.size_bytes <= 4096 and len(list((tmp_path / "c").iterdir())) <= 4
     cache.evict_segment("seg")
     assert cache.size_bytes == 0
+
+
+def test_topic_deletion_dooms_remote_data_of_topics_once_tiered(tmp_path):
+    from types import SimpleNamespace as NS
+
+    from partitions.log.remote.config import RemoteStorageConfig
+    from partitions.log.remote.remote_log_manager import RemoteLogManager
+
+    deleted = []
+    store = NS(delete_partition_data=lambda topic, tid: deleted.append((topic, tid)) or 0)
+    rlm = RemoteLogManager(RemoteStorageConfig(), store, NS(all_logs=lambda: []), 1, tmp_path / "c",
+                           lambda t, p: None)
+    try:
+        tiered = {"remote.storage.enable": "true"}
+        rlm.on_metadata(NS(topics={"a": NS(topic_id="A", configs=tiered), "b": NS(topic_id="B", configs=tiered),
+                                   "plain": NS(topic_id="P", configs={})}))
+        # b: tiering turned off (its remote data stays until the topic goes); a: re-created
+        rlm.on_metadata(NS(topics={"a": NS(topic_id="A2", configs=tiered), "b": NS(topic_id="B", configs={}),
+                                   "plain": NS(topic_id="P", configs={})}))
+        rlm.run_once()
+        assert deleted == [("a", "A")]
+        rlm.on_metadata(NS(topics={"a": NS(topic_id="A2", configs=tiered)}))   # b and plain deleted
+        rlm.run_once()
+        assert deleted == [("a", "A"), ("b", "B")]
+    finally:
+        rlm.stop()
