@@ -70,7 +70,7 @@ def test_curl_tour(node):
     assert same_key[0]["partition"] == same_key[1]["partition"]
     assert {t["name"] for t in json.loads(values[4])["topics"]} >= {"greetings", "orders"}
     assert json.loads(values[5])["records"] == []  # long poll ended without new data
-    assert json.loads(values[6]) == {"log_start_offset": 0, "high_watermark": 2}
+    assert json.loads(values[6]) == {"log_start_offset": 0, "local_log_start_offset": 0, "high_watermark": 2}
     assert json.loads(values[7]) == {"offset": 0}
     assert json.loads(values[9])["offsets"] == [{"topic": "greetings", "partition": 0, "offset": 2}]
     assert json.loads(values[10])["error_code"] == "OFFSET_OUT_OF_RANGE"

@@ -76,9 +76,18 @@ def local_log_bytes(cluster: ReplicatedCluster, broker: int, topic: str) -> int:
 
 
 def remote_metadata(store, prefix: str) -> list[dict]:
+    """The remote segments' metadata files under `prefix` (a file deleted between the listing
+    and its read, by retention running meanwhile, is left out)."""
     c = store.client()
-    return [json.loads(c.get_object(Bucket=BUCKET, Key=k)["Body"].read())
-            for k in store.keys(BUCKET, prefix) if "/_metadata/" in k]
+    out = []
+    for k in store.keys(BUCKET, prefix):
+        if "/_metadata/" not in k:
+            continue
+        try:
+            out.append(json.loads(c.get_object(Bucket=BUCKET, Key=k)["Body"].read()))
+        except c.exceptions.NoSuchKey:
+            continue
+    return out
 
 
 def topic_prefix(cluster: ReplicatedCluster, store, topic: str) -> str:
@@ -169,8 +178,12 @@ def test_tiered_topic_keeps_a_local_tail_reads_from_zero_and_deletes_from_the_st
                 s, o = http("GET", f"{url}/v1/topics/{topic}/partitions/0/offsets")
                 return s == 200 and o["log_start_offset"] > 0 and o
             offs = cluster.wait_for(trimmed, 60, "remote log start moved by retention.bytes", interval=0.5)
-            left = remote_metadata(store, prefix)
-            assert len(left) < len(md) and min(m["base_offset"] for m in left) == offs["log_start_offset"]
+
+            def store_trimmed():   # the leader deletes the segments below the new start one by one
+                left = remote_metadata(store, prefix)
+                return left and min(m["base_offset"] for m in left) == offs["log_start_offset"] and left
+            left = cluster.wait_for(store_trimmed, 60, "remote segments below the log start deleted", interval=0.5)
+            assert len(left) < len(md)
             remote_only = sum(m["size_bytes"] for m in left if m["base_offset"] < offs["local_log_start_offset"])
             assert remote_only + local_log_bytes(cluster, leader, topic) <= (8 << 20) + SEGMENT_BYTES
             status, body, _ = fetch_raw(url, topic, 0)
