@@ -29,6 +29,10 @@ class SecurityConfig:
     authentication: tuple[str, ...] = ()           # any subset of basic, bearer, mtls
     authorizer: str | None = None                  # "acl": Kafka's ACL model, default deny
     super_users: tuple[str, ...] = ()              # principals allowed everything, e.g. User:admin
+    # users the active controller creates when missing from the metadata (read by controllers
+    # only): JSON {"NAME": "password" or a SCRAM credential {salt, iterations, stored_key,
+    # server_key}}; `kraftlog cluster up --secure` writes the super user `admin` here
+    bootstrap_users_file: str | None = None
     # failed authentications answered per client address per second; beyond: 429 before any
     # password check (http_api/wire/auth.py)
     authentication_failures_max_per_second: float = 10.0
@@ -37,10 +41,6 @@ class SecurityConfig:
     # password, JSON {"broker-<id>": credential} (every node; holds no password)
     broker_password_file: str | None = None
     broker_credentials_file: str | None = None
-    # users the active controller creates when missing from the metadata (read by controllers
-    # only): JSON {"NAME": "password" or a SCRAM credential {salt, iterations, stored_key,
-    # server_key}}; `kraftlog cluster up --secure` writes the super user `admin` here
-    bootstrap_users_file: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("authentication", "super_users"):   # JSON/TOML give lists; a comma string from flags
@@ -56,6 +56,8 @@ class SecurityConfig:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             bad("tls_key_file" if self.tls_cert_file else "tls_cert_file",
                 "set together with tls_cert_file/tls_key_file", self.tls_key_file or self.tls_cert_file)
+        if self.tls_reload_check_interval_ms < 0:
+            bad("tls_reload_check_interval_ms", ">= 0 (0: reload on SIGHUP only)", self.tls_reload_check_interval_ms)
         if self.tls_client_auth not in TLS_CLIENT_AUTH:
             bad("tls_client_auth", " | ".join(TLS_CLIENT_AUTH), self.tls_client_auth)
         if self.tls_client_auth != "none" and not (self.tls_enabled and self.tls_ca_file):
@@ -68,8 +70,6 @@ class SecurityConfig:
             bad("tls_client_auth", "requested or required when authentication includes mtls", self.tls_client_auth)
         if self.authorizer is not None and self.authorizer not in AUTHORIZERS:
             bad("authorizer", " | ".join(AUTHORIZERS), self.authorizer)
-        if self.tls_reload_check_interval_ms < 0:
-            bad("tls_reload_check_interval_ms", ">= 0 (0: reload on SIGHUP only)", self.tls_reload_check_interval_ms)
         if self.authorizer and not self.authentication:
             bad("authentication", "non-empty when an authorizer is on (everyone would be denied)",
                 list(self.authentication))
