@@ -93,8 +93,9 @@ async def _topic(args: argparse.Namespace) -> int:
             if args.output == "json":
                 _print_json(doc)
             else:
+                rf = len(doc["partitions"][0].get("replicas", ())) if doc.get("partitions") else args.replication_factor
                 print(f"Created topic {args.name} with {len(doc['partitions'])} partition(s), "
-                      f"replication factor {args.replication_factor}.")
+                      f"replication factor {rf}.")
         elif args.topic_cmd == "list":
             topics = await admin.list_topics()
             if args.output == "json":
@@ -356,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     tc = tsub.add_parser("create", parents=[client])
     tc.add_argument("name")
     tc.add_argument("--partitions", type=int, default=1)
-    tc.add_argument("--replication-factor", type=int, default=1)
+    tc.add_argument("--replication-factor", type=int, default=None,
+                    help="replicas per partition (default: the brokers' default_replication_factor, min(3, N) in cluster up)")
     tc.add_argument("--config", action="append", metavar="KEY=VALUE")
     tsub.add_parser("list", parents=[client])
     td = tsub.add_parser("describe", parents=[client])

@@ -21,11 +21,13 @@ class AdminClient:
                            connect_timeout_ms=connect_timeout_ms,
                            user=user, password=password, token=token, ca_file=ca_file)   # credentials: API.md Security
 
-    async def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
+    async def create_topic(self, name: str, partitions: int = 1, replication_factor: int | None = 1,
                            configs: dict | None = None) -> dict:
-        _, doc = await self.t.bootstrap_json("POST", "/v1/topics", json_body={
-            "name": name, "partitions": partitions, "replication_factor": replication_factor,
-            "configs": configs or {}})
+        """Create a topic; `replication_factor=None` takes the brokers' default_replication_factor."""
+        body = {"name": name, "partitions": partitions, "configs": configs or {}}
+        if replication_factor is not None:
+            body["replication_factor"] = replication_factor
+        _, doc = await self.t.bootstrap_json("POST", "/v1/topics", json_body=body)
         return doc
 
     async def list_topics(self) -> list[str]:

@@ -52,6 +52,8 @@ def test_cluster_up_status_down_restart(tmp_path):
             f"127.0.0.1:{kafka_base}", f"127.0.0.1:{kafka_base + 1}"]
         r = kraftlog("topic", "create", "kept", "--partitions", "2", "--bootstrap", urls[0])
         assert r.returncode == 0, r.stderr
+        # no --replication-factor: the brokers' default (min(3, N) = 2 in cluster up), as kafka-topics does
+        assert "replication factor 2" in r.stdout, r.stdout
         req = urllib.request.Request(urls[1] + "/v1/topics/kept/records?acks=1", method="POST",
                                      data=json.dumps({"records": [{"value": "v", "partition": p}
                                                                   for p in (0, 1)]}).encode(),
