@@ -46,12 +46,11 @@ class CleanerStatsPoller:
         self.samples: dict[tuple[int, int], dict] = {}
 
     def poll_once(self) -> None:
-        from tests.chaos.harness.cluster import _http_json
         for i in self.c.ids:
             spec = self.c.procs[("broker", i)]
             if not spec.alive() or spec.paused:
                 continue
-            snap = _http_json(self.c.direct_url(i) + "/admin/v1/log-cleaner", timeout=1.0)
+            snap = self.c.get_json(self.c.direct_url(i) + "/admin/v1/log-cleaner", timeout=1.0)
             if snap:
                 self.samples[(i, spec.pid)] = snap
 
@@ -85,9 +84,11 @@ def cleaned_logs_on_disk(cluster) -> dict:
 async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fault_count: Optional[int] = None,
                     kinds: Optional[list] = None, partitions: int = 3, hold_s=(2.0, 5.0), quiet_s=(2.0, 4.0),
                     warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print,
-                    log_level: str = "WARNING") -> tuple[dict, object]:
+                    log_level: str = "WARNING", secure: bool = False) -> tuple[dict, object]:
+    """`secure`: TLS, authentication and ACLs on (ClusterSettings.secure; the workload is the
+    super user admin)."""
     kinds = kinds or list(ALL_NEMESES)
-    cluster = ChaosCluster(root, ClusterSettings(log_level=log_level))
+    cluster = ChaosCluster(root, ClusterSettings(log_level=log_level, secure=secure))
     history = History()
     schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s)
     rng = random.Random(seed)
@@ -101,9 +102,12 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
 
     sampler = threading.Thread(target=sample_thread, name="cleaner-stats", daemon=True)
     cleaned_on_disk: dict = {}
+    anonymous = None
     try:
         await asyncio.get_running_loop().run_in_executor(None, cluster.start)
         log(f"cluster up in {time.monotonic() - t0:.1f}s under {root}")
+        anonymous = cluster.anonymous_status(cluster.ids[0])
+        log(f"{cluster.scheme}; a request without credentials: HTTP {anonymous}")
         sampler.start()
         async with Workload(cluster, history, partitions=partitions, seed=seed) as wl:
             await wl.create_topic()
@@ -150,7 +154,8 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
     log(f"log cleaner: {cleaner}")
     result = check(history)
     meta = {"seed": seed, "minutes": minutes, "fault_count": fault_count, "kinds": kinds,
-            "partitions": partitions, "duration_s": round(time.monotonic() - t0, 1), "root": root}
+            "partitions": partitions, "duration_s": round(time.monotonic() - t0, 1), "root": root,
+            "secure": secure}
     if out_dir:
         figs = write_report(out_dir, history, result, schedule.faults, meta, log_cleaner=cleaner)
     else:
@@ -159,6 +164,8 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
         figs["meta"] = meta
         figs["log_cleaner"] = cleaner
     figs["_faults"] = schedule.faults
+    figs["proxy_faults"] = cluster.proxy_faults()
+    figs["anonymous_status"] = anonymous
     return figs, result
 
 
@@ -180,6 +187,8 @@ def main(argv=None) -> int:
     p.add_argument("--hold", default="2,5", help="seconds a fault stays, MIN,MAX (default 2,5)")
     p.add_argument("--quiet", default="2,4", help="healed seconds between faults, MIN,MAX (default 2,4)")
     p.add_argument("--log-level", default="WARNING", help="of the cluster processes (INFO shows replication)")
+    p.add_argument("--secure", action="store_true",
+                   help="TLS, authentication and ACLs on, as `kraftlog cluster up --secure` (clients: admin)")
     p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
     args = p.parse_args(argv)
     if args.per_kind is not None:
@@ -196,7 +205,7 @@ def main(argv=None) -> int:
     figs, result = asyncio.run(run_chaos(root, seed, minutes=args.minutes, fault_count=args.faults, kinds=kinds,
                                          partitions=args.partitions, out_dir=args.report, log_level=args.log_level,
                                          hold_s=_range(args.hold), quiet_s=_range(args.quiet),
-                                         log=lambda m: print(m, flush=True)))
+                                         log=lambda m: print(m, flush=True), secure=args.secure))
     figs.pop("_faults", None)
     print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))
     print(result.summary(limit=20))

@@ -28,15 +28,22 @@ SEED = int(os.environ.get("KRAFTLOG_CHAOS_SEED", "20261122"))
 
 
 async def test_short_fault_schedule_keeps_every_acknowledged_write(tmp_path):
-    kinds = list(ALL_NEMESES)
+    await run_short_schedule(tmp_path, list(ALL_NEMESES))
+
+
+async def run_short_schedule(tmp_path, kinds: list, *, secure: bool = False, hold_s=(1.5, 2.5),
+                             quiet_s=(1.0, 2.0)) -> dict:
+    """Run one fault of each of `kinds` and assert the history checks clean, the faults were
+    felt and the cleaner worked (shared by test_short_schedule_secure.py); -> the figures."""
     out = tmp_path / "report"
     lines = []
     figs, result = await run_chaos(str(tmp_path / "cluster"), SEED, fault_count=len(kinds), kinds=kinds,
-                                   hold_s=(1.5, 2.5), quiet_s=(1.0, 2.0), warmup_s=1.5, out_dir=str(out),
-                                   log=lines.append)
-    where = f"seed {SEED}; report {out}/report.md; log:\n" + "\n".join(lines)
+                                   hold_s=hold_s, quiet_s=quiet_s, warmup_s=1.5, out_dir=str(out),
+                                   log=lines.append, secure=secure)
+    where = f"seed {SEED}; secure {secure}; report {out}/report.md; log:\n" + "\n".join(lines)
     if not result.valid:  # keep the evidence: pytest's tmp dirs rotate
-        keep = os.path.join(tempfile.gettempdir(), "kraftlog-chaos-failures", f"seed-{SEED}-{int(time.time())}")
+        keep = os.path.join(tempfile.gettempdir(), "kraftlog-chaos-failures",
+                            f"seed-{SEED}{'-secure' if secure else ''}-{int(time.time())}")
         shutil.copytree(out, os.path.join(keep, "report"))
         for path in glob.glob(str(tmp_path / "cluster" / "node-*" / "*.log")):
             dest = os.path.join(keep, os.path.relpath(path, tmp_path / "cluster"))
@@ -65,7 +72,9 @@ async def test_short_fault_schedule_keeps_every_acknowledged_write(tmp_path):
     cleaner = figs["log_cleaner"]
     assert cleaner["passes_total"] > 0 and cleaner["records_removed_total"] > 0, where + f"\ncleaner {cleaner}"
     assert {"chaos-compacted", "__consumer_offsets"} <= set(cleaner["cleaned_logs"]), where + f"\ncleaner {cleaner}"
-    print(f"\nshort schedule: {figs['meta']['duration_s']} s, checker {stats}\n" + "\n".join(lines))
+    print(f"\nshort schedule{' (secure)' if secure else ''}: {figs['meta']['duration_s']} s, checker {stats}, "
+          f"proxies {figs['proxy_faults']}\n" + "\n".join(lines))
+    return figs
 
 
 def result_ops(out):

@@ -29,9 +29,19 @@ The log cleaner and retention run as in production, only faster: small segments,
 `log_cleaner_backoff_ms` and `log_retention_check_interval_ms` (the workload's compacted
 topic sets a low `min.cleanable.dirty.ratio` and `delete.retention.ms`), so compaction,
 tombstone expiry and the retention checks all happen, under faults, in a short run.
+
+`ClusterSettings(secure=True)`: security on as `kraftlog cluster up --secure` sets it
+(deploy/cluster.py's make_secrets() and security_settings(): a CA and `broker-<i>`
+certificates under `root`, TLS on every listener, authentication basic + mtls, the ACL
+authorizer, super users admin and every broker, admin bootstrapped from
+bootstrap-users.json); the node certificates also name CONTROLLER_HOST (the voters' and
+proxies' address). The harness's own clients verify the cluster CA (`ssl_context`) and
+authenticate as the super user admin (`auth_header()`, `admin_password`). The proxies
+forward the TLS bytes unchanged.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -41,6 +51,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
@@ -86,9 +97,10 @@ def _group_orphans(pgid: int) -> list[int]:
             if pgrp == pgid and ppid != os.getpid() and table.get(ppid, (0, -1))[1] != pgid]
 
 
-def _http_json(url: str, timeout: float = 1.0) -> Optional[dict]:
+def _http_json(url: str, timeout: float = 1.0, ssl_context=None, headers: Optional[dict] = None) -> Optional[dict]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        req = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=timeout, context=ssl_context) as r:
             return json.loads(r.read())
     except Exception:
         return None
@@ -121,6 +133,7 @@ class ClusterSettings:
     log_level: str = "WARNING"
     broker_session_timeout_ms: int = 3000
     broker_heartbeat_interval_ms: int = 500
+    secure: bool = False   # TLS + authentication + ACLs, as `kraftlog cluster up --secure`
     broker: dict = field(default_factory=lambda: {
         "replica_lag_time_max_ms": 3000, "request_timeout_ms": 5000, "min_insync_replicas": 2,
         "default_replication_factor": 3, "replica_fetch_wait_max_ms": 200, "replica_fetch_backoff_ms": 100,
@@ -141,20 +154,71 @@ class ChaosCluster:
         self.ids = list(range(1, n + 1))
         self.cluster_id = f"chaos-{os.getpid()}-{int(time.time())}"
         self.password = "chaos-" + os.urandom(8).hex()
+        self.scheme = "https" if self.s.secure else "http"
+        self.security: dict[int, dict] = {}       # node id -> [security] settings (secure only)
+        self.ssl_context = None                   # what the harness's clients verify the CA with
+        self.admin_user: Optional[str] = None
+        self.admin_password: Optional[str] = None
         self.http_port = {i: free_port() for i in self.ids}
         self.ctl_port = {i: free_port() for i in self.ids}
         self.raft_port = {i: _free_on_both() for i in self.ids}
         self.procs: dict[tuple[str, int], ProcessSpec] = {}
-        self.broker_proxy = {i: Proxy(self.http_port[i], f"broker-{i}", resolver=self.source_label)
-                             for i in self.ids}
+        self.broker_proxy = {i: Proxy(self.http_port[i], f"broker-{i}", resolver=self.source_label,
+                                      scheme=self.scheme) for i in self.ids}
         self.ctl_proxy = {j: Proxy(self.ctl_port[j], f"controller-{j}", host=CONTROLLER_HOST,
-                                   port=self.ctl_port[j], resolver=self.source_label) for j in self.ids}
+                                   port=self.ctl_port[j], resolver=self.source_label, scheme=self.scheme)
+                          for j in self.ids}
         self.raft_proxy = {j: Proxy(self.raft_port[j], f"raft-{j}", host=CONTROLLER_HOST,
                                     port=self.raft_port[j], resolver=self.source_label) for j in self.ids}
         os.makedirs(self.root, exist_ok=True)
+        if self.s.secure:
+            self._make_secrets()
         for i in self.ids:
             self.procs[("controller", i)] = self._controller_spec(i)
             self.procs[("broker", i)] = self._broker_spec(i)
+
+    # ---- security ----------------------------------------------------------------------
+
+    def _make_secrets(self) -> None:
+        """CA, node certificates, admin password and bootstrap credential, by deploy/cluster.py's
+        own functions (its layout: root/ca.pem, root/node-<i>/tls/, root/admin.password)."""
+        from deploy.certs import CertificateAuthority, default_hosts, ensure_node_certificate
+        from deploy.cluster import ADMIN_PASSWORD_FILE, ADMIN_USER, make_secrets, security_settings
+        from http_api.wire.tls import client_context
+        state = {"data_dir": self.root, "nodes": len(self.ids), "secure": True}
+        ca = CertificateAuthority.load_or_create(self.root)
+        for i in self.ids:   # issued first so the SANs name CONTROLLER_HOST too; make_secrets keeps them
+            ensure_node_certificate(ca, self.node_dir(i), f"broker-{i}", default_hosts() + [CONTROLLER_HOST])
+        make_secrets(state)
+        self.security = {i: security_settings(state, i) for i in self.ids}
+        self.ssl_context = client_context(ca_file=ca.cert_path)
+        self.admin_user = ADMIN_USER
+        with open(os.path.join(self.root, ADMIN_PASSWORD_FILE)) as f:
+            self.admin_password = f.read().strip()
+
+    def auth_header(self) -> dict:
+        """The Authorization header of the harness's clients (the super user admin; none when
+        security is off)."""
+        if self.admin_password is None:
+            return {}
+        token = base64.b64encode(f"{self.admin_user}:{self.admin_password}".encode()).decode()
+        return {"Authorization": "Basic " + token}
+
+    def get_json(self, url: str, timeout: float = 1.0) -> Optional[dict]:
+        """GET `url` as the harness (CA-verified TLS and admin's credentials when secure);
+        None on any failure."""
+        return _http_json(url, timeout=timeout, ssl_context=self.ssl_context, headers=self.auth_header())
+
+    def anonymous_status(self, i: int) -> Optional[int]:
+        """The HTTP status broker i answers GET /v1/topics sent without credentials (TLS
+        verified): 401 once authentication is on, 200 without security; None if unreachable."""
+        try:
+            with urllib.request.urlopen(self.direct_url(i) + "/v1/topics", timeout=5.0, context=self.ssl_context) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except Exception:
+            return None
 
     # ---- process specs -----------------------------------------------------------------
 
@@ -174,6 +238,8 @@ class ChaosCluster:
                "--broker-session-timeout-ms", str(self.s.broker_session_timeout_ms),
                "--broker-heartbeat-interval-ms", str(self.s.broker_heartbeat_interval_ms),
                "--min-insync-replicas", str(self.s.broker.get("min_insync_replicas", 1))]
+        if self.security:
+            cmd += ["--security-json", json.dumps(self.security[i])]
         return ProcessSpec("controller", i, cmd, {"KRAFTLOG_RAFT_PASSWORD": self.password},
                            os.path.join(self.node_dir(i), "controller.log"))
 
@@ -185,10 +251,13 @@ class ChaosCluster:
                            http_port=self.http_port[i], advertised_url=self.broker_proxy[i].url,
                            kafka_port=0,   # no Kafka listener: the harness speaks HTTP (and leaves 9092 free)
                            log_dirs=[os.path.join(state, "logs")], state_dir=state,
-                           controller_urls=[self.ctl_proxy[j].url for j in self.ids], **self.s.broker)
+                           controller_urls=[self.ctl_proxy[j].url for j in self.ids], **self.s.broker,
+                           **self.security.get(i, {}))
         cmd = [sys.executable, "-m", "http_api.broker.server", "--config-json",
                json.dumps(dataclasses.asdict(cfg)), "--log-level", self.s.log_level]
-        return ProcessSpec("broker", i, cmd, {}, os.path.join(self.node_dir(i), "broker.log"))
+        # secure: no raft secret for brokers (deploy/supervisor.broker_env); they are User:broker-<i>
+        env = {"KRAFTLOG_RAFT_PASSWORD": ""} if self.security else {}
+        return ProcessSpec("broker", i, cmd, env, os.path.join(self.node_dir(i), "broker.log"))
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -240,7 +309,7 @@ class ChaosCluster:
 
     def _healthy(self, i: int) -> bool:
         try:
-            with urllib.request.urlopen(self.direct_url(i) + "/healthz", timeout=1.0) as r:
+            with urllib.request.urlopen(self.direct_url(i) + "/healthz", timeout=1.0, context=self.ssl_context) as r:
                 return r.status == 200
         except Exception:
             return False
@@ -323,10 +392,10 @@ class ChaosCluster:
     # ---- addresses & state -------------------------------------------------------------
 
     def direct_url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.http_port[i]}"
+        return f"{self.scheme}://127.0.0.1:{self.http_port[i]}"
 
     def controller_direct_url(self, j: int) -> str:
-        return f"http://127.0.0.1:{self.ctl_port[j]}"
+        return f"{self.scheme}://127.0.0.1:{self.ctl_port[j]}"
 
     def url_map(self) -> dict[str, str]:
         """Advertised (proxy) broker URL -> direct URL, for clients."""
@@ -337,7 +406,7 @@ class ChaosCluster:
             spec = self.procs[("controller", i)]
             if not spec.alive() or spec.paused:
                 continue
-            st = _http_json(self.controller_direct_url(i) + "/controller/v1/status", timeout=0.5)
+            st = self.get_json(self.controller_direct_url(i) + "/controller/v1/status", timeout=0.5)
             if st and st.get("is_active"):
                 return i
         return None
@@ -351,6 +420,14 @@ class ChaosCluster:
 
     def all_proxies(self) -> list:
         return list(self.broker_proxy.values()) + list(self.ctl_proxy.values()) + list(self.raft_proxy.values())
+
+    def proxy_faults(self) -> dict:
+        """{"<what> <source>": count} summed over every proxy (see Proxy.faults)."""
+        out: dict[str, int] = {}
+        for p in self.all_proxies():
+            for (what, label), n in p.faults.items():
+                out[f"{what} {label}"] = out.get(f"{what} {label}", 0) + n
+        return dict(sorted(out.items()))
 
     def heal_network(self) -> None:
         for p in self.all_proxies():

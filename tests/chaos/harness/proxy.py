@@ -19,6 +19,7 @@ import asyncio
 import os
 import socket
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -132,11 +133,16 @@ class Proxy:
     """Forwards `host`:`port` to 127.0.0.1:`target_port`, with per-source faults.
 
     `resolver(peer_port, local_port) -> label` names the connecting process ("broker-2",
-    "controller-1", "client", ...); without one every connection is "client"."""
+    "controller-1", "client", ...); without one every connection is "client". `scheme` only
+    names the URL: TLS bytes are forwarded as they are (the proxy never terminates TLS).
+    `faults` counts what the rules did per (what, source label): connections refused or
+    severed, chunks dropped or delayed (evidence that a fault reached the processes it targets)."""
 
     def __init__(self, target_port: int, name: str = "", host: str = "127.0.0.1", port: Optional[int] = None,
-                 resolver: Optional[Callable[[int, int], str]] = None):
+                 resolver: Optional[Callable[[int, int], str]] = None, scheme: str = "http"):
         self.target_port = target_port
+        self.scheme = scheme
+        self.faults: Counter = Counter()   # (what, source label) -> count
         self.name = name or f"proxy->{target_port}"
         self.host = host
         self.resolver = resolver
@@ -154,7 +160,7 @@ class Proxy:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     async def _start(self, port: int):
         return await asyncio.start_server(self._handle, self.host, port, reuse_address=True)
@@ -201,7 +207,7 @@ class Proxy:
 
         async def _close():
             self._server.close()
-            self._sever("*")
+            self._sever("*", count=False)
         try:
             self._lp.call(_close())
         except Exception:
@@ -210,14 +216,15 @@ class Proxy:
 
     # ---- forwarding --------------------------------------------------------------------
 
-    def _sever(self, source: str) -> None:
+    def _sever(self, source: str, count: bool = True) -> None:
         for w, label in list(self._conns.items()):
             if source == "*" or label == source:
                 try:
                     w.transport.abort()
                 except Exception:
                     pass
-                self._conns.pop(w, None)
+                if self._conns.pop(w, None) is not None and count:
+                    self.faults[("severed", label)] += 1   # both sockets of a forwarded connection
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         label = "client"
@@ -228,6 +235,7 @@ class Proxy:
             except Exception:
                 label = "unknown"
         if self.rule(label).mode == "cut":
+            self.faults[("refused", label)] += 1
             writer.transport.abort()
             return
         try:
@@ -256,11 +264,13 @@ class Proxy:
                     break
                 r = self.rule(label)
                 if r.delay_ms:
+                    self.faults[("delayed", label)] += 1
                     await asyncio.sleep(r.delay_ms / 1000)
                     r = self.rule(label)
                 if r.mode == "cut":
                     break
                 if r.mode == "blackhole" or not (r.requests if request_direction else r.answers):
+                    self.faults[("dropped", label)] += 1
                     continue
                 writer.write(data)
                 await writer.drain()

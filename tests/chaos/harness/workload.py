@@ -90,8 +90,10 @@ class Workload:
     # ---- plumbing ----------------------------------------------------------------------
 
     async def __aenter__(self):
-        self.session = aiohttp.ClientSession(timeout=self.timeout,
-                                             connector=aiohttp.TCPConnector(limit=64, force_close=False))
+        # secure cluster: the cluster CA and the super user admin's credentials (cluster.py)
+        tls = {"ssl": self.c.ssl_context} if self.c.ssl_context is not None else {}
+        self.session = aiohttp.ClientSession(timeout=self.timeout, headers=self.c.auth_header(),
+                                             connector=aiohttp.TCPConnector(limit=64, force_close=False, **tls))
         return self
 
     async def __aexit__(self, *exc):
