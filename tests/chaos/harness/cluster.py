@@ -58,7 +58,8 @@ from typing import Optional
 
 from tests.chaos.harness.proxy import Proxy, free_port
 
-CONTROLLER_HOST = "127.0.0.2"   # controllers are advertised (and proxied) here
+CONTROLLER_HOST = "127.0.0.2"
+COPY_ATTEMPTS = 5                # copy_broker_logs: tries while the broker deletes files   # controllers are advertised (and proxied) here
 CLOCK_SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clockshim")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -451,8 +452,16 @@ class ChaosCluster:
         return [(self.ctl_proxy[j], f"broker-{i}") for j in self.ids]
 
     def copy_broker_logs(self, i: int, dest: str) -> None:
-        """A copy of broker i's log dir as of now (for 'lost un-fsynced tail')."""
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        shutil.copytree(self.broker_log_dir(i), dest, ignore_dangling_symlinks=True,
-                        ignore=shutil.ignore_patterns("*.tmp", ".lock"))
+        """A copy of broker i's log dir as of now (for 'lost un-fsynced tail'). The broker runs
+        meanwhile: a file its log cleaner or retention deletes mid-copy fails the copy, which is
+        then taken again (a few tries)."""
+        for attempt in range(COPY_ATTEMPTS):
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            try:
+                shutil.copytree(self.broker_log_dir(i), dest, ignore_dangling_symlinks=True,
+                                ignore=shutil.ignore_patterns("*.tmp", ".lock"))
+                return
+            except (shutil.Error, FileNotFoundError):
+                if attempt == COPY_ATTEMPTS - 1:
+                    raise
