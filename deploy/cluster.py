@@ -30,6 +30,7 @@ running it just prints the broker URLs.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import secrets
@@ -252,6 +253,12 @@ def up(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + READY_TIMEOUT_S
     pending = [c for c in cfgs]
     tls_ctx = client_ssl_context(cfgs[0])
+    admin_ready = False
+    admin_headers = {}
+    if state.get("secure"):
+        with open(os.path.join(data_dir, ADMIN_PASSWORD_FILE)) as f:
+            token = base64.b64encode(f"{ADMIN_USER}:{f.read().strip()}".encode()).decode()
+        admin_headers = {"Authorization": f"Basic {token}"}
     while pending and time.monotonic() < deadline:
         for p in procs:
             if not alive(p["pid"]):
@@ -259,6 +266,12 @@ def up(args: argparse.Namespace) -> int:
                                  f"{os.path.join(data_dir, 'node-%d' % p['node_id'], p['role'] + '.log')}\n")
                 return 1
         pending = [c for c in pending if not http_ok(c.broker_url + "/healthz", ssl_context=tls_ctx)]
+        if not pending and state.get("secure") and not admin_ready:
+            # ready for the user = the super user admin authenticates on every broker (the active
+            # controller creates it from the bootstrap file; brokers learn it from the metadata)
+            pending = [c for c in cfgs if not http_ok(c.broker_url + "/v1/topics", ssl_context=tls_ctx,
+                                                     headers=admin_headers)]
+            admin_ready = not pending
         if pending:
             time.sleep(0.2)
     if pending:

@@ -181,9 +181,10 @@ def spawn(cmd: list[str], env_extra: dict | None = None, log_path: str | None = 
             out.close()
 
 
-def http_ok(url: str, timeout: float = 1.0, ssl_context=None) -> bool:
+def http_ok(url: str, timeout: float = 1.0, ssl_context=None, headers: dict | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout, context=ssl_context) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout,
+                                    context=ssl_context) as r:
             return r.status == 200
     except Exception:
         return False

@@ -4,6 +4,7 @@ its verifier in DATA_DIR/broker-credentials.json), the broker process holds no r
 clients need credentials, and a user gets exactly what the ACLs give."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -44,6 +45,15 @@ async def test_secured_node_without_tls_serves_authenticated_clients(tmp_path):
         async with aiohttp.ClientSession() as s:
             async with s.get(node.url + "/v1/topics") as r:
                 assert r.status == 401 and "Basic" in r.headers["WWW-Authenticate"]
+            # the active controller creates the bootstrap users once it is active, and the broker
+            # learns them from the metadata: poll until admin authenticates (bounded)
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                async with s.get(node.url + "/v1/topics", headers=ADMIN) as r:
+                    if r.status == 200:
+                        break
+                    assert r.status == 401 and asyncio.get_running_loop().time() < deadline, await r.text()
+                await asyncio.sleep(0.1)
             async with s.post(node.url + "/v1/topics", headers=ADMIN,
                               json={"name": "orders", "partitions": 1, "replication_factor": 1}) as r:
                 assert r.status == 201, await r.text()
