@@ -1,13 +1,16 @@
 """`kraftlog cluster up/status/down` with a 2-node local cluster, restart keeps data."""
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import urllib.request
 
 import pytest
 
-from deploy.local_node import ROOT, free_port
+from deploy.cluster import CONTROLLER_PORT_OFFSET, RAFT_PORT_OFFSET
+from deploy.local_node import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -17,10 +20,21 @@ def kraftlog(*args, timeout=120):
                           env=dict(os.environ, PYTHONPATH=ROOT), timeout=timeout, cwd=ROOT)
 
 
-def free_base_port(n):
-    for _ in range(50):
-        base = free_port()
-        if base + 2000 + n < 65535:
+def _bindable(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_base_port(n, offsets=(0, CONTROLLER_PORT_OFFSET, RAFT_PORT_OFFSET)):
+    """A base port whose every derived port (HTTP, controller, raft of n nodes) is free now,
+    below the kernel's ephemeral range (32768+) so client connections cannot take them meanwhile."""
+    for _ in range(200):
+        base = random.randrange(20000, 32768 - max(offsets) - n)
+        if all(_bindable(base + off + i) for off in offsets for i in range(n)):
             return base
     raise RuntimeError("no free base port")
 
@@ -33,7 +47,9 @@ def get(url):
 def test_cluster_up_status_down_restart(tmp_path):
     data = str(tmp_path / "c")
     base = free_base_port(2)
-    kafka_base = free_port()   # never Kafka's default 9092: tests run side by side
+    kafka_base = base   # never Kafka's default 9092: tests run side by side
+    while kafka_base in range(base - 1, base + RAFT_PORT_OFFSET + 2):
+        kafka_base = free_base_port(2, offsets=(0,))
     r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base),
                  "--kafka-base-port", str(kafka_base))
     try:
