@@ -31,6 +31,12 @@ def cluster(tmp_path_factory):
 def _topic(cluster: ReplicatedCluster, partitions: int = 1, rf: int = 3) -> str:
     name = f"k-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(name, partitions=partitions, replication_factor=rf)
+    # each leader has applied the topic (create_topic waits for the ISR, which at rf=1 the
+    # controller reports before the leader broker has the metadata)
+    for p in cluster.partition_list(name):
+        url = cluster.url(p["leader"])
+        cluster.wait_for(lambda: http("GET", f"{url}/v1/topics/{name}/partitions/{p['partition']}/offsets")[0] == 200,
+                         30, f"{name}-{p['partition']} served by its leader", interval=0.05)
     return name
 
 
@@ -738,6 +744,9 @@ def test_fetch_long_polls_until_data_or_max_wait(cluster):
     topic = _topic(cluster, rf=1)
     leader = cluster.partition(topic)["leader"]
     address = cluster.kafka_address(leader)
+    # the leader serves the new partition once its metadata arrived (before: UNKNOWN_TOPIC_OR_PARTITION)
+    cluster.wait_for(lambda: _raw_fetch(address, topic, -1).error_code.name == "none", 30,
+                     "the leader serves the new partition over Kafka", interval=0.1)
     started = time.monotonic()
     empty = _raw_fetch(address, topic, -1, max_wait_ms=1500)
     waited = time.monotonic() - started
