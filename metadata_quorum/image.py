@@ -122,6 +122,14 @@ class MetadataImage:
         t = self.topics.get(topic)
         return None if t is None else t.partitions.get(partition)
 
+    def partitions_led_by(self, topic: str, broker_id: int) -> dict[int, int]:
+        """Partition -> leader epoch of `topic`'s partitions `broker_id` leads (empty when the
+        topic does not exist): what a coordinator of an internal topic loads."""
+        t = self.topics.get(topic)
+        if t is None:
+            return {}
+        return {p: reg.leader_epoch for p, reg in t.partitions.items() if reg.leader == broker_id}
+
     def live_broker_ids(self) -> list[int]:
         """Unfenced brokers not in controlled shutdown, sorted."""
         return sorted(

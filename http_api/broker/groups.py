@@ -158,12 +158,7 @@ class GroupCoordinator:
 
     def on_metadata(self, image) -> None:
         """Load partitions we now lead, drop the ones we stopped leading, follow topic changes."""
-        topic = image.topics.get(OFFSETS_TOPIC)
-        led = {}
-        if topic is not None:
-            for p, reg in topic.partitions.items():
-                if reg.leader == self.config.broker_id:
-                    led[p] = reg.leader_epoch
+        led = image.partitions_led_by(OFFSETS_TOPIC, self.config.broker_id)
         for p in list(self.loaded):
             if led.get(p) != self.loaded[p].leader_epoch:
                 self._unload(p)

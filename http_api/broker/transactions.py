@@ -130,12 +130,7 @@ class TransactionCoordinator:
             self._unload(p)
 
     def on_metadata(self, image) -> None:
-        topic = image.topics.get(TXN_TOPIC)
-        led = {}
-        if topic is not None:
-            for p, reg in topic.partitions.items():
-                if reg.leader == self.config.broker_id:
-                    led[p] = reg.leader_epoch
+        led = image.partitions_led_by(TXN_TOPIC, self.config.broker_id)
         for p in list(self.loaded):
             if led.get(p) != self.loaded[p].leader_epoch:
                 self._unload(p)

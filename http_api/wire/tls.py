@@ -32,6 +32,9 @@ from typing import Any, Callable, Iterable, Optional
 from aiohttp import web
 
 log = logging.getLogger("kraftlog.tls")
+# add/remove_signal_handler outside the main thread (ValueError/RuntimeError) or on a platform
+# without signals (NotImplementedError): the file check still sees certificate changes
+SIGNAL_HANDLER_UNAVAILABLE = (NotImplementedError, RuntimeError, ValueError)
 
 TLS_MIN_VERSION = ssl.TLSVersion.TLSv1_2
 DEFAULT_RELOAD_CHECK_INTERVAL_MS = 5_000
@@ -181,6 +184,7 @@ class ReloadingServerContext:
         self._stamp = self._file_stamp()
         self._task: Optional[asyncio.Task] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._sighup_installed = False
         self._listeners: list[Callable[[], None]] = []
 
     @classmethod
@@ -256,7 +260,8 @@ class ReloadingServerContext:
         if sighup:
             try:
                 self._loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
-            except (NotImplementedError, RuntimeError, ValueError):
+                self._sighup_installed = True
+            except SIGNAL_HANDLER_UNAVAILABLE:
                 log.info("TLS %s: no SIGHUP handler here; certificate changes are seen by the file check only",
                          self.name)
         if self.check_interval_ms > 0:
@@ -274,12 +279,13 @@ class ReloadingServerContext:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        if self._loop is not None:
+        if self._loop is not None and self._sighup_installed:
             try:
                 self._loop.remove_signal_handler(signal.SIGHUP)
-            except (NotImplementedError, RuntimeError, ValueError):
+            except SIGNAL_HANDLER_UNAVAILABLE:   # the loop closed meanwhile
                 pass
-            self._loop = None
+            self._sighup_installed = False
+        self._loop = None
 
 
 class TlsMetricsCollector:

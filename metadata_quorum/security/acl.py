@@ -21,6 +21,14 @@ WILDCARD_RESOURCE = "*"
 CLUSTER_RESOURCE_NAME = "kafka-cluster"    # the one CLUSTER resource, as Kafka names it
 
 
+def _parse_member(cls, name, what: str):
+    """The member of ACL enum `cls` named `name` (any case); ValueError listing the choices."""
+    try:
+        return cls[str(name).upper()]
+    except KeyError:
+        raise ValueError(f"unknown ACL {what} {name!r}; use one of {', '.join(m.name for m in cls)}") from None
+
+
 class Operation(enum.Enum):
     ALL = "ALL"
     READ = "READ"
@@ -36,10 +44,7 @@ class Operation(enum.Enum):
 
     @classmethod
     def parse(cls, name: str) -> "Operation":
-        try:
-            return cls[str(name).upper()]
-        except KeyError:
-            raise ValueError(f"unknown ACL operation {name!r}; use one of {', '.join(o.name for o in cls)}") from None
+        return _parse_member(cls, name, "operation")
 
 
 class ResourceType(enum.Enum):
@@ -50,10 +55,7 @@ class ResourceType(enum.Enum):
 
     @classmethod
     def parse(cls, name: str) -> "ResourceType":
-        try:
-            return cls[str(name).upper()]
-        except KeyError:
-            raise ValueError(f"unknown ACL resource type {name!r}; use one of {', '.join(t.name for t in cls)}") from None
+        return _parse_member(cls, name, "resource type")
 
 
 class PatternType(enum.Enum):
