@@ -30,6 +30,7 @@ from http_api.broker.ops import OpsRoutes
 from http_api.broker.produce import ProduceRoutes
 from http_api.broker.replica import ReplicaRoutes
 from http_api.broker.security_admin import SecurityAdminRoutes
+from http_api.broker.streaming import install_streaming
 from http_api.broker.tiering import install_tiered_storage
 from http_api.broker.topics import TopicRoutes
 from http_api.broker.transactions import install_transaction_routes
@@ -104,6 +105,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_get("/v1/topics/{topic}/partitions/{partition}/records", fetch.fetch)
     r.add_get("/v1/topics/{topic}/partitions/{partition}/offsets", fetch.offsets)
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", fetch.delete_records)
+    install_streaming(app, ctx)                          # SSE: .../records/stream (streaming.py)
     install_group_routes(app, ctx, deps.clock)           # consumer groups: /v1/groups...
     install_transaction_routes(app, ctx, deps.clock)     # transactions: /v1/transactions/{txid}/...
     r.add_post("/v1/producer-ids", produce.init_producer_id)

@@ -112,6 +112,12 @@ async def _commit_offsets(az: "BrokerAuthorizer", request: web.Request, principa
             az.require(principal, Op.READ, RT.TOPIC, o["topic"])
 
 
+async def _stream_topics(az: "BrokerAuthorizer", request: web.Request, principal: str) -> None:
+    """A group stream reads every topic it names (?topics=a,b): READ on each."""
+    for t in sorted({t for t in request.query.get("topics", "").split(",") if t}):
+        az.require(principal, Op.READ, RT.TOPIC, t)
+
+
 async def _producer_ids(az: "BrokerAuthorizer", request: web.Request, principal: str) -> None:
     """IDEMPOTENT_WRITE on the cluster, or WRITE on any topic (Kafka 3's InitProducerId)."""
     if az.allowed(principal, Op.IDEMPOTENT_WRITE, RT.CLUSTER, CLUSTER):
@@ -189,6 +195,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/topics/{topic}/records"): Rule((Need(Op.WRITE, RT.TOPIC, T),), check=_produce_auto_create),
     ("POST", "/v1/topics/{topic}/partitions/{partition}/records"): Rule((Need(Op.WRITE, RT.TOPIC, T),)),
     ("GET", "/v1/topics/{topic}/partitions/{partition}/records"): Rule((Need(Op.READ, RT.TOPIC, T),)),
+    ("GET", "/v1/topics/{topic}/partitions/{partition}/records/stream"): Rule((Need(Op.READ, RT.TOPIC, T),)),
     ("GET", "/v1/topics/{topic}/partitions/{partition}/offsets"): Rule((Need(Op.DESCRIBE, RT.TOPIC, T),)),
     ("POST", "/v1/topics/{topic}/partitions/{partition}/delete-records"): Rule((Need(Op.DELETE, RT.TOPIC, T),)),
     ("GET", "/v1/groups"): Rule(listing=_group_objects),
@@ -200,6 +207,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/groups/{group}/leave"): Rule((Need(Op.READ, RT.GROUP, G),)),
     ("POST", "/v1/groups/{group}/offsets"): Rule((Need(Op.READ, RT.GROUP, G),), check=_commit_offsets),
     ("GET", "/v1/groups/{group}/offsets"): Rule((Need(Op.DESCRIBE, RT.GROUP, G),)),
+    ("GET", "/v1/groups/{group}/records/stream"): Rule((Need(Op.READ, RT.GROUP, G),), check=_stream_topics),
     ("POST", "/v1/producer-ids"): Rule(check=_producer_ids),
     # transactions: WRITE on the transactional id (Kafka's InitProducerId/EndTxn), plus the
     # topics written and the group whose offsets join the transaction

@@ -87,6 +87,12 @@ SAMPLES = {
     ("GET", "/v1/topics/{topic}/partitions/{partition}/offsets"): (
         "/v1/topics/orders/partitions/0/offsets", None, [("DESCRIBE", "TOPIC", "orders")],
         "TOPIC_AUTHORIZATION_FAILED"),
+    ("GET", "/v1/topics/{topic}/partitions/{partition}/records/stream"): (   # a bad offset: 400 before streaming
+        "/v1/topics/orders/partitions/0/records/stream?offset=bad", None, [("READ", "TOPIC", "orders")],
+        "TOPIC_AUTHORIZATION_FAILED"),
+    ("GET", "/v1/groups/{group}/records/stream"): (
+        "/v1/groups/g1/records/stream?topics=orders&auto_offset_reset=bad", None,
+        [("READ", "GROUP", "g1"), ("READ", "TOPIC", "orders")], "GROUP_AUTHORIZATION_FAILED"),
     ("POST", "/v1/topics/{topic}/partitions/{partition}/delete-records"): (
         "/v1/topics/orders/partitions/0/delete-records", {"before_offset": 0}, [("DELETE", "TOPIC", "orders")],
         "TOPIC_AUTHORIZATION_FAILED"),

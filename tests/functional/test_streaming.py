@@ -1,0 +1,184 @@
+"""Streaming consume over HTTP (Server-Sent Events, http_api/broker/streaming.py) on an
+in-process broker: 100k records in order across a reconnect that resumes with
+Last-Event-ID, heartbeats while idle, the usual JSON errors before a stream starts, a
+group stream that commits as it goes, and a bounded buffer for a client that stops reading."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from http_api.broker.app import BROKER_KEY
+
+RECORDS = 100_000
+BATCH = 5_000
+
+
+async def create(c, name, partitions=1):
+    r = await c.post("/v1/topics", json={"name": name, "partitions": partitions, "replication_factor": 1})
+    assert r.status == 201, await r.text()
+
+
+async def produce(c, topic, values, partition=0):
+    r = await c.post(f"/v1/topics/{topic}/partitions/{partition}/records",
+                     json={"records": [{"value": v} for v in values]})
+    assert r.status == 200, await r.text()
+
+
+class SSE:
+    """A minimal EventSource reader over an aiohttp response: events and comment lines."""
+
+    def __init__(self, resp) -> None:
+        self.resp = resp
+        self.comments = 0
+
+    async def next_event(self, timeout: float = 30.0) -> dict:
+        event: dict = {}
+        while True:
+            line = await asyncio.wait_for(self.resp.content.readline(), timeout)
+            assert line, "the stream ended"
+            line = line.decode().rstrip("\n")
+            if line == "":
+                if "data" in event or "event" in event:
+                    return event
+                continue
+            if line.startswith(":"):
+                self.comments += 1
+                continue
+            field, _, value = line.partition(": ")
+            event[field] = value
+
+
+async def test_100k_records_in_order_with_a_reconnect_resuming_at_last_event_id(broker):
+    c = broker.client
+    await create(c, "s")
+    for start in range(0, RECORDS, BATCH):
+        await produce(c, "s", [f"v{i}" for i in range(start, start + BATCH)])
+    seen: list[int] = []
+    resp = await c.get("/v1/topics/s/partitions/0/records/stream?offset=0")
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+    sse = SSE(resp)
+    while len(seen) < RECORDS // 2 + 123:
+        ev = await sse.next_event()
+        doc = json.loads(ev["data"])
+        assert int(ev["id"]) == doc["offset"] and doc["value"] == f"v{doc['offset']}"
+        seen.append(doc["offset"])
+    resp.close()       # the connection drops mid-stream; the client resumes after the last id it saw
+    resp = await c.get("/v1/topics/s/partitions/0/records/stream?offset=0",
+                       headers={"Last-Event-ID": str(seen[-1])})
+    assert resp.status == 200
+    sse = SSE(resp)
+    while len(seen) < RECORDS:
+        ev = await sse.next_event()
+        seen.append(int(ev["id"]))
+    resp.close()
+    assert seen == list(range(RECORDS))
+
+
+async def test_heartbeats_while_idle_then_new_records_arrive(broker):
+    c = broker.client
+    await create(c, "idle")
+    resp = await c.get("/v1/topics/idle/partitions/0/records/stream?offset=latest&heartbeat_ms=50")
+    assert resp.status == 200
+    sse = SSE(resp)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+
+    async def read_comments(n: int) -> None:
+        while sse.comments < n:
+            assert loop.time() < deadline, "no heartbeats"
+            line = await asyncio.wait_for(resp.content.readline(), 30)
+            assert line, "the stream ended"
+            if line.startswith(b":"):
+                sse.comments += 1
+            else:
+                assert line.startswith(b"retry:") or line == b"\n", line   # no record events while idle
+    await read_comments(3)
+    await produce(c, "idle", ["late"])
+    ev = await sse.next_event()
+    assert json.loads(ev["data"])["value"] == "late" and ev["id"] == "0"
+    resp.close()
+
+
+async def test_bad_input_gets_the_usual_json_errors_before_the_stream(broker):
+    c = broker.client
+    await create(c, "e")
+    await produce(c, "e", ["a", "b"])
+    cases = [
+        ("/v1/topics/nope/partitions/0/records/stream?offset=0", {}, 404, "UNKNOWN_TOPIC_OR_PARTITION"),
+        ("/v1/topics/e/partitions/0/records/stream?offset=99", {}, 416, "OFFSET_OUT_OF_RANGE"),
+        ("/v1/topics/e/partitions/0/records/stream?offset=x", {}, 400, "INVALID_REQUEST"),
+        ("/v1/topics/e/partitions/0/records/stream", {}, 400, "INVALID_REQUEST"),
+        ("/v1/topics/e/partitions/0/records/stream?offset=0", {"Last-Event-ID": "zz"}, 400, "INVALID_REQUEST"),
+        ("/v1/topics/e/partitions/0/records/stream?offset=0&isolation_level=dirty", {}, 400, "INVALID_REQUEST"),
+        ("/v1/groups/g/records/stream?topics=nope", {}, 404, "UNKNOWN_TOPIC_OR_PARTITION"),
+        ("/v1/groups/g/records/stream", {}, 400, "INVALID_REQUEST"),
+    ]
+    for path, headers, status, code in cases:
+        r = await c.get(path, headers=headers)
+        doc = await r.json()
+        assert (r.status, doc["error_code"]) == (status, code), (path, r.status, doc)
+        assert r.headers["Content-Type"].startswith("application/json")
+
+
+async def test_group_stream_commits_as_it_goes_and_max_records_commits_exactly(broker):
+    c = broker.client
+    await create(c, "gs", partitions=2)
+    await produce(c, "gs", [f"p0-{i}" for i in range(30)], partition=0)
+    await produce(c, "gs", [f"p1-{i}" for i in range(30)], partition=1)
+    resp = await c.get("/v1/groups/gsg/records/stream?topics=gs&auto_offset_reset=earliest&max_records=25")
+    assert resp.status == 200, await resp.text()
+    sse = SSE(resp)
+    got = []
+    for _ in range(25):
+        ev = await sse.next_event()
+        doc = json.loads(ev["data"])
+        assert ev["id"] == f"gs/{doc['partition']}/{doc['offset']}" and doc["topic"] == "gs"
+        got.append((doc["partition"], doc["offset"]))
+    assert await resp.content.read() == b""    # ended after max_records
+    committed = {(e["partition"]): e["offset"]
+                 for e in (await (await c.get("/v1/groups/gsg/offsets")).json())["offsets"]}
+    for p in (0, 1):
+        sent = [o for q, o in got if q == p]
+        assert committed.get(p, 0) == (max(sent) + 1 if sent else 0), (committed, got)
+    # the next stream of the group resumes at the committed offsets: the other 35 records, once
+    resp = await c.get("/v1/groups/gsg/records/stream?topics=gs&auto_offset_reset=earliest&max_records=35")
+    sse = SSE(resp)
+    rest = []
+    for _ in range(35):
+        doc = json.loads((await sse.next_event())["data"])
+        rest.append((doc["partition"], doc["offset"]))
+    resp.close()
+    assert sorted(got + rest) == sorted((p, o) for p in (0, 1) for o in range(30))
+
+
+async def test_a_client_that_stops_reading_holds_a_bounded_buffer(broker):
+    c = broker.client
+    routes = None
+    for r in c.app.router.routes():
+        handler = getattr(r.handler, "__self__", None)
+        if handler is not None and type(handler).__name__ == "StreamRoutes":
+            routes = handler
+    assert routes is not None and c.app[BROKER_KEY] is routes.ctx
+    routes.stream_buffer_bytes = 64 * 1024
+    await create(c, "big")
+    blob = "x" * 1000
+    for _ in range(8):
+        await produce(c, "big", [blob] * 1000)       # 8 MB, far above the buffer
+    before = broker.client.app[BROKER_KEY].metrics.fetch_bytes._value.get()
+    resp = await c.get("/v1/topics/big/partitions/0/records/stream?offset=0")
+    assert resp.status == 200
+    loop = asyncio.get_running_loop()
+    # the client reads nothing: the broker stops reading the log once the socket and its
+    # buffer are full (kernel socket buffers + stream_buffer_bytes), far below the 8 MB
+    last, stable_since = -1, loop.time()
+    while loop.time() - stable_since < 1.0:
+        sent = broker.client.app[BROKER_KEY].metrics.fetch_bytes._value.get() - before
+        if sent != last:
+            last, stable_since = sent, loop.time()
+        await asyncio.sleep(0.1)
+    assert 0 < last < 6_000_000, last
+    # and reading resumes the stream where it paused
+    sse = SSE(resp)
+    ev = await sse.next_event()
+    assert ev["id"] == "0"
+    resp.close()
