@@ -3,12 +3,12 @@
     kraftlog serve [--node-id N] [--data-dir DIR] [--http-port P] [--controller-port P]
                    [--raft-port P] [--kafka-port P] [--config FILE]
     kraftlog topic create NAME --partitions P --replication-factor R [--config k=v ...]
-    kraftlog topic list | describe NAME | delete NAME
+    kraftlog topic list | describe NAME | delete NAME | alter NAME --partitions P
     kraftlog produce TOPIC [--key-separator SEP] [--acks all|1|0]
     kraftlog consume TOPIC [--from-beginning] [--group G] [--max-records N]
     kraftlog group list | describe G | delete G   (consumer groups, with lag)
     kraftlog user create|alter|delete|list, acl add|remove|list, token create|list|delete
-    kraftlog cluster up|down|status ...
+    kraftlog cluster up|down|status|add-broker ...
 
 Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082),
 --ca-file F (default $KRAFTLOG_CA_FILE; https brokers), credentials --user NAME with
@@ -113,6 +113,13 @@ async def _topic(args: argparse.Namespace) -> int:
                 for p in doc["partitions"]:
                     print(f"\tPartition: {p['partition']}\tLeader: {p['leader']}\tLeaderEpoch: {p['leader_epoch']}"
                           f"\tReplicas: {','.join(map(str, p['replicas']))}\tIsr: {','.join(map(str, p['isr']))}")
+        elif args.topic_cmd == "alter":
+            doc = await admin.create_partitions(args.name, args.partitions)
+            if args.output == "json":
+                _print_json(doc)
+            else:
+                print(f"Topic {args.name} has {len(doc['partitions'])} partition(s); clients use the new ones "
+                      "within metadata.max.age.ms (5 min by default).")
         elif args.topic_cmd == "delete":
             await admin.delete_topic(args.name)
             if args.output == "json":
@@ -363,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     tsub.add_parser("list", parents=[client])
     td = tsub.add_parser("describe", parents=[client])
     td.add_argument("name")
+    ta = tsub.add_parser("alter", parents=[client], help="grow a topic: --partitions P (the new total)")
+    ta.add_argument("name")
+    ta.add_argument("--partitions", type=int, required=True, help="the new total partition count (only grows)")
     tdel = tsub.add_parser("delete", parents=[client])
     tdel.add_argument("name")
     t.set_defaults(func=lambda a: _run_client(_topic, a) if a.topic_cmd else _usage(t))

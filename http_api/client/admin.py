@@ -38,6 +38,11 @@ class AdminClient:
         _, doc = await self.t.bootstrap_json("GET", f"/v1/topics/{name}")
         return doc
 
+    async def create_partitions(self, name: str, partitions: int) -> dict:
+        """Grow `name` to `partitions` partitions in total (Kafka's CreatePartitions); the topic as in metadata."""
+        _, doc = await self.t.bootstrap_json("POST", f"/v1/topics/{name}/partitions", json_body={"partitions": partitions})
+        return doc
+
     async def delete_topic(self, name: str) -> None:
         await self.t.bootstrap_json("DELETE", f"/v1/topics/{name}")
 

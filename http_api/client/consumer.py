@@ -13,7 +13,8 @@ from typing import Any, Iterable
 import aiohttp
 
 from http_api.client.groups import GroupMembership
-from http_api.client.transport import DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS, MetadataCache, Transport
+from http_api.client.transport import (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_METADATA_MAX_AGE_MS,
+                                       DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS, MetadataCache, Transport)
 from http_api.wire import codecs
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import record_batch as rb
@@ -49,7 +50,8 @@ class Consumer:
                  request_attempt_timeout_ms: int = DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
                  connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS,
                  user: str | None = None, password: str | None = None, token: str | None = None,
-                 ca_file: str | None = None, isolation_level: str = "read_uncommitted") -> None:
+                 ca_file: str | None = None, isolation_level: str = "read_uncommitted",
+                 metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")
         if isolation_level not in ("read_uncommitted", "read_committed"):
@@ -60,7 +62,7 @@ class Consumer:
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
                            connect_timeout_ms=connect_timeout_ms,
                            user=user, password=password, token=token, ca_file=ca_file)   # credentials: API.md Security
-        self.meta = MetadataCache(self.t)
+        self.meta = MetadataCache(self.t, metadata_max_age_ms)   # Kafka's metadata.max.age.ms
         self.group_id = group_id
         self.auto_offset_reset = auto_offset_reset
         self.max_wait_ms = max_wait_ms

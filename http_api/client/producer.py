@@ -1,7 +1,9 @@
 """`Producer`: accumulates records per partition into record batches (`batch_size_bytes`,
 `linger_ms`), sends them as raw batches straight to each partition's leader, one request
 in flight per partition (ordering), retries retriable errors after refreshing metadata
-(NOT_LEADER_OR_FOLLOWER, connection errors), optional per-batch compression.
+(NOT_LEADER_OR_FOLLOWER, connection errors), optional per-batch compression. Metadata older
+than `metadata_max_age_ms` (Kafka's metadata.max.age.ms, 5 min) is refreshed before the next
+record is partitioned, so records without a partition spread onto partitions added since.
 
 Idempotent by default with acks=all (`enable_idempotence`): a producer id from
 `POST /v1/producer-ids`, a sequence number per partition in every batch, so a retried
@@ -38,8 +40,8 @@ from typing import Iterable
 
 import aiohttp
 
-from http_api.client.transport import (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS,
-                                       MetadataCache, Transport)
+from http_api.client.transport import (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_METADATA_MAX_AGE_MS,
+                                       DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS, MetadataCache, Transport)
 from http_api.wire import codecs
 from http_api.wire.partitioner import partition_for_key
 from partitions.errors import ErrorCode, KraftlogError
@@ -73,7 +75,8 @@ class Producer:
                  connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS, leader_check_interval_ms: int = 500,
                  user: str | None = None, password: str | None = None, token: str | None = None,
                  ca_file: str | None = None, transactional_id: str | None = None,
-                 transaction_timeout_ms: int = 60_000) -> None:
+                 transaction_timeout_ms: int = 60_000,
+                 metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS) -> None:
         self.transactional_id = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
         self._in_transaction = False
@@ -83,7 +86,7 @@ class Producer:
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
                            connect_timeout_ms=connect_timeout_ms,
                            user=user, password=password, token=token, ca_file=ca_file)   # credentials: API.md Security
-        self.meta = MetadataCache(self.t)
+        self.meta = MetadataCache(self.t, metadata_max_age_ms)   # Kafka's metadata.max.age.ms
         self.leader_check_interval_s = max(1, leader_check_interval_ms) / 1000
         self.acks = "all" if str(acks) in ("all", "-1") else str(acks)
         if self.acks not in ("0", "1", "all"):

@@ -194,11 +194,21 @@ class Transport:
             self._session = None
 
 
-class MetadataCache:
-    """Cached cluster metadata: partition counts and leader URLs."""
+DEFAULT_METADATA_MAX_AGE_MS = 300_000   # Kafka's metadata.max.age.ms
 
-    def __init__(self, transport: Transport) -> None:
+
+class MetadataCache:
+    """Cached cluster metadata: partition counts and leader URLs.
+
+    Older than `metadata_max_age_ms` (Kafka's metadata.max.age.ms), the next lookup refreshes
+    it first, so partitions added to a topic are used without an error to trigger it; when
+    that refresh fails the cached metadata keeps serving (the next lookup tries again)."""
+
+    def __init__(self, transport: Transport, metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS) -> None:
+        if metadata_max_age_ms < 0:
+            raise ValueError(f"metadata_max_age_ms must be >= 0, got {metadata_max_age_ms}")
         self.t = transport
+        self.metadata_max_age_ms = metadata_max_age_ms
         self.doc: dict | None = None
         self._topics: dict[str, dict] = {}
         self.fetched_at = 0.0
@@ -258,23 +268,47 @@ class MetadataCache:
             return None
         return self._topics.get(topic)
 
+    def stale(self) -> bool:
+        """Older than metadata_max_age_ms (or never fetched)."""
+        return self.doc is None or (time.monotonic() - self.fetched_at) * 1000 >= self.metadata_max_age_ms
+
+    async def _refresh_if_stale(self) -> None:
+        if not self.stale():
+            return
+        if self.doc is None:
+            await self.refresh()
+            return
+        try:
+            await self.refresh()
+        except KraftlogError:
+            pass   # keep serving what we have; the next lookup tries again
+
     async def partitions(self, topic: str) -> int:
+        await self._refresh_if_stale()
         t = self._topic(topic)
         if t is None:
             await self.refresh()
             t = self._topic(topic)
         return len(t["partitions"]) if t else 0
 
+    @staticmethod
+    def _partition(t: dict | None, partition: int) -> dict | None:
+        if t is None:
+            return None
+        return next((p for p in t["partitions"] if p["partition"] == partition), None)
+
     async def leader_url(self, topic: str, partition: int, refresh: bool = False) -> str:
         if refresh or self.doc is None:
             await self.refresh()
+        else:
+            await self._refresh_if_stale()
         t = self._topic(topic)
-        if t is None:
+        if self._partition(t, partition) is None:   # unknown topic, or a partition added since
             await self.refresh()
             t = self._topic(topic)
         if t is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist; create it first")
-        p = next((p for p in t["partitions"] if p["partition"] == partition), None)
+        p = self._partition(t, partition)
         if p is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"topic {topic!r} has no partition {partition}")
