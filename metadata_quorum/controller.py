@@ -29,6 +29,7 @@ Partition rules (KRaft):
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import uuid
@@ -38,9 +39,11 @@ from typing import Any, Callable, Iterable, Optional
 from partitions.errors import ErrorCode, KraftlogError
 from partitions import internal_topics
 from metadata_quorum.image import MetadataImage, PartitionRegistration
+from metadata_quorum import reassignment
 from metadata_quorum.placement import assign_replicas
 from metadata_quorum.records import (
     NO_LEADER,
+    BrokerMembershipRecord,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     FenceBrokerRecord,
@@ -206,7 +209,8 @@ class QuorumController:
         return effective_min_insync_replicas(value, len(replicas))
 
     def _change(self, t, p: PartitionRegistration, *, isr=None, leader=None, replicas=None,
-                unclean: Optional[int] = None, elr_add: Iterable[int] = ()) -> Optional[PartitionChangeRecord]:
+                unclean: Optional[int] = None, elr_add: Iterable[int] = (),
+                adding=None, removing=None) -> Optional[PartitionChangeRecord]:
         """The record moving `p` to the given ISR / leader / replicas, with its ELR derived:
         members leaving the ISR join the ELR while the new ISR is below min.insync.replicas
         (their log has every committed record: brokers hold the HW there); `unclean` is a
@@ -218,6 +222,8 @@ class QuorumController:
         new_isr = tuple(p.isr if isr is None else isr)
         new_leader = p.leader if leader is None else leader
         new_replicas = tuple(p.replicas if replicas is None else replicas)
+        new_adding = tuple(p.adding_replicas if adding is None else adding)
+        new_removing = tuple(p.removing_replicas if removing is None else removing)
         if len(new_isr) >= self._min_isr(t, new_replicas):
             new_elr: tuple = ()
             new_lke: tuple = ()
@@ -229,7 +235,8 @@ class QuorumController:
                 lke.add(unclean)
             new_lke = tuple(r for r in new_replicas if r in lke)
         if (new_isr == p.isr and new_leader == p.leader and new_replicas == p.replicas
-                and new_elr == p.elr and new_lke == p.last_known_elr):
+                and new_elr == p.elr and new_lke == p.last_known_elr
+                and new_adding == p.adding_replicas and new_removing == p.removing_replicas):
             return None
         return PartitionChangeRecord(
             topic=t.name,
@@ -242,6 +249,8 @@ class QuorumController:
             partition_epoch=p.partition_epoch + 1,
             elr=new_elr,
             last_known_elr=new_lke,
+            adding_replicas=new_adding,
+            removing_replicas=new_removing,
         )
 
     def _elect(self, image: MetadataImage, replicas, isr, excluded=(), included=()) -> int:
@@ -385,7 +394,7 @@ class QuorumController:
         if partitions > self.settings.request_max_partitions:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
                                 f"at most {self.settings.request_max_partitions} partitions per request")
-        live = {b: image.brokers[b].rack for b in image.live_broker_ids()}
+        live = {b: image.brokers[b].rack for b in image.placeable_broker_ids()}
         if not _is_int(replication_factor) or replication_factor < 1:
             raise KraftlogError(ErrorCode.INVALID_REPLICATION_FACTOR,
                                 f"replication_factor must be an integer >= 1, got {replication_factor!r}")
@@ -393,7 +402,7 @@ class QuorumController:
             raise KraftlogError(
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"replication factor {replication_factor} is larger than the {len(live)} available "
-                f"(unfenced) brokers; lower it or start more brokers",
+                f"(unfenced, not decommissioning) brokers; lower it or start more brokers",
             )
         cfg = _config_map(configs, allow_null=False)
         try:
@@ -428,7 +437,7 @@ class QuorumController:
             raise KraftlogError(ErrorCode.INVALID_PARTITIONS,
                                 f"at most {self.settings.request_max_partitions} new partitions per request")
         rf = len(t.partitions[0].replicas) if 0 in t.partitions else 1
-        live = {b: image.brokers[b].rack for b in image.live_broker_ids()}
+        live = {b: image.brokers[b].rack for b in image.placeable_broker_ids()}
         if rf > len(live):
             raise KraftlogError(ErrorCode.INVALID_REPLICATION_FACTOR,
                                 f"topic has replication factor {rf} but only {len(live)} brokers are available")
@@ -477,6 +486,10 @@ class QuorumController:
             raise KraftlogError(ErrorCode.INVALID_REQUEST,
                                 f"kafka_address must be the broker's Kafka listener as host:port or null, "
                                 f"got {kafka_address!r}")
+        if broker_id in image.decommissioned:
+            raise KraftlogError(ErrorCode.POLICY_VIOLATION,
+                                f"broker {broker_id} is decommissioned; recommission it first "
+                                f"(kraftlog broker recommission {broker_id}) or give this node a new id")
         self.sessions[broker_id] = now_ms
         self.heartbeats_received[broker_id] = now_ms
         b = image.brokers.get(broker_id)
@@ -653,6 +666,9 @@ class QuorumController:
         records = self._elect_leaderless(image)
         if records:
             return records
+        records = self.complete_reassignments(image) or self.drain_step(image)
+        if records:
+            return records
         if rebalance and self.settings.auto_leader_rebalance_enable:
             return self.elect_preferred_leaders(image)
         return []
@@ -706,8 +722,11 @@ class QuorumController:
                 raise KraftlogError(ErrorCode.INELIGIBLE_REPLICA,
                                     f"broker {r} is fenced or shutting down and cannot join the ISR of {topic}-{partition}")
         ordered = tuple(r for r in p.replicas if r in new_isr)
-        rec = self._change(t, p, isr=ordered)
-        return [] if rec is None else [rec]
+        done = self._completion(image, dataclasses.replace(p, isr=ordered)) if p.reassigning else None
+        rec = self._change(t, p, **done) if done is not None else self._change(t, p, isr=ordered)
+        if rec is None:
+            return []
+        return [rec] + self._throttle_cleanup(image, [rec])
 
     def elect_preferred_leaders(self, image: MetadataImage, partitions: Optional[list] = None) -> list:
         """Move leadership to the preferred (first) replica where it is in the ISR and usable."""
@@ -724,9 +743,191 @@ class QuorumController:
                         out.append(rec)
         return out
 
+    # ================================================================ reassignment (KIP-455)
+    def _completion(self, image: MetadataImage, p: PartitionRegistration, started: bool = False) -> Optional[dict]:
+        """`_change` arguments completing `p`'s reassignment, or None while some target
+        replica is not in the ISR yet, or no target replica could lead (see
+        metadata_quorum/reassignment.py for the rules)."""
+        target = p.target_replicas
+        if not (p.reassigning or started) or not target or not all(r in p.isr for r in target):
+            return None
+        usable = [r for r in target if image.is_usable(r)]
+        if not usable:
+            return None   # wait: completing now would leave the partition leaderless
+        if image.is_usable(target[0]):
+            leader = target[0]
+        elif p.leader in usable:
+            leader = p.leader
+        else:
+            leader = usable[0]
+        return {"replicas": target, "isr": target, "leader": leader, "adding": (), "removing": ()}
+
+    def _move(self, image: MetadataImage, t, p: PartitionRegistration, target: tuple) -> Optional[PartitionChangeRecord]:
+        """The record starting (or replacing) the move of `p` to `target`, completed at once
+        when the ISR already holds every target replica (a reorder, a shrink)."""
+        replicas, adding, removing = reassignment.moving_replicas(p, target)
+        isr = reassignment.ordered(replicas, p.isr)
+        if not isr:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                f"moving {t.name}-{p.partition} to {list(target)} would leave no in-sync replica "
+                                "(its only in-sync replicas are not in the original or target replicas); cancel first")
+        leader = p.leader
+        if leader not in isr or not image.is_usable(leader):
+            leader = self._elect(image, replicas, isr)
+        moving = dataclasses.replace(p, replicas=replicas, isr=isr, leader=leader,
+                                     adding_replicas=adding, removing_replicas=removing)
+        done = self._completion(image, moving, started=True)
+        if done is not None:
+            return self._change(t, p, **done)
+        return self._change(t, p, replicas=replicas, isr=isr, leader=leader, adding=adding, removing=removing)
+
+    def _cancel(self, image: MetadataImage, t, p: PartitionRegistration) -> Optional[PartitionChangeRecord]:
+        """The record returning `p` to its original replicas (None: nothing moves). Raises
+        when no original replica is in the ISR (cancelling would lose committed records)."""
+        if not p.reassigning:
+            return None
+        original = p.original_replicas
+        isr = reassignment.ordered(original, p.isr)
+        if not isr:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                f"cannot cancel the move of {t.name}-{p.partition}: none of its original replicas "
+                                f"{list(original)} is in sync (ISR {list(p.isr)}); let the move complete")
+        leader = p.leader if p.leader in isr and image.is_usable(p.leader) else self._elect(image, original, isr)
+        if leader == NO_LEADER and p.leader in isr:
+            leader = p.leader
+        return self._change(t, p, replicas=original, isr=isr, leader=leader, adding=(), removing=())
+
+    def _throttle_cleanup(self, image: MetadataImage, records: list, throttle: Optional[int] = None) -> list:
+        """Config records of the replication throttle after `records`: set it to `throttle`
+        (when given and some move still runs), delete it once no reassignment runs: a
+        throttle lives exactly as long as the moves it served."""
+        after = {(r.topic, r.partition): bool(r.adding_replicas or r.removing_replicas)
+                 for r in records if isinstance(r, PartitionChangeRecord)}
+        running = (any(after.get((name, p.partition), True) for name, p in image.reassignments())
+                   or any(after.values()))
+        defaults = image.broker_configs.get(reassignment.CLUSTER_DEFAULT, {})
+        if running:
+            if throttle is None:
+                return []
+            return [ConfigRecord("broker", reassignment.CLUSTER_DEFAULT, k, str(throttle))
+                    for k in reassignment.THROTTLE_KEYS if defaults.get(k) != str(throttle)]
+        return [ConfigRecord("broker", reassignment.CLUSTER_DEFAULT, k, None)
+                for k in reassignment.THROTTLE_KEYS if k in defaults]
+
+    def alter_partition_reassignments(self, image: MetadataImage, doc: Any) -> list:
+        """Kafka's AlterPartitionReassignments: one atomic batch starting (or, for `replicas:
+        null`, cancelling) every listed move, plus the throttle when given. Invalid input
+        changes nothing (KraftlogError naming the problem)."""
+        moves, throttle = reassignment.parse_request(image, doc)
+        records: list = []
+        for m in moves:
+            t = image.topics[m.topic]
+            p = t.partitions[m.partition]
+            rec = self._cancel(image, t, p) if m.target is None else self._move(image, t, p, m.target)
+            if rec is not None:
+                records.append(rec)
+        return records + self._throttle_cleanup(image, records, throttle)
+
+    def cancel_reassignments(self, image: MetadataImage, partitions: Optional[list] = None) -> list:
+        """Cancel every running move (or those of `partitions`, [(topic, partition)]): the
+        original replicas come back, the throttle goes."""
+        wanted = None if partitions is None else {(tp[0], tp[1]) for tp in partitions}
+        records = []
+        for name, p in image.reassignments():
+            if wanted is None or (name, p.partition) in wanted:
+                rec = self._cancel(image, image.topics[name], p)
+                if rec is not None:
+                    records.append(rec)
+        return records + self._throttle_cleanup(image, records)
+
+    def complete_reassignments(self, image: MetadataImage) -> list:
+        """Complete every move whose target replicas are all in the ISR (also the ones
+        decided by a previous active controller)."""
+        records = []
+        for name, p in image.reassignments():
+            done = self._completion(image, p)
+            if done is not None:
+                rec = self._change(image.topics[name], p, **done)
+                if rec is not None:
+                    records.append(rec)
+        if records:
+            records += self._throttle_cleanup(image, records)
+        return records
+
+    # ================================================================ decommission
+    def _require_broker_id(self, image: MetadataImage, broker_id: Any) -> int:
+        _require_int(broker_id, "broker id")
+        if broker_id not in image.brokers and broker_id not in image.decommissioned:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                f"broker {broker_id} is not registered; use an id from GET /v1/brokers")
+        return broker_id
+
+    def _drain_moves(self, image: MetadataImage, broker_id: int) -> list:
+        records = []
+        for name, part, target in reassignment.drain_targets(image, broker_id):
+            t = image.topics[name]
+            rec = self._move(image, t, t.partitions[part], target)
+            if rec is not None:
+                records.append(rec)
+        return records
+
+    def decommission_broker(self, image: MetadataImage, broker_id: Any) -> list:
+        """Cordon `broker_id` (state draining: no new placements) and start moving every
+        replica it holds away, in one batch; the maintenance loop (`drain_step`) finishes the
+        moves and then removes its registration. Refused (POLICY_VIOLATION, nothing
+        changed) when some partition would have no broker left to take the replica."""
+        self._require_broker_id(image, broker_id)
+        state = image.broker_state(broker_id)
+        if state == "decommissioned":
+            return []
+        records: list = []
+        if state != "draining":
+            records.append(BrokerMembershipRecord(broker_id, "draining"))
+        # decide the moves as if the broker were already cordoned
+        cordoned = _with_state(image, broker_id, "draining")
+        records.extend(self._drain_moves(cordoned, broker_id))
+        return records
+
+    def recommission_broker(self, image: MetadataImage, broker_id: Any) -> list:
+        """Cancel a decommission: the broker is active again (takes new replicas, may
+        register again), and the moves taking replicas off it are cancelled."""
+        self._require_broker_id(image, broker_id)
+        if image.broker_state(broker_id) == "active":
+            return []
+        moves = [(name, p.partition) for name, p in image.reassignments() if broker_id in p.removing_replicas]
+        records: list = [BrokerMembershipRecord(broker_id, "active")]
+        if moves:
+            records.extend(self.cancel_reassignments(image, moves))
+        return records
+
+    def drain_step(self, image: MetadataImage) -> list:
+        """Maintenance of draining brokers: start the moves still missing (a move was
+        cancelled, a partition created before the cordon), and unregister a broker that
+        holds no replica any more (state decommissioned)."""
+        for broker_id in sorted(b for b, st in image.broker_states.items() if st == "draining"):
+            if image.replica_count(broker_id) == 0:
+                return [BrokerMembershipRecord(broker_id, "decommissioned")]
+            try:
+                records = self._drain_moves(image, broker_id)
+            except KraftlogError:
+                continue   # no broker can take a replica now (one is fenced): retried later
+            if records:
+                return records
+        return []
+
     # ================================================================ producer ids
     def allocate_producer_ids(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> tuple[list, int, int]:
         self._broker(image, broker_id, broker_epoch)
         first = image.next_producer_id
         size = self.settings.producer_id_block_size
         return [ProducerIdsRecord(broker_id, broker_epoch, first + size)], first, size
+
+
+def _with_state(image: MetadataImage, broker_id: int, state: str) -> MetadataImage:
+    """A shallow view of `image` with `broker_id` in `state` (for deciding moves in the same
+    batch as the cordon; the image itself is never mutated)."""
+    view = MetadataImage.__new__(MetadataImage)
+    view.__dict__.update(image.__dict__)
+    view.broker_states = dict(image.broker_states)
+    view.broker_states[broker_id] = state
+    return view

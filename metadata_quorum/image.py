@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from metadata_quorum.records import (
+    BROKER_STATES,
     NO_LEADER,
+    BrokerMembershipRecord,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     FenceBrokerRecord,
@@ -56,6 +58,9 @@ class PartitionRegistration:
     partition_epoch: int = 0
     elr: tuple = ()
     last_known_elr: tuple = ()
+    # a reassignment in flight (KIP-455): `replicas` = target + removing (see PartitionChangeRecord)
+    adding_replicas: tuple = ()
+    removing_replicas: tuple = ()
 
     def to_json(self) -> dict:
         out = {
@@ -64,6 +69,8 @@ class PartitionRegistration:
             "leader_epoch": self.leader_epoch,
             "replicas": list(self.replicas),
             "isr": list(self.isr),
+            "adding_replicas": list(self.adding_replicas),
+            "removing_replicas": list(self.removing_replicas),
         }
         if self.elr:
             out["elr"] = list(self.elr)
@@ -81,6 +88,20 @@ class PartitionRegistration:
     @property
     def preferred_leader(self) -> int:
         return self.replicas[0] if self.replicas else NO_LEADER
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> tuple:
+        """The replicas a running reassignment moves to (`replicas` when none runs)."""
+        return tuple(r for r in self.replicas if r not in self.removing_replicas)
+
+    @property
+    def original_replicas(self) -> tuple:
+        """The replicas before the running reassignment (what a cancel returns to)."""
+        return tuple(r for r in self.replicas if r not in self.adding_replicas)
 
 
 @dataclass
@@ -113,6 +134,10 @@ class MetadataImage:
         self.broker_configs: dict[str, dict] = {}
         self.next_producer_id = 0
         self.security = SecurityImage()   # users, tokens, ACLs (immutable, replaced on change)
+        # decommission: broker id -> "draining" | "decommissioned" (absent: "active"), and
+        # the last url / rack of decommissioned (unregistered) brokers, for listings
+        self.broker_states: dict[int, str] = {}
+        self.decommissioned: dict[int, tuple] = {}
 
     # ---------------------------------------------------------------- queries
     def topic(self, name: str) -> Optional[TopicImage]:
@@ -139,6 +164,28 @@ class MetadataImage:
     def is_usable(self, broker_id: int) -> bool:
         b = self.brokers.get(broker_id)
         return b is not None and not b.fenced and not b.in_controlled_shutdown
+
+    def broker_state(self, broker_id: int) -> str:
+        return self.broker_states.get(broker_id, "active")
+
+    def placeable_broker_ids(self) -> list[int]:
+        """Live brokers that take new replicas: not draining (cordoned), sorted."""
+        return [b for b in self.live_broker_ids() if b not in self.broker_states]
+
+    def reassignments(self) -> list:
+        """(topic, PartitionRegistration) of every partition with a reassignment in flight."""
+        return [(t.name, t.partitions[p]) for t in sorted(self.topics.values(), key=lambda t: t.name)
+                for p in sorted(t.partitions) if t.partitions[p].reassigning]
+
+    def replica_count(self, broker_id: int) -> int:
+        return sum(1 for t in self.topics.values() for p in t.partitions.values() if broker_id in p.replicas)
+
+    def brokers_json(self) -> list:
+        """`GET /v1/brokers`: registered and decommissioned brokers with their state."""
+        out = {b.id: dict(b.to_json(), state=self.broker_state(b.id)) for b in self.brokers.values()}
+        for bid, (url, rack) in self.decommissioned.items():
+            out.setdefault(bid, {"id": bid, "url": url, "rack": rack, "fenced": True, "state": "decommissioned"})
+        return [out[b] for b in sorted(out)]
 
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics.values())
@@ -204,6 +251,17 @@ class MetadataImage:
                 b, fenced=False, in_controlled_shutdown=False
             )
 
+    def _replay_membership(self, r: BrokerMembershipRecord, offset: int) -> None:
+        if r.state == "active":
+            self.broker_states.pop(r.broker_id, None)
+            self.decommissioned.pop(r.broker_id, None)
+            return
+        self.broker_states[r.broker_id] = r.state
+        if r.state == "decommissioned":
+            b = self.brokers.pop(r.broker_id, None)
+            old = self.decommissioned.get(r.broker_id, (None, None))
+            self.decommissioned[r.broker_id] = (b.url, b.rack) if b is not None else old
+
     def _replay_topic(self, r: TopicRecord, offset: int) -> None:
         self.topics[r.name] = TopicImage(name=r.name, topic_id=r.topic_id)
 
@@ -220,6 +278,8 @@ class MetadataImage:
             partition_epoch=r.partition_epoch,
             elr=tuple(getattr(r, "elr", ())),
             last_known_elr=tuple(getattr(r, "last_known_elr", ())),
+            adding_replicas=tuple(r.adding_replicas),
+            removing_replicas=tuple(r.removing_replicas),
         )
 
     def _replay_remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
@@ -314,6 +374,15 @@ class MetadataImage:
                     if r.next_producer_id <= next_pid:
                         return "producer id block allocated concurrently"
                     next_pid = r.next_producer_id
+                elif isinstance(r, BrokerMembershipRecord):
+                    if r.state not in BROKER_STATES:
+                        return f"unknown broker state {r.state!r}"
+                    if r.state == "decommissioned" and (
+                            self.broker_states.get(r.broker_id) != "draining" or self.replica_count(r.broker_id)):
+                        return f"broker {r.broker_id} is not drained"
+                elif isinstance(r, RegisterBrokerRecord):
+                    if r.broker_id in self.decommissioned:
+                        return f"broker {r.broker_id} is decommissioned"
                 elif isinstance(r, ConfigRecord):
                     if r.resource_type == "topic" and self._topic_id(
                         r.resource_name, new_topics, removed
@@ -354,7 +423,8 @@ class MetadataImage:
                     "configs": dict(t.configs),
                     "partitions": [
                         [p.partition, list(p.replicas), list(p.isr), p.leader, p.leader_epoch,
-                         p.partition_epoch, list(p.elr), list(p.last_known_elr)]
+                         p.partition_epoch, list(p.elr), list(p.last_known_elr),
+                         list(p.adding_replicas), list(p.removing_replicas)]
                         for p in t.partitions.values()
                     ],
                 }
@@ -362,6 +432,8 @@ class MetadataImage:
             ],
             "broker_configs": {k: dict(v) for k, v in self.broker_configs.items()},
             "security": self.security.to_snapshot(),
+            "broker_states": [[b, s] for b, s in self.broker_states.items()],
+            "decommissioned": [[b, url, rack] for b, (url, rack) in self.decommissioned.items()],
         }
 
     @classmethod
@@ -379,10 +451,14 @@ class MetadataImage:
             for p in t["partitions"]:
                 ti.partitions[p[0]] = PartitionRegistration(p[0], tuple(p[1]), tuple(p[2]), p[3], p[4], p[5],
                                                             tuple(p[6]) if len(p) > 6 else (),
-                                                            tuple(p[7]) if len(p) > 7 else ())
+                                                            tuple(p[7]) if len(p) > 7 else (),
+                                                            tuple(p[8]) if len(p) > 8 else (),
+                                                            tuple(p[9]) if len(p) > 9 else ())
             image.topics[ti.name] = ti
         image.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
         image.security = SecurityImage.from_snapshot(data.get("security"))
+        image.broker_states = {b: s for b, s in data.get("broker_states", [])}
+        image.decommissioned = {b: (url, rack) for b, url, rack in data.get("decommissioned", [])}
         return image
 
 
@@ -398,6 +474,7 @@ _HANDLERS = {
     ConfigRecord: MetadataImage._replay_config,
     ProducerIdsRecord: MetadataImage._replay_producer_ids,
     LeaderChangeRecord: MetadataImage._replay_leader_change,
+    BrokerMembershipRecord: MetadataImage._replay_membership,
     NoOpRecord: None,
     **{cls: MetadataImage._replay_security for cls in SECURITY_RECORDS},
 }

@@ -105,3 +105,24 @@ def _assign_rack_aware(ids, racks, num_partitions, rf, rng, start_partition_id) 
 
 def preferred_leader(replicas) -> Optional[int]:
     return replicas[0] if replicas else None
+
+
+def replacement_broker(candidates: dict, load: dict, removed_rack: Optional[str] = None,
+                       used_racks: frozenset | set = frozenset()) -> int:
+    """The broker that takes over a replica moved off a decommissioned broker, among
+    `candidates` (broker id -> rack; none of them holds the partition yet). Deterministic:
+    when racks are declared, a broker in the removed replica's rack first (the partition's
+    rack spread stays as it was), else one in a rack the partition does not use yet; then
+    the fewest replicas (`load`: broker id -> replicas held), then the lowest id."""
+    if not candidates:
+        raise ValueError("no broker can take the replica")
+    racked = all(r is not None for r in candidates.values())
+
+    def rank(b: int) -> tuple:
+        rack_rank = 0
+        if racked:
+            rack = candidates[b]
+            rack_rank = 0 if rack == removed_rack else (1 if rack not in used_racks else 2)
+        return (rack_rank, load.get(b, 0), b)
+
+    return min(candidates, key=rank)

@@ -76,6 +76,8 @@ class PartitionRecord:
     leader: int
     leader_epoch: int = 0
     partition_epoch: int = 0
+    adding_replicas: tuple = ()    # a reassignment (KIP-455) in flight, see PartitionChangeRecord
+    removing_replicas: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,10 @@ class PartitionChangeRecord:
     """The full new state of one partition. `partition_epoch` is the previous one + 1 (the
     state machine rejects the batch otherwise: optimistic concurrency); `leader_epoch` is
     bumped exactly when the leader changes. `elr` / `last_known_elr` default to empty, so
-    records written before they existed replay unchanged."""
+    records written before they existed replay unchanged. `adding_replicas` /
+    `removing_replicas` (KIP-455): while a reassignment runs, `replicas` is the target
+    replicas followed by the removing ones; the target is `replicas` minus `removing_replicas`,
+    the original `replicas` minus `adding_replicas` (both empty when nothing moves)."""
 
     TYPE: ClassVar[str] = "PartitionChange"
     topic: str
@@ -96,6 +101,8 @@ class PartitionChangeRecord:
     partition_epoch: int
     elr: tuple = ()               # eligible leader replicas (KIP-966), see PartitionRegistration
     last_known_elr: tuple = ()
+    adding_replicas: tuple = ()
+    removing_replicas: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,21 @@ class LeaderChangeRecord:
 
 
 @dataclass(frozen=True)
+class BrokerMembershipRecord:
+    """A broker's membership state (Redpanda's decommission): "active" (takes new
+    replicas), "draining" (cordoned: no new placements, its replicas are being moved away)
+    or "decommissioned" (no replicas left: its registration is removed and it may not
+    register again until recommissioned)."""
+
+    TYPE: ClassVar[str] = "BrokerMembership"
+    broker_id: int
+    state: str
+
+
+BROKER_STATES = ("active", "draining", "decommissioned")
+
+
+@dataclass(frozen=True)
 class NoOpRecord:
     TYPE: ClassVar[str] = "NoOp"
 
@@ -155,12 +177,13 @@ RECORD_TYPES: dict[str, type] = {
         ConfigRecord,
         ProducerIdsRecord,
         LeaderChangeRecord,
+        BrokerMembershipRecord,
         NoOpRecord,
         *SECURITY_RECORDS,   # users, delegation tokens, ACLs (metadata_quorum/security/records.py)
     )
 }
 
-_TUPLE_FIELDS = {"replicas", "isr", "elr", "last_known_elr"}
+_TUPLE_FIELDS = {"replicas", "isr", "elr", "last_known_elr", "adding_replicas", "removing_replicas"}
 
 
 _FIELD_NAMES: dict[type, tuple] = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in RECORD_TYPES.values()}

@@ -57,7 +57,8 @@ def test_metadata_json_has_exactly_the_api_shape():
     assert body["brokers"][0] == {"id": 1, "url": "http://b1", "rack": "r1", "fenced": False}
     topic = body["topics"][0]
     assert set(topic) == {"name", "partitions"}
-    assert topic["partitions"][0] == {"partition": 0, "leader": 1, "leader_epoch": 0, "replicas": [1, 2], "isr": [1, 2]}
+    assert topic["partitions"][0] == {"partition": 0, "leader": 1, "leader_epoch": 0, "replicas": [1, 2], "isr": [1, 2],
+                                      "adding_replicas": [], "removing_replicas": []}
     json.dumps(body)
 
 
