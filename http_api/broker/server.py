@@ -214,7 +214,9 @@ class Broker:
             return None
         lst = cfg.listeners
         address = ""
-        apis = KafkaApis(app[BROKER_KEY], app[SERVICE_KEY], broker_id=cfg.broker_id, kafka_address=lambda: address)
+        from http_api.broker.transactions import SERVICE_KEY as TXN_SERVICE_KEY
+        apis = KafkaApis(app[BROKER_KEY], app[SERVICE_KEY], broker_id=cfg.broker_id, kafka_address=lambda: address,
+                         transactions=app.get(TXN_SERVICE_KEY))
         listener = KafkaListener(apis, lst.kafka_bind_host, cfg.kafka_port,
                                  request_max_bytes=cfg.kafka_request_max_bytes,
                                  connections_max_idle_ms=cfg.kafka_connections_max_idle_ms,

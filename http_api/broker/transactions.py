@@ -75,6 +75,12 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(doc).encode(), status=status, content_type=JSON)
 
 
+def _check_txid(txid: str) -> None:
+    if not _TXID_RE.match(txid):
+        raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                            f"transactional id {txid!r} is invalid: use 1-249 characters from [A-Za-z0-9._-]")
+
+
 def _int_field(doc: dict, name: str) -> int:
     v = doc.get(name)
     if isinstance(v, bool) or not isinstance(v, int):
@@ -427,9 +433,7 @@ class TransactionCoordinator:
 
     async def route(self, request: web.Request, fn) -> web.Response:
         txid = request.match_info["txid"]
-        if not _TXID_RE.match(txid):
-            raise KraftlogError(ErrorCode.INVALID_REQUEST,
-                                f"transactional id {txid!r} is invalid: use 1-249 characters from [A-Za-z0-9._-]")
+        _check_txid(txid)
         p, leader, url = await self.coordinator_of(txid)
         if leader == self.config.broker_id:
             ld = self.loaded.get(p)
@@ -469,6 +473,56 @@ class TransactionCoordinator:
             raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                 f"cannot reach the transaction coordinator at {url}: {e}; retry") from None
 
+    # ---- entry points of the Kafka listener (http_api/kafka/apis.py) ------------------------
+
+    async def run_local(self, txid: str, fn):
+        """`fn(loaded)` under `txid`'s lock on this broker, which must be its coordinator
+        (Kafka clients find it with FindCoordinator first): NOT_COORDINATOR otherwise,
+        COORDINATOR_LOAD_IN_PROGRESS while its partition is loading."""
+        _check_txid(txid)
+        p, leader, _url = await self.coordinator_of(txid)
+        ld = self.loaded.get(p) if leader == self.config.broker_id else None
+        if ld is None:
+            raise KraftlogError(ErrorCode.NOT_COORDINATOR,
+                                f"broker {self.config.broker_id} is not the coordinator of transactional id "
+                                f"{txid!r} (broker {leader} is); find the coordinator again", coordinator_id=leader)
+        try:
+            await asyncio.wait_for(asyncio.shield(ld.ready), COORDINATOR_WAIT_MS / 1000)
+        except asyncio.TimeoutError:
+            raise KraftlogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                f"transaction state of {TXN_TOPIC}-{p} is still loading; retry") from None
+        if self.loaded.get(p) is not ld:
+            raise KraftlogError(ErrorCode.NOT_COORDINATOR, f"{TXN_TOPIC}-{p} moved; find the coordinator again")
+        async with self._lock(txid):
+            return await fn(ld)
+
+    async def add_offsets_anywhere(self, txid: str, pid: int, epoch: int, group: str,
+                                   offsets: list[tuple[str, int, int]]) -> None:
+        """TxnOffsetCommit: group offsets join `txid`'s transaction on its coordinator, here
+        or (the group's coordinator is often another broker) through that broker's route."""
+        p, leader, url = await self.coordinator_of(txid)
+        if leader == self.config.broker_id:
+            async def go(ld: _Loaded) -> None:
+                await self._write(ld, ld.state.add_offsets(txid, pid, epoch, group, offsets, self.clock.now_ms()))
+            return await self.run_local(txid, go)
+        if url is None:
+            raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"the coordinator of {txid!r} has no address; retry")
+        body = {"producer_id": pid, "producer_epoch": epoch, "group": group,
+                "offsets": [{"topic": t, "partition": q, "offset": o} for t, q, o in offsets]}
+        try:
+            async with self.deps.http_session.post(
+                    f"{url.rstrip('/')}/v1/transactions/{txid}/offsets", json=body,
+                    headers={FORWARDED_HEADER: str(self.config.broker_id), **self._internal_headers,
+                             **forwarding_headers(), "Accept": JSON},
+                    timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_ms / 1000 + 5)) as resp:
+                doc = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                f"cannot reach the transaction coordinator at {url}: {e}; retry") from None
+        if resp.status != 200:
+            raise KraftlogError.from_body(doc, fallback=f"HTTP {resp.status}") or KraftlogError(
+                ErrorCode.UNKNOWN_SERVER_ERROR, f"the transaction coordinator answered HTTP {resp.status}")
+
     # ---- handlers ----------------------------------------------------------------------
 
     async def init(self, request: web.Request) -> web.Response:
@@ -477,23 +531,29 @@ class TransactionCoordinator:
             if isinstance(timeout, bool) or not isinstance(timeout, int):
                 raise KraftlogError(ErrorCode.INVALID_TRANSACTION_TIMEOUT,
                                     "transaction_timeout_ms must be an integer (milliseconds)")
-            ld.state.check_timeout(timeout)
-            for _ in range(3):
-                if not await self._wait_completion(txid):
-                    raise KraftlogError(ErrorCode.CONCURRENT_TRANSACTIONS,
-                                        f"the previous transaction of {txid!r} is still completing; retry")
-                new_pid = -1
-                if txid not in ld.state.txns or ld.state.txns[txid].producer_epoch >= tc.MAX_EPOCH:
-                    new_pid = await self._next_producer_id()
-                md = ld.state.init(txid, timeout, new_pid, self.clock.now_ms())
-                await self._write(ld, md)
-                if md.state is TxnState.PREPARE_ABORT:  # the old epoch left one open: abort it first
-                    log.info("init of %r aborts the transaction its previous producer left open", txid)
-                    self._start_completion(ld, md)
-                    continue
-                return _json({"producer_id": md.producer_id, "producer_epoch": md.producer_epoch})
-            raise KraftlogError(ErrorCode.CONCURRENT_TRANSACTIONS, f"transaction of {txid!r} is completing; retry")
+            md = await self.init_producer(ld, txid, timeout)
+            return _json({"producer_id": md.producer_id, "producer_epoch": md.producer_epoch})
         return await self.route(request, go)
+
+    async def init_producer(self, ld: _Loaded, txid: str, timeout_ms: int) -> TxnMetadata:
+        """InitProducerId of `txid` (under its lock): the epoch bump that fences the previous
+        producer, after aborting what it left open; the new metadata."""
+        ld.state.check_timeout(timeout_ms)
+        for _ in range(3):
+            if not await self._wait_completion(txid):
+                raise KraftlogError(ErrorCode.CONCURRENT_TRANSACTIONS,
+                                    f"the previous transaction of {txid!r} is still completing; retry")
+            new_pid = -1
+            if txid not in ld.state.txns or ld.state.txns[txid].producer_epoch >= tc.MAX_EPOCH:
+                new_pid = await self._next_producer_id()
+            md = ld.state.init(txid, timeout_ms, new_pid, self.clock.now_ms())
+            await self._write(ld, md)
+            if md.state is TxnState.PREPARE_ABORT:  # the old epoch left one open: abort it first
+                log.info("init of %r aborts the transaction its previous producer left open", txid)
+                self._start_completion(ld, md)
+                continue
+            return md
+        raise KraftlogError(ErrorCode.CONCURRENT_TRANSACTIONS, f"transaction of {txid!r} is completing; retry")
 
     async def _next_producer_id(self) -> int:
         if self.deps.producer_ids is None:
@@ -573,15 +633,20 @@ class TransactionCoordinator:
     async def _end(self, request: web.Request, commit: bool) -> web.Response:
         async def go(ld: _Loaded, txid: str, doc: dict) -> web.Response:
             pid, epoch = _int_field(doc, "producer_id"), _int_field(doc, "producer_epoch")
-            md = ld.state.end(txid, pid, epoch, commit, self.clock.now_ms())
-            if md is None:
-                return _json({"state": ld.state.txns[txid].state.value})
-            if ld.state.txns.get(txid) != md:
-                await self._write(ld, md)  # the decision is durable from here on
-            self._start_completion(ld, md)
-            done = await self._wait_completion(txid)
-            return _json({"state": ld.state.txns[txid].state.value if done else md.state.value})
+            return _json({"state": (await self.end_transaction(ld, txid, pid, epoch, commit)).value})
         return await self.route(request, go)
+
+    async def end_transaction(self, ld: _Loaded, txid: str, pid: int, epoch: int, commit: bool) -> TxnState:
+        """EndTxn (under `txid`'s lock): the decision written, then its markers awaited
+        (bounded by request_timeout_ms); the state reached."""
+        md = ld.state.end(txid, pid, epoch, commit, self.clock.now_ms())
+        if md is None:
+            return ld.state.txns[txid].state
+        if ld.state.txns.get(txid) != md:
+            await self._write(ld, md)  # the decision is durable from here on
+        self._start_completion(ld, md)
+        done = await self._wait_completion(txid)
+        return ld.state.txns[txid].state if done else md.state
 
     async def commit(self, request: web.Request) -> web.Response:
         return await self._end(request, True)

@@ -24,7 +24,8 @@ from http_api.broker.topics import TopicRoutes
 from http_api.kafka import protocol
 from http_api.kafka.classic_groups import ClassicGroupError, ClassicGroups
 from http_api.kafka.protocol import API_VERSIONS, API_VERSIONS_KEY, FrameError, build, kafka_error
-from http_api.kafka.records import kafka_to_stored, split_kafka_batches, stored_to_kafka
+from http_api.kafka.records import (InvalidRecord, batches_below, check_client_batch, kafka_to_stored,
+                                    split_kafka_batches, stored_to_kafka)
 from partitions import internal_topics
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.groups.records import OFFSETS_TOPIC
@@ -37,6 +38,11 @@ NO_RESPONSE = object()
 _ZERO_UUID = uuid.UUID(int=0)
 _ADMIN_WAIT_MS_MAX = 30_000
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+READ_COMMITTED = 1          # Fetch / ListOffsets isolation_level
+TRANSACTION_KEY_TYPE = 1    # FindCoordinator key_type of a transactional id
+TXN_API_KEYS = frozenset({24, 25, 26, 28})   # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
+# first request version answering PRODUCER_FENCED (older ones get INVALID_PRODUCER_EPOCH), KIP-588
+_FENCED_SINCE = {22: 4, 24: 2, 25: 2, 26: 2, 28: 3}
 
 
 def _ms(td) -> int:
@@ -65,12 +71,13 @@ def split_address(address: str) -> tuple[str, int]:
 class KafkaApis:
     """Decode -> handle -> encode for one broker's Kafka listener (see the module docstring)."""
 
-    def __init__(self, ctx: BrokerContext, group_coordinator, *, broker_id: int, kafka_address: Callable[[], str]
-                 ) -> None:
+    def __init__(self, ctx: BrokerContext, group_coordinator, *, broker_id: int, kafka_address: Callable[[], str],
+                 transactions=None) -> None:
         self.ctx = ctx
         self.config = ctx.config
         self.rm = ctx.rm
         self.gc = group_coordinator
+        self.txn = transactions   # http_api.broker.transactions.TransactionCoordinator (None: no transaction APIs)
         self.broker_id = broker_id
         self.kafka_address = kafka_address   # this broker's advertised host:port (known once bound)
         self.groups = ClassicGroups(ctx.config)
@@ -82,6 +89,8 @@ class KafkaApis:
             19: self.create_topics, 20: self.delete_topics, 21: self.delete_records, 22: self.init_producer_id,
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 37: self.create_partitions,
             42: self.delete_groups, 44: self.incremental_alter_configs, 60: self.describe_cluster,
+            24: self.add_partitions_to_txn, 25: self.add_offsets_to_txn, 26: self.end_txn,
+            28: self.txn_offset_commit,
         }
 
     def start(self) -> None:
@@ -95,6 +104,8 @@ class KafkaApis:
     async def handle(self, frame: bytes) -> bytes | object:
         api_key, version, correlation_id = protocol.peek_header(frame)
         served = API_VERSIONS.get(api_key)
+        if api_key in TXN_API_KEYS and self.txn is None:
+            served = None
         if served is None or not served[1] <= version <= served[2]:
             if api_key == API_VERSIONS_KEY:   # Kafka answers an unknown ApiVersions version with v0
                 return protocol.encode_response(API_VERSIONS_KEY, 0, correlation_id, build(
@@ -167,7 +178,8 @@ class KafkaApis:
         return {"leader_id": reg.leader, "leader_epoch": reg.leader_epoch}
 
     def _api_keys(self) -> list[dict]:
-        return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (_n, lo, hi) in API_VERSIONS.items()]
+        return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (_n, lo, hi) in API_VERSIONS.items()
+                if self.txn is not None or k not in TXN_API_KEYS]
 
     # ---- ApiVersions, Metadata, DescribeCluster ------------------------------------------
 
@@ -236,19 +248,21 @@ class KafkaApis:
                 {"index": p.index, "error_code": K.invalid_required_acks, "base_offset": -1,
                  "error_message": f"acks={acks} is not valid; use 0, 1 or -1 (all)"} for p in t.partition_data]}
                 for t in req.topic_data], "throttle_time": 0}
-        if req.transactional_id is not None:
+        transactional = req.transactional_id is not None
+        if transactional and self.txn is None:
             if acks == ACKS_NONE:
                 return NO_RESPONSE
             return {"responses": [{"name": t.name, "partition_responses": [
                 {"index": p.index, "error_code": K.transactional_id_authorization_failed, "base_offset": -1,
-                 "error_message": "transactions are not supported by this broker yet"} for p in t.partition_data]}
+                 "error_message": "this broker has no transaction coordinator"} for p in t.partition_data]}
                 for t in req.topic_data], "throttle_time": 0}
         timeout_ms = min(_ms(req.timeout) or self.config.request_timeout_ms, self.config.request_timeout_ms)
         jobs = []
         for t in req.topic_data:
             for p in t.partition_data:
                 jobs.append((t.name, p.index, p.records))
-        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms) for t, p, r in jobs))
+        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms, transactional)
+                                         for t, p, r in jobs))
         if acks == ACKS_NONE:
             return NO_RESPONSE
         by_topic: dict[str, list] = {}
@@ -257,14 +271,18 @@ class KafkaApis:
         return {"responses": [{"name": t, "partition_responses": rs} for t, rs in by_topic.items()],
                 "throttle_time": 0}
 
-    async def _produce_partition(self, topic: str, partition: int, records, acks: int, timeout_ms: int) -> dict:
+    async def _produce_partition(self, topic: str, partition: int, records, acks: int, timeout_ms: int,
+                                 transactional: bool = False) -> dict:
         try:
             internal_topics.check_client_write(topic, "produce")   # only coordinators write internal topics
             if not records:
                 raise CorruptRecordError("the produce request carries no record batch for this partition")
             self.rm.leader_partition(topic, partition)   # NOT_LEADER_OR_FOLLOWER before converting anything
             max_msg = self._max_message_bytes(topic)
-            stored = [kafka_to_stored(b, max_batch_bytes=max_msg)[0] for b in split_kafka_batches(records)]
+            converted = [kafka_to_stored(b, max_batch_bytes=max_msg) for b in split_kafka_batches(records)]
+            for _stored, h in converted:
+                check_client_batch(h, transactional)
+            stored = [c[0] for c in converted]
             res = await self.rm.append(topic, partition, stored[0] if len(stored) == 1 else b"".join(stored),
                                        acks=ACKS_ALL if acks == -1 else acks, timeout_ms=timeout_ms)
             m = self.ctx.metrics
@@ -278,6 +296,8 @@ class KafkaApis:
                 lat = datetime.datetime.fromtimestamp(res.log_append_time_ms / 1000, tz=datetime.timezone.utc)
             return {"index": partition, "error_code": K.none, "base_offset": res.first_offset,
                     "log_append_time": lat, "log_start_offset": res.log_start_offset}
+        except InvalidRecord as e:
+            return {"index": partition, "error_code": K.invalid_record, "base_offset": -1, "error_message": str(e)}
         except Exception as e:  # noqa: BLE001 - answered per partition
             code, msg = _error_of(e)
             if code is K.unknown_server_error:
@@ -296,8 +316,7 @@ class KafkaApis:
 
     async def init_producer_id(self, req, header) -> dict:
         if req.transactional_id is not None:
-            return {"throttle_time": 0, "error_code": K.transactional_id_authorization_failed,
-                    "producer_id": -1, "producer_epoch": -1}
+            return await self._init_transactional(req, header)
         try:
             pid = await self.ctx.deps.producer_ids()
         except Exception as e:  # noqa: BLE001
@@ -313,12 +332,16 @@ class KafkaApis:
         max_wait_ms = min(_ms(req.max_wait), self.config.fetch_max_wait_ms)
         min_bytes = max(0, int(req.min_bytes))
         total_max = max(1, min(int(getattr(req, "max_bytes", self.config.fetch_max_bytes)), self.config.fetch_max_bytes))
+        committed = int(getattr(req, "isolation_level", 0)) == READ_COMMITTED
         wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, getattr(p, "current_leader_epoch", -1))
                   for t in req.topics for p in t.partitions]
-        results = self._read_all(wanted, total_max)
+        results = self._read_all(wanted, total_max, committed)
         size = sum(len(r[1]) for r in results if r[0] is None)
         if size < min_bytes and max_wait_ms > 0 and not self.rm.closing:
-            waits = [asyncio.ensure_future(self.rm.fetch(t, p, off, max_bytes=1, min_bytes=1, max_wait_ms=max_wait_ms))
+            # a partition answers nothing yet: wait for bytes beyond what it read (read_committed:
+            # beyond its records above the LSO, so the marker that moves the LSO wakes it)
+            waits = [asyncio.ensure_future(self.rm.fetch(t, p, off, max_bytes=r[5] + 1, min_bytes=r[5] + 1,
+                                                         max_wait_ms=max_wait_ms))
                      for (t, p, off, _mb, _e), r in zip(wanted, results) if r[0] is None and not r[1]]
             if waits:
                 try:
@@ -332,12 +355,12 @@ class KafkaApis:
                             await w
                         except (asyncio.CancelledError, Exception):
                             pass
-                results = self._read_all(wanted, total_max)
+                results = self._read_all(wanted, total_max, committed)
         by_topic: dict[str, list] = {}
-        for (t, p, _off, _mb, _e), (err, data, hw, lso) in zip(wanted, results):
+        for (t, p, _off, _mb, _e), (err, data, hw, lso, stable, _raw, aborted) in zip(wanted, results):
             entry = {"partition_index": p, "error_code": K.none if err is None else kafka_error(err),
-                     "high_watermark": hw, "last_stable_offset": hw, "log_start_offset": lso,
-                     "aborted_transactions": None, "preferred_read_replica": -1,
+                     "high_watermark": hw, "last_stable_offset": stable, "log_start_offset": lso,
+                     "aborted_transactions": aborted, "preferred_read_replica": -1,
                      "records": stored_to_kafka(data) if data else b""}
             if err is not None and err.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
                 entry["current_leader"] = self._current_leader(t, p)
@@ -346,9 +369,15 @@ class KafkaApis:
         return {"throttle_time": 0, "error_code": K.none, "session_id": 0,
                 "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]}
 
-    def _read_all(self, wanted: list, total_max: int) -> list[tuple]:
-        """(error, stored bytes, high watermark, log start offset) per partition; the first
-        partition with data always gets at least one batch (KIP-74), later ones what is left."""
+    def _read_all(self, wanted: list, total_max: int, committed: bool = False) -> list[tuple]:
+        """(error, stored bytes, high watermark, log start offset, last stable offset, bytes
+        read before the LSO cut, aborted transactions or None) per partition; the first
+        partition with data always gets at least one batch (KIP-74), later ones what is left.
+
+        read_committed (isolation_level 1, KIP-98): only batches below the LSO, control
+        batches included, and the aborted transactions they overlap ({producer_id,
+        first_offset}): the client drops an aborted producer's batches from its first offset
+        up to its ABORT marker."""
         out = []
         left = total_max
         for t, p, off, part_max, epoch in wanted:
@@ -356,16 +385,25 @@ class KafkaApis:
                 self._check_leader_epoch(t, p, epoch)
                 res = self.rm._read_committed(t, p, off, max(1, min(part_max, left)) if left > 0 else 1)
                 data = res.records if left > 0 else b""
+                raw = len(res.records)
+                lg = self.rm.logs.get((t, p))
+                stable = res.high_watermark if lg is None else lg.last_stable_offset(res.high_watermark)
+                aborted = None
+                if committed:
+                    data, upper = batches_below(data, stable)
+                    aborted = [{"producer_id": a.producer_id, "first_offset": a.first_offset}
+                               for a in (lg.aborted_transactions(off, upper) if lg is not None and data else ())]
                 left -= len(data)
-                out.append((None, data, res.high_watermark, res.log_start_offset))
+                out.append((None, data, res.high_watermark, res.log_start_offset, stable, raw, aborted))
             except KraftlogError as e:
-                out.append((e, b"", -1, -1))
+                out.append((e, b"", -1, -1, -1, 0, None))
             except Exception as e:  # noqa: BLE001
                 log.exception("Kafka fetch of %s-%s failed", t, p)
-                out.append((KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, str(e)), b"", -1, -1))
+                out.append((KraftlogError(ErrorCode.UNKNOWN_SERVER_ERROR, str(e)), b"", -1, -1, -1, 0, None))
         return out
 
     async def list_offsets(self, req, header) -> dict:
+        committed = int(getattr(req, "isolation_level", 0)) == READ_COMMITTED
         topics = []
         for t in req.topics:
             parts = []
@@ -380,6 +418,9 @@ class KafkaApis:
                         entry["offset"] = offs["log_start_offset"]
                     elif ts in (-1, -3):
                         entry["offset"] = offs["high_watermark"]
+                        lg = self.rm.logs.get((t.name, p.partition_index))
+                        if committed and lg is not None:   # read_committed's latest is the LSO
+                            entry["offset"] = lg.last_stable_offset(offs["high_watermark"])
                     else:
                         found = self.rm.offset_for_timestamp(t.name, p.partition_index, ts)
                         if found < offs["high_watermark"]:
@@ -409,21 +450,136 @@ class KafkaApis:
             topics.append({"topic": t.topic, "partitions": parts})
         return {"throttle_time": 0, "topics": topics}
 
+    # ---- transactions (KIP-98) on the coordinator of http_api/broker/transactions.py --------
+
+    def _txn_error(self, e: KraftlogError, header) -> K:
+        """Kafka's code for a coordinator error; PRODUCER_FENCED is INVALID_PRODUCER_EPOCH
+        for request versions older than KIP-588's (as Kafka's broker answers them)."""
+        code = kafka_error(e)
+        if code is K.producer_fenced and header.api_version < _FENCED_SINCE.get(header.api_key, 0):
+            return K.invalid_producer_epoch
+        return code
+
+    async def _init_transactional(self, req, header) -> dict:
+        txid = req.transactional_id
+        timeout_ms = _ms(req.transaction_timeout)
+        pid, epoch = int(getattr(req, "producer_id", -1)), int(getattr(req, "producer_epoch", -1))
+
+        async def go(ld):
+            if pid >= 0:   # KIP-360: a producer asking to bump its own epoch must still be current
+                md = ld.state.txns.get(txid)
+                if md is None or md.producer_id != pid or md.producer_epoch != epoch:
+                    raise KraftlogError(ErrorCode.PRODUCER_FENCED,
+                                        f"producer {pid} epoch {epoch} is not the current producer of {txid!r}")
+            return await self.txn.init_producer(ld, txid, timeout_ms)
+        try:
+            md = await self.txn.run_local(txid, go)
+        except KraftlogError as e:
+            return {"throttle_time": 0, "error_code": self._txn_error(e, header), "producer_id": -1,
+                    "producer_epoch": -1}
+        return {"throttle_time": 0, "error_code": K.none, "producer_id": md.producer_id,
+                "producer_epoch": md.producer_epoch}
+
+    async def add_partitions_to_txn(self, req, header) -> dict:
+        txid = req.v3_and_below_transactional_id
+        pid, epoch = int(req.v3_and_below_producer_id), int(req.v3_and_below_producer_epoch)
+        wanted = [(t.name, int(p)) for t in req.v3_and_below_topics for p in t.partitions]
+        img = self._image()
+        errors: dict[tuple[str, int], K] = {}
+        for t, p in wanted:
+            if t in internal_topics.INTERNAL_TOPICS:
+                errors[(t, p)] = K.topic_authorization_failed
+            elif img.partition(t, p) is None:
+                errors[(t, p)] = K.unknown_topic_or_partition
+        if errors:   # as Kafka: nothing joins, the valid partitions are OPERATION_NOT_ATTEMPTED
+            codes = {tp: errors.get(tp, K.operation_not_attempted) for tp in wanted}
+        else:
+            async def go(ld):
+                md = ld.state.add_partitions(txid, pid, epoch, wanted, self.txn.clock.now_ms())
+                if md is not None:
+                    await self.txn._write(ld, md)   # the partitions join before any record is written
+            try:
+                await self.txn.run_local(txid, go)
+                codes = {tp: K.none for tp in wanted}
+            except KraftlogError as e:
+                code = self._txn_error(e, header)
+                codes = {tp: code for tp in wanted}
+        by_topic: dict[str, list] = {}
+        for (t, p), code in codes.items():
+            by_topic.setdefault(t, []).append({"partition_index": p, "partition_error_code": code})
+        return {"throttle_time": 0, "results_by_topic_v3_and_below": [
+            {"name": t, "results_by_partition": ps} for t, ps in by_topic.items()]}
+
+    async def add_offsets_to_txn(self, req, header) -> dict:
+        """The group's offsets will join the transaction (TxnOffsetCommit sends them); the
+        transaction is open from here on (Ongoing), as Kafka's AddOffsetsToTxn makes it."""
+        txid, group = req.transactional_id, req.group_id
+        pid, epoch = int(req.producer_id), int(req.producer_epoch)
+
+        async def go(ld):
+            await self.txn._write(ld, ld.state.add_offsets(txid, pid, epoch, group, [], self.txn.clock.now_ms()))
+        try:
+            validate_group_id(group)
+            await self.txn.run_local(txid, go)
+        except KraftlogError as e:
+            return {"throttle_time": 0, "error_code": self._txn_error(e, header)}
+        return {"throttle_time": 0, "error_code": K.none}
+
+    async def txn_offset_commit(self, req, header) -> dict:
+        """Offsets sent to the transaction (sendOffsetsToTransaction): kept by the
+        transaction coordinator and committed to the group with the transaction's commit,
+        dropped by its abort; invisible to the group until then."""
+        entries = [(t.name, int(p.partition_index), int(p.committed_offset)) for t in req.topics for p in t.partitions]
+        code = K.none
+        try:
+            validate_group_id(req.group_id)
+            img = self._image()
+            for t, p, o in entries:
+                if img.partition(t, p) is None:
+                    raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{t}-{p} does not exist")
+                if o < 0:
+                    raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{t}-{p}: offset {o} is negative")
+            await self.txn.add_offsets_anywhere(req.transactional_id, int(req.producer_id), int(req.producer_epoch),
+                                                req.group_id, entries)
+        except KraftlogError as e:
+            code = self._txn_error(e, header)
+            if code is K.not_coordinator:   # the transaction coordinator moved: the client retries
+                code = K.coordinator_not_available
+        by_topic: dict[str, list] = {}
+        for t, p, _o in entries:
+            by_topic.setdefault(t, []).append({"partition_index": p, "error_code": code})
+        return {"throttle_time": 0, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+
+    async def end_txn(self, req, header) -> dict:
+        """Commit or abort: answered once the decision is written and (bounded by
+        request_timeout_ms) its markers are on every partition, so a read_committed
+        consumer sees a committed transaction right after commit_transaction returns."""
+        txid = req.transactional_id
+        pid, epoch, commit = int(req.producer_id), int(req.producer_epoch), bool(req.committed)
+        try:
+            await self.txn.run_local(txid, lambda ld: self.txn.end_transaction(ld, txid, pid, epoch, commit))
+        except KraftlogError as e:
+            return {"throttle_time": 0, "error_code": self._txn_error(e, header)}
+        return {"throttle_time": 0, "error_code": K.none}
+
     # ---- coordinator, groups, offsets ---------------------------------------------------
 
     async def find_coordinator(self, req, header) -> dict:
         key_type = int(getattr(req, "key_type", 0))
-        if key_type != 0:
-            return {"throttle_time": 0, "error_code": K.coordinator_not_available,
-                    "error_message": "transactions are not supported by this broker yet",
-                    "node_id": -1, "host": "", "port": -1}
+        what = "transactional id" if key_type == TRANSACTION_KEY_TYPE else "group"
         try:
-            validate_group_id(req.key)
-            _p, leader, _url = await self.gc.coordinator_of(req.key)
+            if key_type == TRANSACTION_KEY_TYPE and self.txn is not None:
+                _p, leader, _url = await self.txn.coordinator_of(req.key)
+            elif key_type == 0:
+                validate_group_id(req.key)
+                _p, leader, _url = await self.gc.coordinator_of(req.key)
+            else:
+                raise KraftlogError(ErrorCode.INVALID_REQUEST, f"coordinator key type {key_type} is not served "
+                                    "(0: group, 1: transactional id)")
             addr = self._broker_address(leader) if leader >= 0 else None
             if addr is None:
                 raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                    f"the coordinator of group {req.key!r} has no Kafka listener yet; retry")
+                                    f"the coordinator of {what} {req.key!r} has no Kafka listener yet; retry")
         except KraftlogError as e:
             return {"throttle_time": 0, "error_code": kafka_error(e), "error_message": e.message,
                     "node_id": -1, "host": "", "port": -1}

@@ -46,6 +46,10 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     21: ("DeleteRecords", 0, 2),
     22: ("InitProducerId", 0, 4),
     23: ("OffsetForLeaderEpoch", 2, 4),
+    24: ("AddPartitionsToTxn", 0, 3),   # v4+: KIP-890's broker-to-broker batches, not served
+    25: ("AddOffsetsToTxn", 0, 3),
+    26: ("EndTxn", 0, 3),               # v4+: KIP-890 transaction version 2, not served
+    28: ("TxnOffsetCommit", 0, 3),
     32: ("DescribeConfigs", 1, 4),
     37: ("CreatePartitions", 0, 3),
     42: ("DeleteGroups", 0, 2),

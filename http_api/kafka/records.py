@@ -319,3 +319,42 @@ def stored_to_kafka(buf) -> bytes:
         out.append(stored_batch_to_kafka(mv[pos:pos + size]))
         pos += size
     return b"".join(out)
+
+
+# ---------------------------------------------------------------------- transactions
+
+class InvalidRecord(ValueError):
+    """A produced batch Kafka's broker refuses with INVALID_RECORD."""
+
+
+def check_client_batch(h: tuple, transactional: bool) -> None:
+    """A client's batch (raw header `h`): never a control batch (markers come only from the
+    transaction coordinator); transactional exactly when the request names a transactional
+    id, and then with a producer id and epoch (Kafka's broker checks the same)."""
+    attrs = h[rb.H_ATTRIBUTES]
+    if attrs & CONTROL_MASK:
+        raise InvalidRecord("clients may not produce control batches (transaction markers)")
+    if bool(attrs & TRANSACTIONAL_MASK) != transactional:
+        raise InvalidRecord("a transactional batch needs a produce request with a transactional id, and "
+                            "a produce request with a transactional id carries only transactional batches")
+    if transactional and (h[rb.H_PRODUCER_ID] < 0 or h[rb.H_PRODUCER_EPOCH] < 0):
+        raise InvalidRecord("a transactional batch needs the producer id and epoch from InitProducerId")
+
+
+def batches_below(buf, last_stable_offset: int) -> tuple[bytes, int]:
+    """The whole stored batches of `buf` that start below the last stable offset (what a
+    read_committed fetch answers, control batches included), and the offset after the last
+    one kept (the fetch's upper bound for the aborted transactions to list)."""
+    mv = memoryview(buf)
+    end = len(mv)
+    pos = 0
+    upper = -1
+    while pos + LOG_OVERHEAD <= end:
+        base = struct.unpack_from(">q", mv, pos)[0]
+        (blen,) = struct.unpack_from(">i", mv, pos + 8)
+        size = LOG_OVERHEAD + blen
+        if base >= last_stable_offset or pos + size > end:
+            break
+        upper = base + struct.unpack_from(">i", mv, pos + rb.LAST_OFFSET_DELTA_OFFSET)[0] + 1
+        pos += size
+    return bytes(mv[:pos]) if pos < end else bytes(buf), upper
