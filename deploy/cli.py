@@ -421,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "node certificates) and DATA_DIR/admin.password (super user admin)")
     down = clsub.add_parser("down")
     down.add_argument("--data-dir", required=True)
+    ab = clsub.add_parser("add-broker", help="start one more broker (the next node id) and wait until it "
+                                              "is registered; up/down/status include it from then on")
+    ab.add_argument("--data-dir", required=True)
     st = clsub.add_parser("status")
     st.add_argument("--data-dir", required=True)
     st.add_argument("--output", choices=("text", "json"), default="text")
@@ -440,7 +443,7 @@ def _cluster(args: argparse.Namespace) -> int:
         _err("`kraftlog cluster` is not available in this build; run `kraftlog serve` per node instead")
         return EXIT_ERROR
     if not args.cluster_cmd:
-        _err("give an action: kraftlog cluster up|down|status --data-dir DIR")
+        _err("give an action: kraftlog cluster up|down|status|add-broker --data-dir DIR")
         return EXIT_USAGE
     return cluster.main(args)
 

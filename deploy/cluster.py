@@ -26,6 +26,11 @@ base_port + 1000 + i - 1; raft base_port + 2000 + i - 1; Kafka listener kafka_ba
 each broker). `up` on an existing data dir
 restarts the same cluster (same ids, ports, password) with its data; if it is already
 running it just prints the broker URLs.
+
+`add-broker` starts one more broker only (no controller) with the next node id k, on the
+same port scheme (HTTP base_port + k - 1, Kafka kafka_base_port + k - 1), data under
+DIR/node-<k>/; cluster.json remembers it (`"added_brokers"`), so `up` restarts it and
+`down` stops it. It holds no replica until partitions are placed or reassigned onto it.
 """
 from __future__ import annotations
 
@@ -129,23 +134,30 @@ def make_secrets(state: dict) -> None:
 
 
 def node_configs(state: dict) -> list[NodeConfig]:
+    """The N nodes of `cluster up` (controller + broker each)."""
+    return [_node_config(state, i) for i in range(1, state["nodes"] + 1)]
+
+
+def added_broker_configs(state: dict) -> list[NodeConfig]:
+    """The brokers `add-broker` started (broker only: their controller settings are unused)."""
+    return [_node_config(state, i) for i in state.get("added_brokers", [])]
+
+
+def _node_config(state: dict, i: int) -> NodeConfig:
     n, base = state["nodes"], state["base_port"]
     kafka_base = state.get("kafka_base_port", DEFAULT_KAFKA_BASE_PORT)
-    voters = ",".join(f"{i}@127.0.0.1:{base + RAFT_PORT_OFFSET + i - 1}:{base + CONTROLLER_PORT_OFFSET + i - 1}"
-                      for i in range(1, n + 1))
-    out = []
-    for i in range(1, n + 1):
-        out.append(NodeConfig.from_dict(dict(
-            node_id=i, data_dir=os.path.join(state["data_dir"], f"node-{i}"), http_port=base + i - 1,
-            controller_port=base + CONTROLLER_PORT_OFFSET + i - 1, raft_port=base + RAFT_PORT_OFFSET + i - 1,
-            kafka_port=kafka_base + i - 1,
-            cluster_id=state["cluster_id"], controller_quorum_voters=voters, password=state["password"],
-            # replicated by default: topics created without a replication factor get min(3, N)
-            # replicas, and acks=all needs two of them in sync once there are 3 or more
-            default_replication_factor=min(3, n), min_insync_replicas=2 if n >= 3 else 1,
-            log_level="INFO", **security_settings(state, i), **tiered_storage_settings(state)),
-            source="cluster up"))
-    return out
+    voters = ",".join(f"{v}@127.0.0.1:{base + RAFT_PORT_OFFSET + v - 1}:{base + CONTROLLER_PORT_OFFSET + v - 1}"
+                      for v in range(1, n + 1))
+    return NodeConfig.from_dict(dict(
+        node_id=i, data_dir=os.path.join(state["data_dir"], f"node-{i}"), http_port=base + i - 1,
+        controller_port=base + CONTROLLER_PORT_OFFSET + i - 1, raft_port=base + RAFT_PORT_OFFSET + i - 1,
+        kafka_port=kafka_base + i - 1,
+        cluster_id=state["cluster_id"], controller_quorum_voters=voters, password=state["password"],
+        # replicated by default: topics created without a replication factor get min(3, N)
+        # replicas, and acks=all needs two of them in sync once there are 3 or more
+        default_replication_factor=min(3, n), min_insync_replicas=2 if n >= 3 else 1,
+        log_level="INFO", **security_settings(state, i), **tiered_storage_settings(state)),
+        source="cluster up")
 
 
 TIERED_STORAGE_PORT_OFFSET = 3000   # SeaweedFS: base_port + 3000 .. + 3007 (S3 first)
@@ -224,9 +236,12 @@ def up(args: argparse.Namespace) -> int:
     save_state(data_dir, state)
     running = {(p["node_id"], p["role"]): p for p in state.get("processes", []) if alive(p.get("pid"))}
     cfgs = node_configs(state)
-    for cfg in cfgs:
-        for role, port in (("broker", cfg.http_port), ("controller", cfg.controller_port),
-                           ("controller", cfg.raft_port)):
+    added = added_broker_configs(state)   # `add-broker`: brokers only
+    added_ids = {c.node_id for c in added}
+    for cfg in cfgs + added:
+        ports = (("broker", cfg.http_port),) if cfg.node_id in added_ids else (
+            ("broker", cfg.http_port), ("controller", cfg.controller_port), ("controller", cfg.raft_port))
+        for role, port in ports:
             if (cfg.node_id, role) not in running and port_in_use("127.0.0.1", port):
                 sys.stderr.write(f"kraftlog: port {port} for node {cfg.node_id}'s {role} is in use; stop what "
                                  "uses it or pick another --base-port\n")
@@ -240,17 +255,14 @@ def up(args: argparse.Namespace) -> int:
             pr = spawn(controller_command(cfg), env, os.path.join(cfg.data_dir, "controller.log"), detach=True)
             p = {"node_id": cfg.node_id, "role": "controller", "pid": pr.pid, "url": cfg.controller_url}
         procs.append(p)
-    for cfg in cfgs:
-        p = running.get((cfg.node_id, "broker"))
-        if p is None:
-            pr = spawn(broker_command(cfg), broker_env(cfg, env), os.path.join(cfg.data_dir, "broker.log"),
-                       detach=True)   # secure: no raft secret for brokers
-            p = {"node_id": cfg.node_id, "role": "broker", "pid": pr.pid, "url": cfg.broker_url}
-        p["kafka_address"] = f"{cfg.listeners.kafka_host_advertised}:{cfg.listeners.kafka_port}"
-        procs.append(p)
+    for cfg in cfgs + added:
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        procs.append(running.get((cfg.node_id, "broker")) or _spawn_broker(cfg, env))
+        procs[-1]["kafka_address"] = f"{cfg.listeners.kafka_host_advertised}:{cfg.listeners.kafka_port}"
     state["processes"] = procs
     save_state(data_dir, state)
     deadline = time.monotonic() + READY_TIMEOUT_S
+    cfgs = cfgs + added
     pending = [c for c in cfgs]
     tls_ctx = client_ssl_context(cfgs[0])
     admin_ready = False
@@ -289,6 +301,76 @@ def up(args: argparse.Namespace) -> int:
                          f"--user {ADMIN_USER} --password-file {os.path.join(data_dir, ADMIN_PASSWORD_FILE)}\n")
     sys.stdout.flush()
     return 0
+
+
+def _spawn_broker(cfg: NodeConfig, env: dict) -> dict:
+    pr = spawn(broker_command(cfg), broker_env(cfg, env), os.path.join(cfg.data_dir, "broker.log"),
+               detach=True)   # secure: no raft secret for brokers
+    return {"node_id": cfg.node_id, "role": "broker", "pid": pr.pid, "url": cfg.broker_url}
+
+
+def _broker_registered(urls: list[str], broker_id: int, tls_ctx) -> bool:
+    """Some broker's /v1/metadata lists `broker_id` unfenced."""
+    import urllib.request
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url + "/v1/metadata", timeout=5, context=tls_ctx) as r:
+                doc = json.loads(r.read())
+        except (OSError, ValueError):
+            continue
+        return any(int(b["id"]) == broker_id and not b.get("fenced") for b in doc.get("brokers", []))
+    return False
+
+
+def add_broker(args: argparse.Namespace) -> int:
+    """Start one more broker (the next node id, broker only), wait until the controller has
+    registered it unfenced, print its URL; cluster.json remembers it for up/down/status."""
+    data_dir = os.path.abspath(args.data_dir)
+    state = load_state(data_dir)
+    if state is None:
+        sys.stderr.write(f"kraftlog: no cluster in {data_dir} (no {STATE_FILE}); start one with "
+                         f"`kraftlog cluster up --nodes N --data-dir {args.data_dir}` first\n")
+        return 1
+    if state.get("secure"):
+        sys.stderr.write("kraftlog: add-broker does not support --secure clusters yet (every node lists the "
+                         "brokers' principals as super users); start the cluster with more --nodes instead\n")
+        return 1
+    running = [p for p in state.get("processes", []) if alive(p.get("pid"))]
+    if not any(p["role"] == "controller" for p in running):
+        sys.stderr.write(f"kraftlog: the cluster in {data_dir} is stopped; run `kraftlog cluster up --nodes "
+                         f"{state['nodes']} --data-dir {args.data_dir} --base-port {state['base_port']}` first\n")
+        return 1
+    added = list(state.get("added_brokers", []))
+    node_id = max([state["nodes"], *added]) + 1
+    state["data_dir"] = data_dir
+    cfg = _node_config(state, node_id)
+    for what, port in (("HTTP", cfg.http_port), ("Kafka", cfg.listeners.kafka_port)):
+        if port_in_use("127.0.0.1", port):
+            sys.stderr.write(f"kraftlog: port {port} for broker {node_id}'s {what} listener is in use; stop "
+                             "what uses it\n")
+            return 1
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    p = _spawn_broker(cfg, {"KRAFTLOG_RAFT_PASSWORD": state["password"]})
+    p["kafka_address"] = f"{cfg.listeners.kafka_host_advertised}:{cfg.listeners.kafka_port}"
+    state["added_brokers"] = added + [node_id]
+    state["processes"] = state.get("processes", []) + [p]
+    save_state(data_dir, state)
+    tls_ctx = client_ssl_context(cfg)
+    urls = [cfg.broker_url] + [q["url"] for q in running if q["role"] == "broker"]
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    log = os.path.join(cfg.data_dir, "broker.log")
+    while time.monotonic() < deadline:
+        if not alive(p["pid"]):
+            sys.stderr.write(f"kraftlog: broker {node_id} (pid {p['pid']}) exited; see {log}\n")
+            return 1
+        if http_ok(cfg.broker_url + "/healthz", ssl_context=tls_ctx) and _broker_registered(urls, node_id, tls_ctx):
+            print(cfg.broker_url)
+            sys.stdout.flush()
+            return 0
+        time.sleep(0.2)
+    sys.stderr.write(f"kraftlog: broker {node_id} not registered and unfenced within {READY_TIMEOUT_S:.0f}s "
+                     f"(it keeps running; `cluster status` lists it); see {log}\n")
+    return 1
 
 
 def _stop(pids: list[int], timeout: float) -> None:
@@ -347,4 +429,4 @@ def status(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    return {"up": up, "down": down, "status": status}[args.cluster_cmd](args)
+    return {"up": up, "down": down, "status": status, "add-broker": add_broker}[args.cluster_cmd](args)
