@@ -22,8 +22,7 @@ from typing import Any, Callable, Optional
 import aiohttp
 
 from partitions.errors import ErrorCode, KraftlogError
-from metadata_quorum.image import MetadataImage
-from metadata_quorum.records import record_from_dict
+from metadata_quorum.feed import FeedState
 
 log = logging.getLogger("kraftlog.controller_client")
 
@@ -429,27 +428,47 @@ class ControllerClient:
     async def status(self) -> dict:
         return await self.request("GET", PREFIX + "/status", answered_by_active=False)
 
-    async def metadata_records(self, after: int, max_wait_ms: int = 0) -> dict:
-        return await self.request("GET", PREFIX + "/metadata/records",
-                                  params={"after": str(after), "max_wait_ms": str(max_wait_ms)},
+    async def metadata_records(self, after: int, max_wait_ms: int = 0, max_records: Optional[int] = None) -> dict:
+        """Feed records with offsets >= `after` (at most `max_records`, capped by the
+        controller's page size), or a snapshot; "metadata_offset" is its applied offset."""
+        params = {"after": str(after), "max_wait_ms": str(max_wait_ms)}
+        if max_records is not None:
+            params["max_records"] = str(max_records)
+        return await self.request("GET", PREFIX + "/metadata/records", params=params,
                                   timeout_ms=max_wait_ms + self.request_timeout_ms,
                                   try_timeout_ms=max_wait_ms + self.long_poll_margin_ms, answered_by_active=False)
 
 
 class MetadataFollower:
-    """Keeps `image` current from the controller feed. `on_change(image, changed_records)`
-    (sync or async) runs after each applied response; `changed_records` is the list of
-    records applied, or None after a snapshot replaced the whole image."""
+    """Keeps `image` current from the controller feed, one WHOLE change at a time.
+
+    The feed pages the record log (a topic of 10,000 partitions spans several answers);
+    `FeedState` (metadata_quorum/feed.py, pure) buffers pages until they end at a batch
+    boundary and replays the change into a new copy-on-write image. `on_change(image,
+    changed_records)` (sync or async) runs once per whole change with the records applied
+    (None after a snapshot replaced the whole image, or when a previous callback failed:
+    the callee then looks at the whole image); `image` becomes the new image only once it
+    returned, so `image` is always the change a reader (the broker's MetadataView) has
+    published, never a partial one.
+
+    Lag (`lag()`): the controller's applied offset seen in the last answer minus ours, and
+    for how long we have been behind it (0 while caught up)."""
 
     def __init__(self, client: ControllerClient, on_change: Optional[Callable] = None, *,
-                 max_wait_ms: int = 10_000, error_backoff_ms: int = 200):
+                 max_wait_ms: int = 10_000, error_backoff_ms: int = 200,
+                 records_per_request_max: Optional[int] = None, clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.on_change = on_change
         self.max_wait_ms = max_wait_ms
         self.error_backoff_ms = error_backoff_ms
-        self.image = MetadataImage()
+        self.records_per_request_max = records_per_request_max   # None: the controller's page size
+        self._clock = clock
+        self.feed = FeedState(clock=clock)
+        self.image = self.feed.image
         self._advanced = asyncio.Event()
         self._stopped = False
+        self._full_next = False          # a callback failed: hand over the whole image next time
+        self.last_answer_at: Optional[float] = None   # clock() of the last feed answer
 
     @property
     def offset(self) -> int:
@@ -458,42 +477,46 @@ class MetadataFollower:
     def stop(self) -> None:
         self._stopped = True
 
+    def lag(self) -> tuple[int, int]:
+        """(records behind the controller's last reported offset, ms behind: how long this
+        broker has been behind it without catching up; 0 when caught up)."""
+        return self.feed.lag()
+
     async def poll_once(self, max_wait_ms: Optional[int] = None) -> bool:
         """One feed request; True if the image changed."""
         return await self._apply(await self._fetch(max_wait_ms))
 
     async def _fetch(self, max_wait_ms: Optional[int] = None) -> dict:
-        return await self.client.metadata_records(self.image.offset,
-                                                  self.max_wait_ms if max_wait_ms is None else max_wait_ms)
+        wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
+        if self.feed.pending:
+            wait = 0   # the rest of a batch is already committed: no long poll
+        return await self.client.metadata_records(self.feed.next_offset, wait,
+                                                  max_records=self.records_per_request_max)
 
     async def _apply(self, body: dict) -> bool:
-        changed: Optional[list]
-        if body.get("snapshot") is not None:
-            self.image = MetadataImage.from_snapshot(body["snapshot"])
-            changed = None
-        else:
-            changed = []
-            for item in body.get("records", []):
-                if item["offset"] != self.image.offset:
-                    break  # gap or overlap: ask again from our offset
-                record = record_from_dict(item["record"])
-                self.image.replay(record)
-                changed.append(record)
-            if not changed:
-                if body.get("cluster_id"):
-                    self.image.cluster_id = body["cluster_id"]
-                return False
-        if body.get("cluster_id"):
-            self.image.cluster_id = body["cluster_id"]
-        self._advanced.set()
-        self._advanced = asyncio.Event()
+        self.last_answer_at = self._clock()
+        change = self.feed.accept(body)
+        if change is None:
+            if body.get("cluster_id") and not self.image.cluster_id:
+                self.image.cluster_id = body["cluster_id"]
+            return False
+        changed = None if self._full_next else change.records
+        self._full_next = False
         if self.on_change is not None:
             try:
-                res = self.on_change(self.image, changed)
+                res = self.on_change(change.image, changed)
                 if inspect.isawaitable(res):
                     await res
-            except Exception:  # the image is already applied; the next change carries it again
+            except asyncio.CancelledError:
+                self._full_next = True
+                raise
+            except Exception:   # the next change hands over the whole image again
+                self._full_next = True
                 log.exception("metadata on_change callback failed")
+        self.image = change.image
+        self.feed.observe(self.image.offset)
+        self._advanced.set()
+        self._advanced = asyncio.Event()
         return True
 
     async def _fetch_following_active(self) -> Optional[dict]:

@@ -5,6 +5,17 @@ ReplicaManager *before* publishing it (so a request that sees a partition in the
 also finds its local replica), and let handlers wait — on futures, not sleeps — until a
 condition holds (a topic just created by the controller becomes visible, ...).
 
+Atomic publication (issue 25): `update(image)` swaps `self.image` in one assignment after
+the replica manager applied the whole change, so every reader (`GET /v1/topics/{t}`,
+`/v1/metadata`, the Kafka listener's Metadata) sees a change whole or not at all. An image
+made by the MetadataFollower's feed (`metadata_quorum.feed.change_of`: copy-on-write, never
+mutated once made) is published as is, and when it was made from the image published now,
+the replica manager looks only at what its records touched; any other image (tests, a
+fake controller) is deep-copied and applied whole.
+
+Lag: `lag()` is (records behind the controller, ms behind without catching up) of the
+feed that made the published image, for `/healthz` and `/metrics`.
+
 Security (users, bearer tokens, ACLs, kept in the metadata quorum): `view.security` is the
 current `SecurityImage` (metadata_quorum/security/image.py; immutable, its `version` changes
 on every change), `view.add_security_listener(fn)` calls `fn(security_image)` after every
@@ -15,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Optional
 
+from metadata_quorum.feed import change_of
 from metadata_quorum.security.image import SecurityImage
 
 _NO_SECURITY = SecurityImage()
@@ -33,6 +46,14 @@ class MetadataView:
         self._listeners: list[Callable[[Any], None]] = []
         self._security_listeners: list[Callable[[SecurityImage], None]] = []
         self._lock = asyncio.Lock()
+        # a replica manager that can apply just a change (test doubles may not)
+        self._apply_takes_changed = "changed" in inspect.signature(replica_manager.apply_metadata).parameters
+
+    def lag(self) -> tuple[int, int]:
+        """(records behind the controller's applied offset, ms this broker has been behind
+        without catching up); (0, 0) for an image no feed made."""
+        info = change_of(self.image)
+        return (0, 0) if info is None else info.source.lag()
 
     def add_listener(self, fn: Callable[[Any], None]) -> None:
         self._listeners.append(fn)
@@ -46,15 +67,20 @@ class MetadataView:
         """`fn(security_image)` after each update whose SecurityImage changed (version differs)."""
         self._security_listeners.append(fn)
 
-    async def update(self, image: Any) -> None:
-        """Apply a snapshot of `image` to the replica manager, publish it, wake waiters.
-
-        The metadata follower replays records into its image in place, so we copy it:
-        handlers must never see a partition the replica manager has not applied yet.
-        """
-        image = copy.deepcopy(image)
+    async def update(self, image: Any, _changed: Optional[list] = None) -> None:
+        """Apply `image` to the replica manager, publish it, wake waiters (see the module
+        docstring; `_changed` is the follower callback's second argument, unused: a feed
+        image carries its own records)."""
+        info = change_of(image)
+        if info is None:
+            image = copy.deepcopy(image)   # the caller may change its image later
         async with self._lock:
-            await self.replica_manager.apply_metadata(image)
+            current = self.image
+            if (info is not None and info.records is not None and current is not None
+                    and info.base_offset == current.offset and self._apply_takes_changed):
+                await self.replica_manager.apply_metadata(image, changed=info.records)
+            else:
+                await self.replica_manager.apply_metadata(image)
             old_security = self.security
             self.image = image
             self.version += 1

@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from metadata_quorum.feed import MetadataDelta, describe_records
 from metadata_quorum.image import MetadataImage
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
@@ -41,6 +42,12 @@ from partitions.replication.replica_state import (Effects, FetchResult, ReplicaF
                                                   leader_and_isr)
 
 log = logging.getLogger(__name__)
+
+# applying metadata (issue 25): role changes per yield to the loop, logs per executor
+# call, executor calls at once (their fsyncs overlap)
+APPLY_CHUNK_PARTITIONS = 256
+CREATE_BATCH_PARTITIONS = 512
+CREATE_PARALLELISM = 3
 
 ACKS_NONE = 0
 ACKS_LEADER = 1
@@ -140,61 +147,127 @@ class ReplicaManager:
 
     # ---- metadata ----------------------------------------------------------------------
 
-    async def apply_metadata(self, image: MetadataImage) -> None:
-        """Make local replicas match `image`: create/delete logs, become leader/follower."""
+    async def apply_metadata(self, image: MetadataImage, changed: list | None = None) -> None:
+        """Make local replicas match `image`: create/delete logs, become leader/follower.
+        `changed`: the records of the change that made `image` (issue 25): only the
+        partitions and topics they touch are looked at (a change of this broker's own
+        registration, or records that cannot be itemized, look at everything); None: the
+        whole image."""
         async with self._metadata_lock:
-            await self._apply(image)
+            delta = None
+            if changed is not None and self._image is not None:
+                delta = describe_records(changed)
+                if delta.everything or self.broker_id in delta.brokers:
+                    delta = None
+            await self._apply(image, delta)
             self._image = image
 
-    async def _apply(self, image: MetadataImage) -> None:
+    async def _apply(self, image: MetadataImage, delta: MetadataDelta | None = None) -> None:
+        """Apply `image` (everything, or what `delta` names). New logs are created in
+        batches off the loop (several executor threads at once: their fsyncs overlap), role
+        changes run on the loop in chunks of APPLY_CHUNK_PARTITIONS with a yield between
+        them, so produce and fetch of other partitions wait a few ms at most."""
         now = self._clock_ms()
+        registered = self._registered_in(image)
         wanted: set[tuple[str, int]] = set()
-        ids_changed = False
-        topics = list(image.topics.items())  # snapshot: the image may change while we await
-        for name, topic in topics:
+        if delta is None:
+            visit: dict = {name: None for name in image.topics}
+            gone = [n for n in self._topic_ids if n not in image.topics]
+            config_topics = set(image.topics)
+        else:
+            visit = dict(delta.partitions)
+            for name in delta.topics_configs:
+                visit.setdefault(name, set())
+            gone = [n for n in delta.removed_topics if n in self._topic_ids and n not in image.topics]
+            config_topics = delta.topics_configs
+        for name in gone:
+            await self._delete_partitions_local([k for k in self.logs if k[0] == name])
+            self._topic_ids.pop(name, None)
+            self._topic_configs.pop(name, None)
+        to_create: list = []      # (key, topic image)
+        to_apply: list = []       # (key, registration)
+        to_delete: list = []
+        for name, parts in visit.items():
+            topic = image.topics.get(name)
+            if topic is None:
+                continue
             old_id = self._topic_ids.get(name)
             if old_id is not None and old_id != topic.topic_id:
                 await self._delete_topic_local(name)  # deleted and re-created under the same name
+                parts = None
             self._topic_ids[name] = topic.topic_id
-            configs = dict(topic.configs)
-            if name in self._topic_configs and self._topic_configs[name] != configs:
-                try:
-                    self.log_manager.update_config(name, self._log_config(configs))
-                except (ValueError, KeyError):
-                    log.exception("topic %s has invalid configs %s; keeping the old ones", name, configs)
-            self._topic_configs[name] = configs
-            for p, reg in list(topic.partitions.items()):
-                if self.broker_id not in reg.replicas:
-                    continue
+            if name in config_topics or name not in self._topic_configs:
+                configs = dict(topic.configs)
+                if name in self._topic_configs and self._topic_configs[name] != configs:
+                    try:
+                        self.log_manager.update_config(name, self._log_config(configs))
+                    except (ValueError, KeyError):
+                        log.exception("topic %s has invalid configs %s; keeping the old ones", name, configs)
+                self._topic_configs[name] = configs
+            regs = topic.partitions
+            items = list(regs.items()) if parts is None else [(p, regs[p]) for p in parts if p in regs]
+            for p, reg in items:
                 key = (name, p)
+                if self.broker_id not in reg.replicas:
+                    if delta is not None and key in self.logs:
+                        to_delete.append(key)   # replica moved away
+                    continue
                 wanted.add(key)
-                lg = self.logs.get(key)
-                if lg is None:
-                    recorded = self._log_topic_ids.get(f"{name}-{p}")
-                    if recorded is not None and recorded != topic.topic_id:
-                        # a log left by an older topic of the same name (deleted while we were down)
-                        log.info("deleting stale log %s-%s of an older topic id %s", name, p, recorded)
-                        await self._run_blocking(self.log_manager.delete_log, name, p)
-                    cfg = self._log_config(dict(topic.configs))
-                    lg = await self._run_blocking(self.log_manager.get_or_create, name, p, cfg)
+                if key not in self.logs:
+                    to_create.append((key, topic))
+                to_apply.append((key, reg))
+        if to_create:
+            await self._create_logs(to_create)
+        for i, (key, reg) in enumerate(to_apply):
+            if i and i % APPLY_CHUNK_PARTITIONS == 0:
+                await asyncio.sleep(0)   # let produce/fetch of other partitions run
+            tp = TopicPartition(*key)
+            if key not in self.partitions:
+                self.core.add_replica(tp, self.logs[key])
+            # a leadership in metadata without our registration is our previous
+            # incarnation's (we restarted, maybe with a shorter log): the core never takes
+            # it up; the controller moves it away when it applies our registration
+            self._carry_out(self.core.apply_leader_and_isr(tp, leader_and_isr(reg), now_ms=now,
+                                                           registered=registered))
+        if delta is None:   # replicas no longer hosted here (topic deleted or replica moved away)
+            to_delete = [k for k in self.logs if k not in wanted]
+            for name in [n for n in self._topic_ids if n not in image.topics]:
+                self._topic_ids.pop(name, None)
+                self._topic_configs.pop(name, None)
+        if to_delete:
+            await self._delete_partitions_local(to_delete)
+
+    async def _create_logs(self, to_create: list) -> None:
+        """Create the local logs of [(key, topic image)] in parallel batches off the loop
+        (a stale log of an older topic id under the same name is deleted first)."""
+        specs = []
+        configs: dict = {}
+        for (name, p), topic in to_create:
+            recorded = self._log_topic_ids.get(f"{name}-{p}")
+            if recorded is not None and recorded != topic.topic_id:
+                # a log left by an older topic of the same name (deleted while we were down)
+                log.info("deleting stale log %s-%s of an older topic id %s", name, p, recorded)
+                await self._run_blocking(self.log_manager.delete_log, name, p)
+            if name not in configs:
+                configs[name] = self._log_config(dict(topic.configs))
+            specs.append((name, p, configs[name]))
+        size = max(1, min(CREATE_BATCH_PARTITIONS, -(-len(specs) // CREATE_PARALLELISM)))
+        batches = [specs[i:i + size] for i in range(0, len(specs), size)]
+        ids_changed = False
+        create = getattr(self.log_manager, "create_logs", None)   # a LogDirectory without it: one by one
+        if create is None:
+            def create(batch: list) -> list:
+                return [self.log_manager.get_or_create(*spec) for spec in batch]
+        for i in range(0, len(batches), CREATE_PARALLELISM):
+            group = batches[i:i + CREATE_PARALLELISM]
+            results = await asyncio.gather(*(self._run_blocking(create, b) for b in group))
+            for batch, logs in zip(group, results):
+                for (name, p, _), lg in zip(batch, logs):
                     self.core.add_replica(TopicPartition(name, p), lg)
-                    if recorded != topic.topic_id:
-                        self._log_topic_ids[f"{name}-{p}"] = topic.topic_id
+                    tid = self._topic_ids.get(name)
+                    if tid is not None and self._log_topic_ids.get(f"{name}-{p}") != tid:
+                        self._log_topic_ids[f"{name}-{p}"] = tid
                         ids_changed = True
-                if key not in self.partitions:
-                    self.core.add_replica(TopicPartition(name, p), lg)
-                # a leadership in metadata without our registration is our previous
-                # incarnation's (we restarted, maybe with a shorter log): the core never takes
-                # it up; the controller moves it away when it applies our registration
-                self._carry_out(self.core.apply_leader_and_isr(
-                    TopicPartition(name, p), leader_and_isr(reg), now_ms=now, registered=self._registered_in(image)))
-        # replicas no longer hosted here (topic deleted or replica moved away)
-        for key in [k for k in self.logs if k not in wanted]:
-            await self._delete_partition_local(key)
-        names = {n for n, _ in topics}
-        for name in [n for n in self._topic_ids if n not in names]:
-            self._topic_ids.pop(name, None)
-            self._topic_configs.pop(name, None)
         if ids_changed:
             await self._save_topic_ids()
 
@@ -232,16 +305,30 @@ class ReplicaManager:
             return stray
 
     async def _delete_topic_local(self, name: str) -> None:
-        for key in [k for k in self.logs if k[0] == name]:
-            await self._delete_partition_local(key)
+        await self._delete_partitions_local([k for k in self.logs if k[0] == name])
 
     async def _delete_partition_local(self, key: tuple[str, int]) -> None:
-        self._carry_out(self.core.remove_replica(key))
-        try:
-            await self._run_blocking(self.log_manager.delete_log, key[0], key[1])
-        except Exception:  # already gone is fine; anything else is logged, not fatal
-            log.exception("deleting local log %s-%s failed", *key)
-        if self._log_topic_ids.pop(f"{key[0]}-{key[1]}", None) is not None:
+        await self._delete_partitions_local([key])
+
+    async def _delete_partitions_local(self, keys: list) -> None:
+        """Stop hosting `keys` and delete their logs: one executor call and one topic-ids
+        write for the whole list."""
+        if not keys:
+            return
+        for key in keys:
+            self._carry_out(self.core.remove_replica(key))
+
+        def delete_all() -> None:
+            for topic, partition in keys:
+                try:
+                    self.log_manager.delete_log(topic, partition)
+                except Exception:  # already gone is fine; anything else is logged, not fatal
+                    log.exception("deleting local log %s-%s failed", topic, partition)
+        await self._run_blocking(delete_all)
+        ids_changed = False
+        for topic, partition in keys:
+            ids_changed = self._log_topic_ids.pop(f"{topic}-{partition}", None) is not None or ids_changed
+        if ids_changed:
             await self._save_topic_ids()
 
     # ---- lookups -----------------------------------------------------------------------
