@@ -24,6 +24,12 @@ from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
 from http_api.broker.replica_connection import ConnectionRefused, ProtocolError, ReplicaConnectionPool
 
 INTERNAL_PREFIX = "/internal/v1"
+# the leader's answer must start within a fetch's long-poll wait plus this (an
+# OffsetsForLeaderEpoch answer within this), and its bytes may not pause longer: a leader
+# that went silent mid-request (cut off, no RST) is asked again this soon, not after the
+# request timeout (issue 24). Well above a healthy leader's answer time: a false timeout
+# costs one re-sent fetch.
+REPLICA_READ_TIMEOUT_MS = 1_500
 REPLICA_FETCH_MEDIA = "application/vnd.kraftlog.replica-fetch"
 _LEN = struct.Struct(">I")
 
@@ -108,24 +114,33 @@ class ReplicaTransport:
     the answer body received straight into one buffer; each partition's records are a
     memoryview slice of it, appended without a copy). An unreachable leader, a timeout or
     a garbled answer is BROKER_NOT_AVAILABLE, with `refused=True` when nothing listens at
-    its address (the fetcher then reports the leader to the controller)."""
+    its address (the fetcher then reports the leader to the controller). A request is bounded
+    by `request_timeout_ms` in all and by `read_timeout_ms` while its answer is awaited
+    (`REPLICA_READ_TIMEOUT_MS`)."""
 
     def __init__(self, request_timeout_ms: int = 30_000, connect_timeout_ms: int = 3_000,
-                 internal_token: str | None = None, ssl_context=None) -> None:
+                 internal_token: str | None = None, ssl_context=None,
+                 read_timeout_ms: int = REPLICA_READ_TIMEOUT_MS) -> None:
+        if read_timeout_ms <= 0:
+            raise ValueError(f"read_timeout_ms={read_timeout_ms} must be positive")
         self.request_timeout_ms = request_timeout_ms
+        self.read_timeout_ms = read_timeout_ms
         self.pool = ReplicaConnectionPool(connect_timeout_ms / 1000, ssl_context=ssl_context)
         self.headers = {INTERNAL_TOKEN_HEADER: internal_token} if internal_token else {}
 
     async def close(self) -> None:
         self.pool.close()
 
-    async def _post(self, leader_url: str, route: str, doc: dict, timeout_s: float):
+    async def _post(self, leader_url: str, route: str, doc: dict, timeout_s: float, wait_ms: int = 0):
+        """`wait_ms`: the leader may hold the answer this long (a long poll) before its read bound."""
         url = f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/{route}"
         body = json.dumps(doc, separators=(",", ":")).encode()
         try:
             # asyncio.timeout, not wait_for: no inner task whose late error nobody retrieves
             async with asyncio.timeout(timeout_s):
-                answer = await self.pool.post(leader_url, f"{INTERNAL_PREFIX}/{route}", body, headers=self.headers)
+                answer = await self.pool.post(leader_url, f"{INTERNAL_PREFIX}/{route}", body, headers=self.headers,
+                                              first_byte_timeout_s=(wait_ms + self.read_timeout_ms) / 1000,
+                                              idle_timeout_s=self.read_timeout_ms / 1000)
         except ConnectionRefused as e:
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",
                                 refused=True) from None
@@ -141,7 +156,8 @@ class ReplicaTransport:
         """One long poll; each partition's records are a memoryview of the answer buffer."""
         doc = {"replica_id": replica_id, "broker_epoch": broker_epoch, "max_wait_ms": max_wait_ms,
                "max_bytes": max_bytes, "partition_max_bytes": partition_max_bytes, "partitions": partitions}
-        body = await self._post(leader_url, "replica-fetch", doc, max_wait_ms / 1000 + self.request_timeout_ms / 1000)
+        body = await self._post(leader_url, "replica-fetch", doc, max_wait_ms / 1000 + self.request_timeout_ms / 1000,
+                                wait_ms=max_wait_ms)
         try:
             return decode_fetch_response(body)
         except KraftlogError as e:   # garbled on the way: like a dropped connection, fetch again

@@ -13,7 +13,11 @@ framed by Content-Length (the broker's aiohttp server always sends it on these r
 keep-alive, `http://`, or `https://` when the pool has a client TLS context (the node's
 CA and client certificate: brokers authenticate to each other by mTLS). Anything else on
 the wire is a `ProtocolError` and the connection is dropped. A request that is cancelled or times out drops its connection
-too (its answer may still arrive). A reused keep-alive connection that the peer closed
+too (its answer may still arrive). A request may bound the wait for its answer's first
+byte and the pauses between its bytes (`ReadTimeout`, the connection dropped): a leader cut
+off mid-request (no RST, packets dropped) leaves the connection open and silent, and the
+fetch is re-sent as soon as the wait is over instead of after the whole request timeout
+(issue 24: a healed follower rejoined the ISR 5-7 s late). A reused keep-alive connection that the peer closed
 while idle is retried once on a fresh connection (both routes are safe to repeat: they
 read, and a fetch only restates the follower's log end offset).
 """
@@ -30,6 +34,10 @@ IDLE_CONNECTIONS_MAX = 4              # per leader address
 
 class ProtocolError(Exception):
     """The peer answered something this client does not speak (or closed mid-answer)."""
+
+
+class ReadTimeout(ProtocolError):
+    """The answer did not start, or stopped arriving, within the request's read bounds."""
 
 
 class ConnectionRefused(Exception):
@@ -59,6 +67,11 @@ class ReplicaConnection(asyncio.BufferedProtocol):
         self._headers: dict = {}
         self._keep_alive = True
         self._waiter: asyncio.Future | None = None
+        # read bounds of the awaited answer (request's first_byte/idle timeouts)
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._read_timer_loop: asyncio.AbstractEventLoop | None = None
+        self._sent_at = 0.0
+        self._last_byte_at: float | None = None   # loop time of its last byte; None: none yet
 
     # ---- asyncio.BufferedProtocol ----------------------------------------------------
 
@@ -76,6 +89,8 @@ class ReplicaConnection(asyncio.BufferedProtocol):
         return memoryview(self._scratch)
 
     def buffer_updated(self, nbytes: int) -> None:
+        if nbytes and self._read_timer is not None:
+            self._last_byte_at = self._read_timer_loop.time()
         if self._waiter is None or self._waiter.done():
             if nbytes:
                 self._fail(ProtocolError("bytes arrived while no request was waiting"))
@@ -156,13 +171,40 @@ class ReplicaConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def request(self, head: bytes, body: bytes) -> _Answer:
-        """Send one request (head already has Content-Length) and read its answer."""
+    def _check_read(self, first_byte_timeout_s: float, idle_timeout_s: float) -> None:
+        """Timer: fail the request if its answer has not started within `first_byte_timeout_s`
+        of sending, or no byte came for `idle_timeout_s` since; otherwise look again then."""
+        self._read_timer = None
+        if self._waiter is None or self._waiter.done():
+            return
+        loop = self._read_timer_loop
+        if self._last_byte_at is None:
+            due = self._sent_at + first_byte_timeout_s
+            why = f"no answer within {first_byte_timeout_s * 1000:.0f} ms"
+        else:
+            due = self._last_byte_at + idle_timeout_s
+            why = f"the answer stopped for {idle_timeout_s * 1000:.0f} ms"
+        if loop.time() >= due:
+            self._fail(ReadTimeout(why))
+            return
+        self._read_timer = loop.call_at(due, self._check_read, first_byte_timeout_s, idle_timeout_s)
+
+    async def request(self, head: bytes, body: bytes, first_byte_timeout_s: float | None = None,
+                      idle_timeout_s: float | None = None) -> _Answer:
+        """Send one request (head already has Content-Length) and read its answer. With
+        `first_byte_timeout_s`, the answer must start that soon after sending, and then not
+        pause for longer than `idle_timeout_s` (default: the same); else `ReadTimeout`."""
         if self.closed or self._waiter is not None:
             raise ProtocolError("connection is closed or busy")
         self._head_len = self._body_len = 0
         self._body = self._body_view = None
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        if first_byte_timeout_s is not None:
+            self._read_timer_loop = loop
+            self._sent_at, self._last_byte_at = loop.time(), None
+            self._read_timer = loop.call_at(self._sent_at + first_byte_timeout_s, self._check_read,
+                                            first_byte_timeout_s, idle_timeout_s or first_byte_timeout_s)
         try:
             self.transport.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
@@ -174,6 +216,9 @@ class ReplicaConnection(asyncio.BufferedProtocol):
         finally:
             self._waiter = None
             self._body_view = None
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
         if not self._keep_alive:
             self.close()
         return answer
@@ -211,8 +256,10 @@ class ReplicaConnectionPool:
         return conn
 
     async def post(self, url: str, path: str, body: bytes, content_type: str = "application/json",
-                   headers: dict | None = None) -> _Answer:
-        """POST `body` to `path` at the leader of `url`; -> the answer (status, headers, body)."""
+                   headers: dict | None = None, first_byte_timeout_s: float | None = None,
+                   idle_timeout_s: float | None = None) -> _Answer:
+        """POST `body` to `path` at the leader of `url`; -> the answer (status, headers, body).
+        The read bounds are `ReplicaConnection.request`'s."""
         if self.closed:
             raise ProtocolError("the connection pool is closed")
         addr = self.address(url, "https" if self.ssl_context is not None else "http")
@@ -226,13 +273,15 @@ class ReplicaConnectionPool:
             if conn.closed:
                 continue
             try:
-                answer = await conn.request(head, body)
+                answer = await conn.request(head, body, first_byte_timeout_s, idle_timeout_s)
+            except ReadTimeout:
+                raise       # the leader is silent, not a stale idle connection: no second try
             except (ProtocolError, ConnectionError):
                 continue   # the peer dropped an idle keep-alive connection: try another / a fresh one
             self._release(addr, conn)
             return answer
         conn = await self._connect(addr)
-        answer = await conn.request(head, body)
+        answer = await conn.request(head, body, first_byte_timeout_s, idle_timeout_s)
         self._release(addr, conn)
         return answer
 
