@@ -13,8 +13,11 @@ and is applied atomically or not at all. It is rejected (on every node alike) wh
 - `MetadataImage.check_batch` finds a conflict (decided on a stale view).
 
 Besides the image it keeps the most recent records with their offsets (the feed brokers
-long-poll) and the recent request ids. Everything crossing threads goes through `lock`:
-the event loop holds it while reading the image or deciding.
+long-poll), the recent request ids, and the controller registrations of the quorum: an
+entry {"controller_epoch", "quorum": op} changes those (metadata_quorum/quorum_membership.py;
+pysyncobj's own membership entries never reach `apply`) and moves no metadata offset.
+Everything crossing threads goes through `lock`: the event loop holds it while reading the
+image or deciding.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import logging
 import threading
 from typing import Any, Optional
 
+from metadata_quorum import quorum_membership
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import LeaderChangeRecord, RegisterBrokerRecord, record_from_dict, record_to_dict
 
@@ -46,6 +50,8 @@ class MetadataStateMachine:
         self.request_ids: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self.applied_batches = 0
         self.rejected_batches = 0
+        self.controllers: dict = {}                 # node id -> registration (quorum_membership.py)
+        self.quorum_change: Optional[dict] = None   # the controller quorum change in flight
 
     # ------------------------------------------------------------ raft StateMachine
     def apply(self, entries: list) -> Any:
@@ -61,6 +67,11 @@ class MetadataStateMachine:
         return results
 
     def _apply_entry(self, entry: dict) -> dict:
+        if "quorum" in entry:
+            epoch = entry.get("controller_epoch", 0)
+            self.quorum_change, result = quorum_membership.apply_op(
+                self.controllers, self.quorum_change, entry["quorum"], epoch == self.image.controller_epoch, epoch)
+            return result
         image = self.image
         request_id = entry.get("request_id")
         if request_id is not None and request_id in self.request_ids:
@@ -106,6 +117,8 @@ class MetadataStateMachine:
             return {
                 "image": self.image.to_snapshot(),
                 "request_ids": list(self.request_ids.items()),
+                "controllers": {nid: dict(c) for nid, c in self.controllers.items()},
+                "quorum_change": dict(self.quorum_change) if self.quorum_change else None,
             }
 
     def restore(self, data: dict) -> None:
@@ -114,6 +127,8 @@ class MetadataStateMachine:
             if self.cluster_id:
                 self.image.cluster_id = self.cluster_id
             self.request_ids = collections.OrderedDict((k, v) for k, v in data.get("request_ids", []))
+            self.controllers = {nid: dict(c) for nid, c in (data.get("controllers") or {}).items()}
+            self.quorum_change = dict(data["quorum_change"]) if data.get("quorum_change") else None
             self.tail = []
             self.tail_start = self.image.offset
 

@@ -85,6 +85,9 @@ class ErrorCode(enum.Enum):
     INVALID_TXN_STATE = (False,)              # e.g. commit after abort of the same transaction
     INVALID_TRANSACTION_TIMEOUT = (False,)    # beyond transaction_max_timeout_ms
     INVALID_PRODUCER_ID_MAPPING = (False,)    # the producer id is not the transactional id's
+    INVALID_VOTER_KEY = (False,)              # a controller's incarnation is not the registered one (KIP-853)
+    DUPLICATE_VOTER = (False,)                # the controller id or address is a voter already (KIP-853)
+    VOTER_NOT_FOUND = (False,)                # no controller voter with that id (KIP-853)
 
     @property
     def retriable(self) -> bool:

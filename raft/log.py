@@ -81,6 +81,13 @@ class RaftPeerStats:
         return {"raft_frames_too_large": self.frames_too_large, "raft_auth_failures": self.auth_failures}
 
 
+class MembershipChangeError(ProposalError):
+    """The leader refused a voter change before appending it: another change is not
+    committed yet, the node is already (not) a voter, or it is the leader itself."""
+
+    outcome_known = True
+
+
 @runtime_checkable
 class ReplicatedLog(Protocol):
     """The leader-side handle of a replicated log, used from one asyncio event loop."""

@@ -21,7 +21,14 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
   and frames failing the password's check are counted (raft/frame_guard.py, `peer_stats`);
 - pre-vote (raft/prevote.py, opt-in with RaftConfig.prevote): a node starts an election only
   once a majority says it would vote for it, so an isolated node keeps its term and rejoins
-  without forcing elections.
+  without forcing elections;
+- dynamic membership (pysyncobj's single-server changes, DESIGN.md section 10): `add_voter`,
+  `remove_voter` and `transfer_leadership` await the commit of the change; the leader refuses
+  a second change while one is uncommitted (MembershipChangeError). A node started with
+  `RaftConfig.join` and an empty journal does not campaign until it has heard from a leader
+  (a node not yet added is refused by the others' transports, so its elections would only
+  raise its term and depose the leader once it is added). Any node may `forward` entries: a
+  follower's pysyncobj sends them to the leader.
 
 Durability: pysyncobj's own file journal is an mmap that is never synced while running
 (only on destroy), and its term/vote file is renamed without fsync: an acknowledged entry
@@ -32,6 +39,7 @@ before raft answers (raft/fsync_journal.py), like KRaft flushing its metadata lo
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import secrets
@@ -42,7 +50,8 @@ from typing import Any, Callable, Optional
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from raft.frame_guard import install_frame_guard
-from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError, RaftPeerStats
+from raft.log import (RAFT_FRAME_MAX_BYTES_DEFAULT, MembershipChangeError, NotLeaderError, OutcomeUnknownError,
+                      RaftPeerStats)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +95,9 @@ class RaftConfig:
     # largest raft frame a peer may announce; more drops the connection before buffering
     # (raft/frame_guard.py). pysyncobj's own frames stay under ~64 KiB
     frame_max_bytes: int = RAFT_FRAME_MAX_BYTES_DEFAULT
+    # a voter joining a running quorum: with an empty journal, no election before a leader
+    # has been heard from (it is added by the leader first, DESIGN.md section 10)
+    join: bool = False
 
     @property
     def journal_file(self) -> str:
@@ -155,6 +167,8 @@ class SyncObjReplicatedLog:
         self._consumer = _Consumer(state_machine, self._on_raft_thread_event)
         self._journal = None  # FsyncFileJournal when config.fsync_journal
         self._peer_stats = RaftPeerStats()
+        self._waiting_to_join = False
+        self._on_raft_thread: "collections.deque[Callable[[], None]]" = collections.deque()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -179,8 +193,9 @@ class SyncObjReplicatedLog:
             logCompactionMinEntries=c.log_compaction_min_entries,
             logCompactionMinTime=c.log_compaction_min_time_s,
             onStateChanged=lambda old, new: self._on_raft_thread_event(),
-            dynamicMembershipChange=False,
+            dynamicMembershipChange=True,
         )
+        self._waiting_to_join = c.join and not os.path.exists(c.journal_file) and not os.path.exists(c.full_dump_file)
         self_addr = c.voters[c.node_id]
         if c.bind_host:
             conf.bindAddress = f"{c.bind_host}:{self_addr.rsplit(':', 1)[1]}"
@@ -242,10 +257,114 @@ class SyncObjReplicatedLog:
     def add_listener(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
 
+    # ------------------------------------------------------------------ membership
+    @property
+    def self_address(self) -> str:
+        return self.config.voters[self.config.node_id]
+
+    def voter_addresses(self) -> list[str]:
+        """This node's view of the voter set ("host:port"), itself included: the committed
+        configuration plus membership entries already in its log (pysyncobj applies them on
+        append)."""
+        so = self._syncobj
+        if so is None:
+            return []
+        return sorted({self.self_address} | {n.address for n in so.otherNodes})
+
+    def set_node_id(self, node_id: int, address: str) -> None:
+        """Name the voter at `address` (a voter added at run time) for `leader_id`."""
+        self._addr_to_id[address] = node_id
+
+    def match_indexes(self) -> dict:
+        """On the leader: {address: index of the last entry it knows the voter holds}, itself
+        at its last entry; with `commit_index` the lag of each voter. {} elsewhere."""
+        so = self._syncobj
+        if so is None or not so._isLeader():
+            return {}
+        try:
+            status = so.getStatus()
+        except RuntimeError:   # the raft thread changed a dict while it was read: ask again
+            return {}
+        out = {self.self_address: status["commit_idx"]}
+        prefix = "match_idx_server_"
+        for key, value in status.items():
+            if key.startswith(prefix):
+                out[key[len(prefix):]] = value
+        return out
+
+    @property
+    def commit_index(self) -> int:
+        return 0 if self._syncobj is None else self._syncobj.raftCommitIndex
+
+    @property
+    def waiting_to_join(self) -> bool:
+        return self._waiting_to_join
+
+    async def _membership_call(self, start: Callable, what: str, timeout_s: Optional[float]) -> None:
+        if self._syncobj is None or not self._syncobj._isLeader():
+            raise NotLeaderError(f"{what}: this node is not the raft leader", leader_id=self.leader_id)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def callback(res, err):  # raft thread
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(err))
+
+        start(callback)
+        timeout = self.config.propose_timeout_s if timeout_s is None else timeout_s
+        try:
+            err = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise OutcomeUnknownError(f"{what}: not committed within {timeout} s", leader_id=self.leader_id) from None
+        if err == FAIL_REASON.SUCCESS:
+            return
+        if err == FAIL_REASON.REQUEST_DENIED:
+            raise MembershipChangeError(f"{what}: refused by the leader (another voter change is not committed "
+                                        "yet, or the node is already in that state)", leader_id=self.leader_id)
+        if err in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER, FAIL_REASON.QUEUE_FULL, FAIL_REASON.DISCARDED):
+            raise NotLeaderError(f"{what}: not applied (pysyncobj reason {err})", leader_id=self.leader_id)
+        raise OutcomeUnknownError(f"{what}: outcome unknown (pysyncobj reason {err})", leader_id=self.leader_id)
+
+    async def add_voter(self, address: str, timeout_s: Optional[float] = None) -> None:
+        """Add the voter at `address` and wait until the change is committed. The new node
+        counts in the majority at once: start it right after (or before, with `join`)."""
+        await self._membership_call(lambda cb: self._syncobj.addNodeToCluster(address, callback=cb),
+                                    f"adding voter {address}", timeout_s)
+
+    async def remove_voter(self, address: str, timeout_s: Optional[float] = None) -> None:
+        """Remove the voter at `address` (never this node: transfer leadership first) and wait
+        until the change is committed. The removed node is not told."""
+        if address == self.self_address:
+            raise MembershipChangeError("the leader cannot remove itself: transfer leadership first",
+                                        leader_id=self.leader_id)
+        await self._membership_call(lambda cb: self._syncobj.removeNodeFromCluster(address, callback=cb),
+                                    f"removing voter {address}", timeout_s)
+
+    async def transfer_leadership(self, address: Optional[str] = None, timeout_s: Optional[float] = None) -> None:
+        """Ask a caught-up voter (`address`, or the most caught-up one) to take over; returns
+        once the request is sent (MembershipChangeError when no voter is caught up)."""
+        # transferLeadership reads raft state and sends at once: run it on the raft thread
+        await self._membership_call(
+            lambda cb: self._on_raft_thread.append(lambda: self._syncobj.transferLeadership(address, callback=cb)),
+            "transferring leadership", timeout_s)
+
+    async def forward(self, entries: list, timeout_s: Optional[float] = None) -> Any:
+        """Propose from any node: a follower's pysyncobj sends the entries to the leader.
+        Same outcomes as `propose`."""
+        if self._syncobj is None:
+            raise NotLeaderError("raft is not running", leader_id=None)
+        if self._syncobj._isLeader():
+            return await self.propose(entries, timeout_s)
+        if self._syncobj._getLeader() is None:
+            raise NotLeaderError("no raft leader to forward to", leader_id=None)
+        return await self._submit(entries, timeout_s)
+
     # ------------------------------------------------------------------ proposals
     async def propose(self, entries: list, timeout_s: Optional[float] = None) -> Any:
         if self._syncobj is None or not self._syncobj._isLeader():
             raise NotLeaderError("this node is not the raft leader", leader_id=self.leader_id)
+        return await self._submit(entries, timeout_s)
+
+    async def _submit(self, entries: list, timeout_s: Optional[float]) -> Any:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
@@ -276,9 +395,22 @@ class SyncObjReplicatedLog:
             return
         if self._journal is not None:
             self._journal.sync()  # leader: persist this tick's appends before counting itself
+        while self._on_raft_thread:
+            try:
+                self._on_raft_thread.popleft()()
+            except Exception:
+                log.exception("raft thread call failed")
         import time as _time
 
         now = _time.monotonic()
+        if self._waiting_to_join:
+            if so._getLeader() is not None:
+                self._waiting_to_join = False
+                log.info("raft node %s joined the quorum (leader %s)", self.config.node_id, so._getLeader())
+            else:   # not a voter of the others yet: no election until a leader sends us entries
+                from pysyncobj.monotonic import monotonic as raft_clock
+
+                so._SyncObj__raftElectionDeadline = raft_clock() + self.config.raft_max_timeout_s
         if now - self._last_ping >= self.config.peer_ping_interval_s:
             self._last_ping = now
             transport = getattr(so, "_SyncObj__transport", None)

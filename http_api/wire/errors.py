@@ -73,6 +73,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.GROUP_AUTHORIZATION_FAILED: 403,
     ErrorCode.RESOURCE_NOT_FOUND: 404,
     ErrorCode.DUPLICATE_RESOURCE: 409,
+    ErrorCode.INVALID_VOTER_KEY: 409,
+    ErrorCode.DUPLICATE_VOTER: 409,
+    ErrorCode.VOTER_NOT_FOUND: 404,
 }
 
 _missing = [c.name for c in ErrorCode if c not in HTTP_STATUS]
