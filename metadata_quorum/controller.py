@@ -880,6 +880,10 @@ class QuorumController:
         state = image.broker_state(broker_id)
         if state == "decommissioned":
             return []
+        if state == "active" and not any(b != broker_id for b in image.placeable_broker_ids()):
+            raise KraftlogError(ErrorCode.POLICY_VIOLATION,
+                                f"cannot decommission broker {broker_id}: no other active broker would be left; "
+                                "add a broker first")
         records: list = []
         if state != "draining":
             records.append(BrokerMembershipRecord(broker_id, "draining"))

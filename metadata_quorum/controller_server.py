@@ -402,6 +402,13 @@ class ControllerServer:
         r.add_post(PREFIX + "/topics/{topic}/configs", self.h_alter_configs)
         r.add_post(PREFIX + "/producer-ids", self.h_producer_ids)
         r.add_post(PREFIX + "/elect-leaders", self.h_elect_leaders)
+        # reassignment (KIP-455) and decommission (metadata_quorum/reassignment.py)
+        r.add_post(PREFIX + "/reassignments", self.h_reassign)
+        r.add_get(PREFIX + "/reassignments", self.h_list_reassignments)
+        r.add_delete(PREFIX + "/reassignments", self.h_cancel_reassignments)
+        r.add_get(PREFIX + "/brokers", self.h_brokers)
+        r.add_post(PREFIX + "/brokers/{broker_id}/decommission", self.h_decommission)
+        r.add_post(PREFIX + "/brokers/{broker_id}/recommission", self.h_recommission)
         self.security.install(r, PREFIX)   # /security/users, /tokens, /acls (controller_security.py)
         return app
 
@@ -655,6 +662,72 @@ class ControllerServer:
 
         await self.write(decide, reason="elect-leaders request (preferred leader election)")
         return web.json_response({"elected": elected})
+
+
+    # ---- reassignment and decommission
+    def _reassignments_json(self) -> dict:
+        with self.sm.lock:
+            img = self.sm.image
+            return {"reassignments": [reassignment_json(name, p) for name, p in img.reassignments()],
+                    "metadata_offset": img.offset}
+
+    async def h_reassign(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        result = await self.write(lambda img: self.controller.alter_partition_reassignments(img, body),
+                                  _request_id(request, {}), reason="partition reassignment request")
+        out = self._reassignments_json()
+        out["metadata_offset"] = result.get("offset", out["metadata_offset"])
+        return web.json_response(out, status=202)
+
+    async def h_list_reassignments(self, request: web.Request) -> web.Response:
+        return web.json_response(self._reassignments_json())
+
+    async def h_cancel_reassignments(self, request: web.Request) -> web.Response:
+        with self.sm.lock:
+            cancelled = [{"topic": name, "partition": p.partition} for name, p in self.sm.image.reassignments()]
+        result = await self.write(lambda img: self.controller.cancel_reassignments(img),
+                                  _request_id(request, {}), reason="reassignment cancel request")
+        out = self._reassignments_json()
+        out.update(cancelled=cancelled, metadata_offset=result.get("offset", out["metadata_offset"]))
+        return web.json_response(out)
+
+    async def h_brokers(self, request: web.Request) -> web.Response:
+        with self.sm.lock:
+            img = self.sm.image
+            return web.json_response({"brokers": img.brokers_json(), "metadata_offset": img.offset})
+
+    def _broker_id_param(self, request: web.Request) -> int:
+        raw = request.match_info["broker_id"]
+        try:
+            return int(raw)
+        except ValueError:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, f"broker id must be an integer, got {raw!r}") from None
+
+    async def h_decommission(self, request: web.Request) -> web.Response:
+        broker_id = self._broker_id_param(request)
+        result = await self.write(lambda img: self.controller.decommission_broker(img, broker_id),
+                                  _request_id(request, {}), reason=f"decommission of broker {broker_id}")
+        return await self._broker_answer(broker_id, result)
+
+    async def h_recommission(self, request: web.Request) -> web.Response:
+        broker_id = self._broker_id_param(request)
+        result = await self.write(lambda img: self.controller.recommission_broker(img, broker_id),
+                                  _request_id(request, {}), reason=f"recommission of broker {broker_id}")
+        return await self._broker_answer(broker_id, result)
+
+    async def _broker_answer(self, broker_id: int, result: dict) -> web.Response:
+        with self.sm.lock:
+            img = self.sm.image
+            entry = next((b for b in img.brokers_json() if b["id"] == broker_id), None)
+            out = dict(entry or {"id": broker_id}, replicas=img.replica_count(broker_id),
+                       metadata_offset=result.get("offset", img.offset))
+        return web.json_response(out)
+
+
+def reassignment_json(topic: str, p) -> dict:
+    """One entry of `GET /v1/reassignments` (without `bytes_remaining`, which the leader knows)."""
+    return {"topic": topic, "partition": p.partition, "replicas": list(p.replicas),
+            "adding_replicas": list(p.adding_replicas), "removing_replicas": list(p.removing_replicas)}
 
 
 # ---------------------------------------------------------------------- decision log

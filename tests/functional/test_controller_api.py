@@ -91,7 +91,8 @@ async def test_create_topic_shapes_and_errors(node):
                                                                   "replication_factor": 2, "configs": {}})
         assert status == 201
         assert body["name"] == "orders" and len(body["partitions"]) == 3
-        assert set(body["partitions"][0]) == {"partition", "leader", "leader_epoch", "replicas", "isr"}
+        assert set(body["partitions"][0]) == {"partition", "leader", "leader_epoch", "replicas", "isr", "adding_replicas",
+                                             "removing_replicas"}
         cases = [
             ({"name": "orders", "partitions": 1, "replication_factor": 1}, 409, "TOPIC_ALREADY_EXISTS"),
             ({"name": "bad/name", "partitions": 1, "replication_factor": 1}, 400, "INVALID_TOPIC_EXCEPTION"),

@@ -326,3 +326,9 @@ def test_bytes_remaining_estimate():
     assert bytes_remaining_estimate(1000, 50, 150, 0) == 1000     # below the log start: everything
     assert bytes_remaining_estimate(1000, 0, 100, 100) == 0
     assert bytes_remaining_estimate(0, 0, 0, 0) == 0
+
+
+def test_the_last_active_broker_cannot_be_decommissioned():
+    h = Harness(brokers=(1,))
+    assert codes(h.controller.decommission_broker, h.image, 1) is ErrorCode.POLICY_VIOLATION
+    assert h.image.broker_state(1) == "active"
