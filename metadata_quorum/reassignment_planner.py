@@ -17,7 +17,8 @@ Soft goals, best effort, in this order: replicas per broker within 1, bytes per 
 kept few: a replica moves only to repair a hard goal or to narrow a gap of 2 or more (bytes:
 to shrink the gap), and leaders are balanced by reordering replica lists, never by moving data.
 
-Only partitions of `topics` (all when None) may change; loads count every partition, so the
+A cordoned (draining) broker keeps its replicas but receives none and is left out of the
+balance. Only partitions of `topics` (all when None) may change; loads count every partition, so the
 goals are per broker across the cluster. Same input, same plan: every choice breaks ties by
 broker id and (topic, partition). Pure: no IO, no clock, no randomness.
 """
@@ -39,10 +40,12 @@ MODES = ("add-brokers", "remove-brokers", "rebalance")
 @dataclass(frozen=True)
 class BrokerSpec:
     """A broker as the planner sees it: `rack` None = a rack of its own; `capacity_bytes`
-    None = unbounded."""
+    None = unbounded; `cordoned` (draining): it keeps its replicas but gets no new one and
+    is left out of the balance."""
     id: int
     rack: Optional[str] = None
     capacity_bytes: Optional[int] = None
+    cordoned: bool = False
 
     @property
     def rack_key(self) -> str:
@@ -162,7 +165,8 @@ def plan_assignment(assignment: Mapping[TopicPartition, Sequence[int]], brokers:
     if mode != "rebalance" and not ids:
         raise _err(f"{mode} needs broker ids (e.g. --{mode} 4,5)")
     removed = set(ids) if mode == "remove-brokers" else set()
-    eligible = sorted(b for b in by_id if b not in removed)
+    holders = {b for b in by_id if b not in removed}          # may keep replicas
+    eligible = sorted(b for b in holders if not by_id[b].cordoned)   # may receive them
     wanted = None if topics is None else set(topics)
     movable = sorted(tp for tp in assignment if wanted is None or tp[0] in wanted)
     if wanted is not None:
@@ -172,12 +176,12 @@ def plan_assignment(assignment: Mapping[TopicPartition, Sequence[int]], brokers:
                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
     for tp in movable:
         reps = assignment[tp]
-        if len(reps) > len(eligible):
-            raise _err(f"{tp[0]}-{tp[1]} has replication factor {len(reps)} but only {len(eligible)} broker(s) "
-                       f"would remain ({eligible}); remove fewer brokers or add brokers first",
+        if len(reps) > len(holders):
+            raise _err(f"{tp[0]}-{tp[1]} has replication factor {len(reps)} but only {len(holders)} broker(s) "
+                       f"would remain ({sorted(holders)}); remove fewer brokers or add brokers first",
                        ErrorCode.INVALID_REPLICATION_FACTOR)
     st = _State(assignment, by_id, eligible, sizes or {})
-    _repair(st, movable, set(eligible))
+    _repair(st, movable, holders)
     _balance_replicas(st, movable)
     if any(st.size(tp) for tp in movable):
         _balance_bytes(st, movable)
@@ -186,8 +190,8 @@ def plan_assignment(assignment: Mapping[TopicPartition, Sequence[int]], brokers:
 
 
 def _repair(st: _State, movable: list[TopicPartition], eligible: set[int]) -> None:
-    """Hard goals: replicas off removed/unknown brokers, duplicate replicas, rack spread,
-    capacity."""
+    """Hard goals: replicas off removed/unknown brokers (`eligible`: those that may keep
+    theirs), duplicate replicas, rack spread, capacity."""
     for tp in movable:
         reps = st.assignment[tp]
         for i, b in enumerate(reps):
@@ -412,11 +416,13 @@ def assignment_from_metadata(doc: Mapping) -> dict[TopicPartition, list[int]]:
 
 
 def brokers_from_metadata(doc: Mapping, capacities: Optional[Mapping[int, int]] = None) -> list[BrokerSpec]:
-    """BrokerSpecs of a `/v1/metadata` or `/v1/brokers` document; decommissioned brokers are left out."""
+    """BrokerSpecs of a `/v1/metadata` or `/v1/brokers` document; decommissioned brokers are
+    left out, draining ones are cordoned."""
     out = []
     for b in doc.get("brokers", []):
         if b.get("state") == "decommissioned":
             continue
         bid = int(b["id"])
-        out.append(BrokerSpec(bid, b.get("rack") or None, (capacities or {}).get(bid)))
+        out.append(BrokerSpec(bid, b.get("rack") or None, (capacities or {}).get(bid),
+                              cordoned=b.get("state") == "draining"))
     return out

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metadata_quorum.reassignment_planner import (BrokerSpec, assignment_from_metadata, bytes_balanced,
-                                                  plan_assignment, plan_reassignment)
+from metadata_quorum.reassignment_planner import (BrokerSpec, assignment_from_metadata, brokers_from_metadata,
+                                                  bytes_balanced, plan_assignment, plan_reassignment)
 from partitions.errors import ErrorCode, KraftlogError
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -129,6 +129,17 @@ def test_topics_limit_which_partitions_move():
     target = plan_assignment(current, [BrokerSpec(1), BrokerSpec(2)], topics=["b"])
     assert all(target[tp] == current[tp] for tp in current if tp[0] == "a")
     assert any(target[tp] != current[tp] for tp in current if tp[0] == "b")
+
+
+def test_a_draining_broker_keeps_its_replicas_but_receives_none():
+    doc = {"brokers": [{"id": 1, "rack": None, "state": "active"}, {"id": 2, "rack": "r", "state": "draining"},
+                       {"id": 3, "rack": None, "state": "active"}, {"id": 4, "state": "decommissioned"}]}
+    brokers = brokers_from_metadata(doc)
+    assert [(b.id, b.rack, b.cordoned) for b in brokers] == [(1, None, False), (2, "r", True), (3, None, False)]
+    current = {("t", p): [1, 2] for p in range(4)} | {("u", p): [1] for p in range(4)}
+    target = plan_assignment(current, brokers)
+    assert sum(2 in r for r in target.values()) == 4 and all(target[("u", p)] != [2] for p in range(4))
+    assert spread(replica_counts({tp: [b for b in r if b != 2] for tp, r in target.items()}, [1, 3])) <= 1
 
 
 def test_assignment_from_metadata_reads_the_v1_metadata_shape():
