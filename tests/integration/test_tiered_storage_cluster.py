@@ -75,13 +75,18 @@ def local_log_bytes(cluster: ReplicatedCluster, broker: int, topic: str) -> int:
 
 
 def remote_metadata(store, prefix: str) -> list[dict]:
-    """The remote segments' metadata files under `prefix` (a file deleted between the listing
-    and its read, by retention running meanwhile, is left out)."""
+    """The remote segments under `prefix`, each in the most advanced state its metadata
+    objects show (partitions/log/remote/s3.py: one object per state, never overwritten; an
+    object deleted between the listing and its read, by retention meanwhile, is left out)."""
+    from partitions.log.remote.s3 import parse_metadata_key
     c = store.client()
-    out = []
+    latest: dict[str, tuple[int, str]] = {}
     for k in store.keys(BUCKET, prefix):
-        if "/_metadata/" not in k:
-            continue
+        parsed = parse_metadata_key(k) if "/_metadata/" in k else None
+        if parsed and (parsed[0] not in latest or parsed[1] > latest[parsed[0]][0]):
+            latest[parsed[0]] = (parsed[1], k)
+    out = []
+    for _, k in latest.values():
         try:
             out.append(json.loads(c.get_object(Bucket=BUCKET, Key=k)["Body"].read()))
         except c.exceptions.NoSuchKey:

@@ -38,11 +38,15 @@ def test_kill_9_of_the_leader_mid_copy_new_leader_finishes_without_loss_or_dupli
                 60, "a new leader")
             new_url = cluster.url(new_leader)
 
-            def contiguous(md):   # from offset 0, no gap, nothing twice
-                spans = sorted((m["base_offset"], m["end_offset"]) for m in md)
-                return spans[0][0] == 0 and all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
+            def contiguous(md):
+                """From offset 0, no gap, no copy wholly inside another (a new leader's segment
+                may overlap its predecessor's last copy: its boundaries are its own)."""
+                spans = sorted((m["base_offset"], -m["end_offset"]) for m in md)
+                spans = [(b, -e) for b, e in spans]
+                return (spans[0][0] == 0 and all(b[0] <= a[1] + 1 for a, b in zip(spans, spans[1:]))
+                        and all(b[1] > a[1] and b[0] > a[0] for a, b in zip(spans, spans[1:])))
 
-            def settled():   # one listing can miss an object being rewritten: judge a whole settled view
+            def settled():   # the new leader may still be copying: judge a whole settled view
                 md = remote_metadata(store, prefix)
                 return (md and all(m["state"] == "COPY_SEGMENT_FINISHED" for m in md) and contiguous(md)
                         and local_log_bytes(cluster, new_leader, topic) <= LOCAL_BYTES + SEGMENT_BYTES and md)

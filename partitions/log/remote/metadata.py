@@ -7,9 +7,16 @@ start offset; a COPY_STARTED segment left behind by a leader that died mid-copy 
 orphan: the next leader deletes its objects (and may copy the same offsets again under a
 new segment id).
 
-Invariants of `RemoteLogSegments.readable()`: sorted by base offset, no two segments
-overlap (when two leaders copied the same offsets, the one with the lower
-(base_offset, leader epoch, segment id) wins and the others are `duplicates()` to delete).
+Leaders do not share segment boundaries (a follower rolls its own segments), so a new
+leader may copy a segment that overlaps what its predecessor copied, e.g. [0, 4499] over
+[0, 3999]. Overlap is allowed (the offsets below the high watermark hold the same records on
+every replica); what is never allowed is to treat a copy that holds offsets no other copy
+holds as redundant.
+
+Invariants of `RemoteLogSegments.readable()`: sorted by base offset, base and end offsets
+both strictly increasing (so `find` is a bisection); a finished copy is in `duplicates()`
+(to delete) only when one readable copy holds all of its offsets; two copies of the same
+span keep the one with the lower (leader epoch, segment id).
 """
 from __future__ import annotations
 
@@ -107,13 +114,14 @@ class RemoteLogSegments:
         return sorted(self._by_id.values(), key=lambda s: (s.base_offset, s.segment_id))
 
     def _build(self) -> None:
+        # same base: the longest copy first, so a shorter one of the same start is covered
         done = sorted((s for s in self._by_id.values() if s.state == FINISHED),
-                      key=lambda s: (s.base_offset, s.leader_epoch, s.segment_id))
+                      key=lambda s: (s.base_offset, -s.end_offset, s.leader_epoch, s.segment_id))
         readable: list[RemoteLogSegmentMetadata] = []
         dups: list[RemoteLogSegmentMetadata] = []
         for s in done:
-            if readable and s.base_offset <= readable[-1].end_offset:
-                dups.append(s)  # offsets already covered by an earlier copy
+            if readable and s.end_offset <= readable[-1].end_offset:
+                dups.append(s)  # every offset of it is in the readable copy before it
             else:
                 readable.append(s)
         self._readable, self._duplicates = readable, dups
@@ -125,7 +133,7 @@ class RemoteLogSegments:
         return list(self._readable or [])
 
     def duplicates(self) -> list[RemoteLogSegmentMetadata]:
-        """Finished copies of offsets another finished copy already holds (to delete)."""
+        """Finished copies whose every offset one readable copy holds (to delete)."""
         if self._readable is None:
             self._build()
         return list(self._duplicates)
@@ -143,7 +151,7 @@ class RemoteLogSegments:
         for s in segs[1:]:
             if s.base_offset > end:
                 break
-            end = s.next_offset
+            end = max(end, s.next_offset)
         return end
 
     def log_start_offset(self) -> int | None:
@@ -174,8 +182,10 @@ class RemoteLogSegments:
 def next_segments_to_copy(closed_segments: list[tuple[int, int]], copied_end_offset: int,
                           high_watermark: int) -> list[tuple[int, int]]:
     """Which closed local segments (base offset, next offset) the leader copies next, in
-    order: those not yet remote, wholly below the high watermark (KIP-405: never copy what
-    may be truncated), and contiguous with what is remote."""
+    order: those holding offsets at or past the copied end offset, wholly below the high
+    watermark (KIP-405: never copy what may be truncated). A segment that straddles the copied
+    end (a new leader's boundaries differ from its predecessor's) is copied whole: the
+    overlap is allowed (module docstring)."""
     out = []
     for base, nxt in closed_segments:
         if nxt <= copied_end_offset or nxt > high_watermark:

@@ -13,12 +13,17 @@ Object layout, under `[remote_storage] s3_prefix` (topic id in the path: a topic
 and re-created under the same name never sees the old data):
 
     <topic>-<topic_id>/<partition>/<base:020d>-<segment_id>.{log,index,timeindex,leader-epoch-checkpoint,snapshot}
-    <topic>-<topic_id>/<partition>/_metadata/<segment_id>.json     RemoteLogSegmentMetadata
+    <topic>-<topic_id>/<partition>/_metadata/<segment_id>.<state>.json   RemoteLogSegmentMetadata
 
-The metadata object is written COPY_SEGMENT_STARTED before the data and rewritten
-COPY_SEGMENT_FINISHED after it (and DELETE_SEGMENT_STARTED before deleting), so a listing
-shows every upload a dead leader started (see docs/TIERED_STORAGE.md for why the metadata
-lives next to the data).
+Every state of a segment is its own object, written once and never overwritten:
+`.started.json` (COPY_SEGMENT_STARTED) before the data, `.finished.json` after it,
+`.deleting.json` (DELETE_SEGMENT_STARTED) before the data goes; DELETE_SEGMENT_FINISHED
+removes them all. A segment's state is the most advanced object the listing shows, so a
+listing shows every upload a dead leader started (see docs/TIERED_STORAGE.md for why the
+metadata lives next to the data). Why no overwrite: a SeaweedFS under load answered a GET of
+an overwritten object with its previous content seconds after the overwrite (a FINISHED
+segment read back as COPY_SEGMENT_STARTED, i.e. as an orphan to delete); an object written
+once has no older content to return.
 """
 from __future__ import annotations
 
@@ -37,6 +42,24 @@ from .storage import LogSegmentData, RemoteResourceNotFoundError, RemoteStorageE
 log = logging.getLogger(__name__)
 
 METADATA_DIR = "_metadata"
+# state -> key suffix, in the order a segment moves through them (later wins in a listing)
+_STATE_SUFFIXES = {"COPY_SEGMENT_STARTED": "started", "COPY_SEGMENT_FINISHED": "finished",
+                   "DELETE_SEGMENT_STARTED": "deleting"}
+_SUFFIX_RANK = {suffix: rank for rank, suffix in enumerate(_STATE_SUFFIXES.values())}
+
+
+def parse_metadata_key(key: str) -> tuple[str, int] | None:
+    """`.../_metadata/<segment_id>.<state>.json` -> (segment id, rank of the state); a legacy
+    `<segment_id>.json` (one object rewritten per state) ranks lowest; None for other keys."""
+    name = key.rsplit("/", 1)[-1]
+    if not name.endswith(".json"):
+        return None
+    parts = name[:-5].split(".")
+    if len(parts) == 1:
+        return parts[0], -1
+    if len(parts) == 2 and parts[1] in _SUFFIX_RANK:
+        return parts[0], _SUFFIX_RANK[parts[1]]
+    return None
 
 
 def _missing(exc: ClientError) -> bool:
@@ -79,8 +102,15 @@ class S3RemoteStorage:
     def data_key(self, md: RemoteLogSegmentMetadata, kind: str) -> str:
         return f"{self.partition_prefix(md.topic, md.topic_id, md.partition)}{md.base_offset:020d}-{md.segment_id}.{kind}"
 
-    def metadata_key(self, md: RemoteLogSegmentMetadata) -> str:
-        return f"{self.partition_prefix(md.topic, md.topic_id, md.partition)}{METADATA_DIR}/{md.segment_id}.json"
+    def metadata_key(self, md: RemoteLogSegmentMetadata, state: str | None = None) -> str:
+        """The object of `md` in `state` (default: its own state; see the module docstring)."""
+        suffix = _STATE_SUFFIXES[state or md.state.value]
+        return (f"{self.partition_prefix(md.topic, md.topic_id, md.partition)}{METADATA_DIR}/"
+                f"{md.segment_id}.{suffix}.json")
+
+    def _all_metadata_keys(self, md: RemoteLogSegmentMetadata) -> list[str]:
+        legacy = f"{self.partition_prefix(md.topic, md.topic_id, md.partition)}{METADATA_DIR}/{md.segment_id}.json"
+        return [self.metadata_key(md, state) for state in _STATE_SUFFIXES] + [legacy]
 
     # ------------------------------------------------------------------ plumbing
 
@@ -174,31 +204,52 @@ class S3RemoteStorage:
     def put_segment_metadata(self, md: RemoteLogSegmentMetadata) -> None:
         from .metadata import RemoteLogSegmentState
         if md.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:
-            self._delete_keys([self.metadata_key(md)])
+            keys = self._all_metadata_keys(md)
+            self._delete_keys(keys)
             with self._metadata_lock:
-                self._metadata_cache.pop(self.metadata_key(md), None)
+                for k in keys:
+                    self._metadata_cache.pop(k, None)
         else:
             self._put(self.metadata_key(md), md.to_json())
 
     def list_segments(self, topic: str, topic_id: str, partition: int) -> list[RemoteLogSegmentMetadata]:
+        """Every segment with a metadata object, in the most advanced state listed (a
+        just-written object the store cannot serve yet falls back to the state before it).
+        Objects are written once, so each is read once and cached for good (a legacy
+        rewritten object is cached by ETag)."""
         prefix = f"{self.partition_prefix(topic, topic_id, partition)}{METADATA_DIR}/"
-        out = []
+        by_segment: dict[str, list[tuple[int, dict]]] = {}
         for obj in self._list(prefix):
-            key, etag = obj["Key"], obj.get("ETag")
-            cached = self._metadata_cache.get(key)
-            if cached is not None and etag and cached[0] == etag:
-                out.append(cached[1])   # unchanged since we read it: no GET
-                continue
-            try:
-                md = RemoteLogSegmentMetadata.from_json(self._get(key))
-                out.append(md)
-                with self._metadata_lock:
-                    self._metadata_cache[key] = (etag, md)
-            except RemoteResourceNotFoundError:
-                continue  # deleted between the listing and the read
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring unreadable remote segment metadata %s: %s", obj["Key"], exc)
+            parsed = parse_metadata_key(obj["Key"])
+            if parsed is not None:
+                by_segment.setdefault(parsed[0], []).append((parsed[1], obj))
+        out = []
+        for objs in by_segment.values():
+            for rank, obj in sorted(objs, key=lambda ro: -ro[0]):
+                md = self._read_metadata(obj, rank)
+                if md is not None:
+                    out.append(md)
+                    break
         return out
+
+    def _read_metadata(self, obj: dict, rank: int) -> RemoteLogSegmentMetadata | None:
+        key, etag = obj["Key"], (obj.get("ETag") if rank < 0 else "immutable")
+        cached = self._metadata_cache.get(key)
+        if cached is not None and etag and cached[0] == etag:
+            return cached[1]   # read before (and unchanged): no GET
+        try:
+            md = RemoteLogSegmentMetadata.from_json(self._get(key))
+        except RemoteResourceNotFoundError:
+            return None  # deleted between the listing and the read (or not served yet)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable remote segment metadata %s: %s", key, exc)
+            return None
+        if rank >= 0 and _STATE_SUFFIXES.get(md.state.value) != key[:-5].rsplit(".", 1)[1]:
+            log.warning("ignoring remote segment metadata %s: its content says %s", key, md.state.value)
+            return None
+        with self._metadata_lock:
+            self._metadata_cache[key] = (etag, md)
+        return md
 
 
 __all__ = ["S3RemoteStorage"]

@@ -60,6 +60,27 @@ def test_remote_segments_view_readable_duplicates_and_lookup():
     assert again == md(5, 9, state=STARTED)
 
 
+def test_a_new_leaders_overlapping_copy_never_makes_a_copy_with_unique_offsets_a_duplicate():
+    """Leaders roll segments at their own boundaries: the dead leader copied [0, 3999], the new
+    one holds [0, 4499] and [4500, 8999]. Whatever the order of the copies, every offset stays
+    readable and only copies wholly inside another are deleted."""
+    old = md(0, 3999, epoch=1)
+    segs = RemoteLogSegments([old])
+    todo = next_segments_to_copy([(0, 4500), (4500, 9000)], segs.copied_end_offset(), 10_000)
+    assert todo == [(0, 4500), (4500, 9000)]          # the straddling segment is copied whole
+    segs.put(md(4500, 8999, epoch=2))                   # the later one finished first
+    assert segs.copied_end_offset() == 4000 and segs.duplicates() == []   # a gap: nothing to delete
+    segs.put(md(0, 4499, epoch=2))
+    assert [(s.base_offset, s.end_offset) for s in segs.readable()] == [(0, 4499), (4500, 8999)]
+    assert segs.duplicates() == [old]                   # [0, 3999] is inside [0, 4499]
+    assert segs.copied_end_offset() == 9000 and segs.log_start_offset() == 0
+    # a copy that starts below the previous end but reaches further is readable, not a duplicate
+    segs = RemoteLogSegments([md(0, 3999, epoch=1), md(3000, 6999, epoch=2)])
+    assert segs.duplicates() == [] and segs.copied_end_offset() == 7000
+    assert segs.find(3500).base_offset == 3000 and segs.find(100).base_offset == 0 and segs.find(7000) is None
+    assert next_segments_to_copy([(3000, 7000), (7000, 9000)], segs.copied_end_offset(), 10_000) == [(7000, 9000)]
+
+
 def test_copy_plan_only_closed_segments_below_the_high_watermark_not_yet_remote():
     closed = [(0, 100), (100, 200), (200, 300), (300, 400)]
     assert next_segments_to_copy(closed, -1, 1000) == closed
