@@ -102,6 +102,16 @@ def describe_records(records: Iterable) -> MetadataDelta:
             delta.brokers.add(r.broker_id)
         elif isinstance(r, _TOPICLESS):
             pass
+        elif hasattr(r, "topic"):   # a record type added later: by what it names
+            if hasattr(r, "partition"):
+                parts = delta.partitions.setdefault(r.topic, set())
+                if parts is not None:
+                    parts.add(r.partition)
+            else:
+                delta.partitions[r.topic] = None
+                delta.topics_configs.add(r.topic)
+        elif hasattr(r, "broker_id"):
+            delta.brokers.add(r.broker_id)
         else:
             delta.everything = True
     return delta
@@ -118,7 +128,9 @@ def _topics_named(records: list) -> Optional[set]:
         elif isinstance(r, ConfigRecord):
             if r.resource_type == "topic":
                 names.add(r.resource_name)
-        elif not isinstance(r, _TOPICLESS):
+        elif hasattr(r, "topic"):   # a record type added later: by what it names
+            names.add(r.topic)
+        elif not isinstance(r, _TOPICLESS) and not hasattr(r, "broker_id"):
             return None
     return names
 

@@ -123,6 +123,9 @@ class RequestLimits(_Group):
     long_poll_max_requests: int = 1024        # waiting fetches at once; 429 THROTTLING_QUOTA_EXCEEDED
     request_timeout_ms: int = 30_000          # acks=all wait bound; forwarded requests
     metadata_wait_ms: int = 10_000            # how long admin calls wait for the broker to see their result
+    # /healthz answers 503 once this broker's published metadata has been behind the
+    # controller's applied offset for longer than this (issue 25); 0: never
+    metadata_lag_max_ms: int = 30_000
     # one try of a controller request (connect included); then the other controllers at once.
     # Capped at the broker heartbeat interval the controller announces: a silent controller
     # costs a heartbeat at most one interval, well inside broker_session_timeout_ms
@@ -150,7 +153,8 @@ class RequestLimits(_Group):
                   "kafka_request_max_bytes",
                   "controller_request_timeout_ms", "controller_long_poll_margin_ms")
         _non_negative(self, "controller_retry_backoff_ms", "controller_leader_check_after_ms")
-        _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms", "kafka_connections_max_idle_ms")
+        _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms", "kafka_connections_max_idle_ms",
+                      "metadata_lag_max_ms")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ class MetadataView:
         self._security_listeners: list[Callable[[SecurityImage], None]] = []
         self._lock = asyncio.Lock()
         # a replica manager that can apply just a change (test doubles may not)
-        self._apply_takes_changed = "changed" in inspect.signature(replica_manager.apply_metadata).parameters
+        apply = getattr(replica_manager, "apply_metadata", None)
+        self._apply_takes_changed = apply is not None and "changed" in inspect.signature(apply).parameters
 
     def lag(self) -> tuple[int, int]:
         """(records behind the controller's applied offset, ms this broker has been behind

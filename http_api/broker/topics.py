@@ -2,15 +2,33 @@
 describe with optional auto-create, delete), `POST /v1/topics/{t}/partitions` and
 `/v1/topics/{t}/configs`. Changes go to the controller; the answer waits until this broker's
 metadata shows them.
+
+Creating a topic (issue 25) answers 201 once the topic is ready on its brokers: this
+broker's published metadata has it (whole: every partition with a leader) and every
+broker hosting a replica has published the metadata offset that created it (its `/healthz`
+`published_metadata_offset`, so its logs exist and its leaders serve). When that takes
+longer than `metadata_wait_ms`, the answer is 202 with the topic as the controller created
+it plus `"creating": true`, `"brokers_pending"` and a `Location` to poll: the topic exists
+and is still being created; `GET /v1/topics/{t}` answers 404 on a broker until that broker
+shows it whole, then 200.
 """
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 from aiohttp import web
 
 from http_api.broker.context import Routes, json_response, validate_topic_name
 from partitions import internal_topics
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log.config import validate_topic_configs
+
+
+def _topic_ready(img, name: str) -> bool:
+    """The image has topic `name` with a leader for every partition."""
+    t = img.topics.get(name)
+    return t is not None and bool(t.partitions) and all(p.leader >= 0 for p in t.partitions.values())
 
 
 class TopicRoutes(Routes):
@@ -45,9 +63,70 @@ class TopicRoutes(Routes):
         if not isinstance(configs, dict):
             raise KraftlogError(ErrorCode.INVALID_CONFIG, "configs: must be an object of string to string")
         configs = self._check_configs(configs)
-        await self.deps.controller.create_topic(name, partitions, rf, configs)
-        topic = await self.ctx.await_topic(name)
-        return json_response(topic, status=201)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.metadata_wait_ms / 1000
+        created = await self.deps.controller.create_topic(name, partitions, rf, configs)
+        created_offset = created.get("metadata_offset") if isinstance(created, dict) else None
+        ready = await self.deps.metadata.wait_until(lambda img: _topic_ready(img, name),
+                                                    max(0.0, deadline - loop.time()))
+        pending = await self._brokers_pending(name, created_offset, deadline) if ready else None
+        if ready and not pending:
+            return json_response(self.image.topic_json(name, include_configs=True), status=201)
+        return self._still_creating(name, created, pending)
+
+    async def _brokers_pending(self, name: str, created_offset, deadline: float) -> list:
+        """Brokers hosting a replica of `name` whose published metadata does not reach
+        `created_offset` by `deadline` (asked through their /healthz, every 50-200 ms)."""
+        topic = self.image.topics.get(name)
+        if topic is None or created_offset is None or self.deps.http_session is None:
+            return []
+        loop = asyncio.get_running_loop()
+        ids = sorted({b for reg in topic.partitions.values() for b in reg.replicas} - {self.config.broker_id})
+        pending = list(ids)
+        backoff = 0.05
+        while pending:
+            left = []
+            for b in pending:
+                if not await self._broker_reached(b, created_offset, deadline - loop.time()):
+                    left.append(b)
+            pending = left
+            if not pending or loop.time() + backoff >= deadline:
+                break
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 0.2)
+        return pending
+
+    async def _broker_reached(self, broker_id: int, offset: int, timeout_s: float) -> bool:
+        broker = self.image.brokers.get(broker_id)
+        if broker is None or not broker.url or timeout_s <= 0:
+            return False
+        try:
+            async with self.deps.http_session.get(
+                    f"{broker.url.rstrip('/')}/healthz",
+                    timeout=aiohttp.ClientTimeout(total=max(0.05, min(timeout_s, 2.0)))) as resp:
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return False
+        published = body.get("published_metadata_offset") if isinstance(body, dict) else None
+        return isinstance(published, int) and published >= offset
+
+    def _still_creating(self, name: str, created: dict, pending) -> web.Response:
+        """202: the topic exists (as the controller created it) and is still being created
+        on its brokers; poll `Location` until it answers 200 (never a bare timeout)."""
+        doc = {k: v for k, v in (created or {}).items() if k != "metadata_offset"}
+        doc.setdefault("name", name)
+        doc["creating"] = True
+        if pending is None:   # this broker has not published it yet
+            doc["brokers_pending"] = [self.config.broker_id]
+        else:
+            doc["brokers_pending"] = pending
+        doc["message"] = (f"topic {name!r} was created and is still being set up on brokers "
+                          f"{doc['brokers_pending']} after {self.config.metadata_wait_ms} ms; poll GET "
+                          f"/v1/topics/{name} on the broker you use until it answers 200")
+        resp = json_response(doc, status=202)
+        resp.headers["Location"] = f"/v1/topics/{name}"
+        resp.headers["Retry-After"] = "1"
+        return resp
 
     @staticmethod
     def _check_configs(configs: dict) -> dict:

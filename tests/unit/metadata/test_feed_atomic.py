@@ -178,3 +178,24 @@ def test_the_lag_counts_from_what_readers_see_and_for_how_long():
     assert feed.lag() == (31, 3500)           # received, not published yet
     feed.observe(change.image.offset)
     assert feed.lag() == (0, 0)
+
+
+def test_record_types_added_later_are_itemized_by_what_they_name():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Moved:          # a future record naming a partition
+        topic: str
+        partition: int
+
+    @dataclass(frozen=True)
+    class Cordoned:       # a future record naming a broker
+        broker_id: int
+
+    @dataclass(frozen=True)
+    class Opaque:
+        what: str
+
+    d = describe_records([Moved("t", 4), Cordoned(3)])
+    assert d.partitions == {"t": {4}} and d.brokers == {3} and not d.everything
+    assert describe_records([Opaque("?")]).everything
