@@ -211,46 +211,10 @@ def first_unprinted_offsets(records) -> dict:
 
 
 async def _consume(args: argparse.Namespace) -> int:
-    from http_api.client import Consumer
+    """Records over the brokers' SSE streams (deploy/consume_cli.py)."""
+    from deploy.consume_cli import consume
 
-    out = sys.stdout.buffer
-    count = 0
-    reset = "earliest" if args.from_beginning else "latest"
-    async with Consumer(args.bootstrap, group_id=args.group, auto_offset_reset=reset,
-                        max_wait_ms=args.max_wait_ms, isolation_level=args.isolation_level) as consumer:
-        await consumer.subscribe([args.topic])
-        if args.from_beginning and not args.group:
-            for tp in consumer.assignment():
-                await consumer.seek_to_beginning(tp)
-        last_commit = time.monotonic()
-        try:
-            while args.max_records is None or count < args.max_records:
-                records = await consumer.poll(args.max_wait_ms)
-                for i, r in enumerate(records):
-                    if args.max_records is not None and count >= args.max_records:
-                        # don't commit past what we printed: every partition of the unprinted
-                        # rest of this poll goes back to its first unprinted record
-                        for tp, offset in first_unprinted_offsets(records[i:]).items():
-                            consumer.seek(tp, offset)
-                        break
-                    if args.output == "json":
-                        out.write(json.dumps(_record_json(r)).encode() + b"\n")
-                    else:
-                        if args.print_key:
-                            out.write((r.key or b"") + args.key_separator.encode())
-                        out.write((r.value or b"") + b"\n")
-                    count += 1
-                out.flush()
-                if args.group and time.monotonic() - last_commit > 1.0:
-                    await consumer.commit()
-                    last_commit = time.monotonic()
-        finally:
-            if args.group:
-                try:
-                    await consumer.commit()
-                except Exception as e:  # noqa: BLE001
-                    _err(f"committing offsets for group {args.group} failed: {e}; they will be re-read")
-    return 0
+    return await consume(args, _record_json)
 
 
 def _record_json(r) -> dict:

@@ -34,6 +34,7 @@ from http_api.broker.streaming import install_streaming
 from http_api.broker.tiering import install_tiered_storage
 from http_api.broker.topics import TopicRoutes
 from http_api.broker.transactions import install_transaction_routes
+from http_api.rest_proxy import install_rest_proxy
 from http_api.wire.auth import AuthMiddleware, Authenticator, register_auth_metrics
 from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
 from partitions.errors import ErrorCode, KraftlogError
@@ -106,6 +107,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_get("/v1/topics/{topic}/partitions/{partition}/offsets", fetch.offsets)
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", fetch.delete_records)
     install_streaming(app, ctx)                          # SSE: .../records/stream (streaming.py)
+    install_rest_proxy(app, ctx)                         # Confluent REST Proxy v2: /topics, /consumers (rest_proxy/)
     install_group_routes(app, ctx, deps.clock)           # consumer groups: /v1/groups...
     install_transaction_routes(app, ctx, deps.clock)     # transactions: /v1/transactions/{txid}/...
     r.add_post("/v1/producer-ids", produce.init_producer_id)
