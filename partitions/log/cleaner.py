@@ -312,8 +312,13 @@ class CleanerWorker:
                         last_dropped = header
             group_end = refs[-1].next_offset
             if cleaned.next_offset < group_end:
-                # keep the group's offset span: an empty batch up to its last offset
-                base = max(cleaned.next_offset, refs[0].base_offset)
+                # keep the group's offset span: an empty batch up to its last offset. It
+                # covers the last dropped batch only, never several: a follower's log ends
+                # on one of the leader's batch boundaries, and a batch spanning that
+                # boundary could never be appended there (issue 24); the offsets before
+                # it are a gap, as anywhere in a cleaned log
+                base = max(cleaned.next_offset, refs[0].base_offset,
+                           last_dropped.base_offset if last_dropped is not None else -1)
                 ref_h = last_dropped
                 empty = build_empty_batch(
                     base_offset=base,
