@@ -25,7 +25,9 @@ DERIVED_BROKER_SETTINGS = {
 # ControllerSettings a node config sets (each reaches the controller process as a flag);
 # min_insync_replicas is the broker's, copied
 CONTROLLER_SETTINGS = ("broker_session_timeout_ms", "broker_heartbeat_interval_ms",
-                       "leader_imbalance_check_interval_ms")
+                       "leader_imbalance_check_interval_ms",
+                       # fencing from fetch silence (issue 24, docs/AVAILABILITY.md part B)
+                       "broker_silence_fence_ms", "broker_silence_report_max_age_ms")
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,9 @@ def controller_command(cfg: NodeConfig) -> list[str]:
             "--min-insync-replicas", str(c.min_insync_replicas),
             "--broker-session-timeout-ms", str(c.broker_session_timeout_ms),
             "--broker-heartbeat-interval-ms", str(c.broker_heartbeat_interval_ms),
-            "--leader-imbalance-check-interval-ms", str(c.leader_imbalance_check_interval_ms)] + \
+            "--leader-imbalance-check-interval-ms", str(c.leader_imbalance_check_interval_ms),
+            "--broker-silence-fence-ms", str(c.broker_silence_fence_ms),
+            "--broker-silence-report-max-age-ms", str(c.broker_silence_report_max_age_ms)] + \
         (["--raft-bind-host", cfg.raft_bind_host] if cfg.raft_bind_host else []) + \
         security_args(cfg) + http_limits_args(cfg)
 

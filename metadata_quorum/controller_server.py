@@ -963,6 +963,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
     p.add_argument("--broker-heartbeat-interval-ms", type=int, default=2000)
     p.add_argument("--leader-imbalance-check-interval-ms", type=int, default=30_000)
+    p.add_argument("--broker-silence-fence-ms", type=int, default=ControllerSettings.broker_silence_fence_ms,
+                   help="fence a broker reported silent after this long without its heartbeat; 0 = off")
+    p.add_argument("--broker-silence-report-max-age-ms", type=int,
+                   default=ControllerSettings.broker_silence_report_max_age_ms)
     p.add_argument("--min-insync-replicas", type=int, default=1,
                    help="default min.insync.replicas of topics; give the brokers' min_insync_replicas")
     p.add_argument("--raft-log-compaction-min-entries", type=int, default=5000,
@@ -1023,6 +1027,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             broker_session_timeout_ms=args.broker_session_timeout_ms,
             broker_heartbeat_interval_ms=args.broker_heartbeat_interval_ms,
             leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+            broker_silence_fence_ms=args.broker_silence_fence_ms,
+            broker_silence_report_max_age_ms=args.broker_silence_report_max_age_ms,
             min_insync_replicas=args.min_insync_replicas,
         ),
         raft_fsync_journal=not args.no_raft_fsync,
