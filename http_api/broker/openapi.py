@@ -1,6 +1,8 @@
 """OpenAPI 3 description of the broker HTTP API v1 (served at GET /openapi.json)."""
 from __future__ import annotations
 
+from http_api.broker.reassignments import OPENAPI_PATHS as REASSIGNMENT_PATHS
+
 
 def _err(desc: str) -> dict:
     return {"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -358,6 +360,7 @@ def openapi_document(server_url: str) -> dict:
                                                                         "partition, dirty_ratio}]")}}},
             **_SECURITY_ADMIN_PATHS,
             **_TRANSACTION_PATHS,
+            **REASSIGNMENT_PATHS,   # http_api/broker/reassignments.py
             "/healthz": {"get": {"summary": "Liveness (open even with security on)",
                                  "responses": {"200": _obj("{status: ok, ...}"),
                                                "503": _obj("{status: starting, ...}: not ready yet")}}},
@@ -371,7 +374,9 @@ def openapi_document(server_url: str) -> dict:
                 "partition": {"type": "integer"}, "leader": {"type": "integer"},
                 "leader_epoch": {"type": "integer"},
                 "replicas": {"type": "array", "items": {"type": "integer"}},
-                "isr": {"type": "array", "items": {"type": "integer"}}}},
+                "isr": {"type": "array", "items": {"type": "integer"}},
+                "adding_replicas": {"type": "array", "items": {"type": "integer"}},
+                "removing_replicas": {"type": "array", "items": {"type": "integer"}}}},
             "Topic": {"type": "object", "properties": {
                 "name": {"type": "string"},
                 "partitions": {"type": "array", "items": {"$ref": "#/components/schemas/Partition"}},

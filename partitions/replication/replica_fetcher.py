@@ -193,7 +193,17 @@ class _LeaderFetcher:
         now = self.mgr.now_ms()
         reqs = []
         sent: dict[tuple[str, int], tuple[int, int]] = {}
+        throttle = getattr(rm, "throttle", None)   # reassignment copies: the follower side of the throttle
+        if throttle is not None:
+            throttle.update(getattr(rm, "_image", None), now)
+        throttled: set = set()
         for s in self.state.ready(FETCHING, now):
+            if throttle is not None and throttle.follower_throttled(s.topic, s.partition):
+                wait_ms = throttle.follower.wait_ms(now)
+                if wait_ms > 0:   # the bucket is empty: leave this copy out until it refills
+                    self.state.back_off(s.topic, s.partition, now, min(wait_ms, self.mgr.fetch_wait_max_ms))
+                    continue
+                throttled.add((s.topic, s.partition))
             try:
                 part, lg = rm.follower_partition(s.topic, s.partition, s.leader_epoch)
             except KraftlogError:
@@ -240,6 +250,8 @@ class _LeaderFetcher:
                     continue
                 rm.follower_append(res.topic, res.partition, epoch, res.records, res.high_watermark,
                                    res.log_start_offset)
+                if key in throttled:
+                    throttle.follower_received(len(res.records), self.mgr.now_ms())
                 if res.records:
                     await rm.follower_flush_if_needed(res.topic, res.partition)
             except KraftlogError:

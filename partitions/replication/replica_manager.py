@@ -38,6 +38,7 @@ from partitions.log.config import LogConfig
 from partitions.log.protocols import LogDirectory, PartitionLog
 from partitions.log.protocols import TopicPartition
 from partitions.replication.partition import Partition
+from partitions.replication.replication_throttle import ReplicationThrottle
 from partitions.replication.replica_state import (Effects, FetchResult, ReplicaFetchRequest, ReplicaState,
                                                   leader_and_isr)
 
@@ -102,6 +103,9 @@ class ReplicaManager:
         self._executor = executor
         self._clock_ms = clock.now_ms
         self.core = ReplicaState(broker_id, min_isr_for=self.min_isr_for)
+        # reassignment copies (adding replicas outside the ISR) limited to the throttle in metadata
+        self.throttle = ReplicationThrottle(broker_id)
+        self._monotonic_ms = clock.monotonic_ms
         # the core's maps (read-only here): (topic, partition) -> Partition / its log
         self.partitions: dict[TopicPartition, Partition] = self.core.partitions
         self.logs: dict[TopicPartition, PartitionLog] = self.core.logs
@@ -543,13 +547,19 @@ class ReplicaManager:
             out: list[FetchResult | KraftlogError] = []
             budget = max_bytes
             news = False
+            now = self._monotonic_ms()
+            self.throttle.update(self._image, now)
             for req in requests:
                 try:
+                    limit = self.throttle.leader_limit(req.topic, req.partition, replica_id, now)
                     res = self._replica_read(req.topic, req.partition, replica_id=replica_id,
                                              offset=req.fetch_offset, leader_epoch=req.leader_epoch,
-                                             max_bytes=min(partition_max_bytes, budget),
+                                             max_bytes=min(partition_max_bytes, budget,
+                                                           budget if limit is None else limit),
                                              record=record, broker_epoch=broker_epoch)
                     budget -= len(res.records)
+                    if limit is not None:
+                        self.throttle.leader_sent(len(res.records), now)
                     # only data answers early (Kafka's replica.fetch.min.bytes=1): answering a HW
                     # move alone would cost every follower a round trip per commit; the follower
                     # learns the HW with the next data or when max_wait_ms ends
