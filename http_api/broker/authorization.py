@@ -244,13 +244,6 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/consumers/{group}/instances/{instance}/records"): Rule((Need(Op.READ, RT.GROUP, G),)),
     ("POST", "/consumers/{group}/instances/{instance}/offsets"): Rule((Need(Op.READ, RT.GROUP, G),)),
     ("GET", "/consumers/{group}/instances/{instance}/offsets"): Rule((Need(Op.DESCRIBE, RT.GROUP, G),)),
-    # partition reassignment and decommission (Kafka's AlterPartitionReassignments: ALTER cluster)
-    ("POST", "/v1/reassignments"): Rule((Need(Op.ALTER, RT.CLUSTER),)),
-    ("GET", "/v1/reassignments"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
-    ("DELETE", "/v1/reassignments"): Rule((Need(Op.ALTER, RT.CLUSTER),)),
-    ("GET", "/v1/brokers"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
-    ("POST", "/v1/brokers/{broker_id}/decommission"): Rule((Need(Op.ALTER, RT.CLUSTER),)),
-    ("POST", "/v1/brokers/{broker_id}/recommission"): Rule((Need(Op.ALTER, RT.CLUSTER),)),
     ("POST", "/admin/v1/log-cleaner/run"): Rule((Need(Op.ALTER, RT.CLUSTER),)),
     ("GET", "/admin/v1/log-cleaner"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
     ("GET", "/metrics"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
