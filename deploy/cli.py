@@ -366,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_cleaner_parser(sub, client, _run_client)
     from deploy.security_cli import add_security_parsers  # kraftlog user|acl|token ...
     add_security_parsers(sub, client, _run_client, _client_parent(password_file=False))
+    from deploy.reassign_cli import add_reassign_parsers  # kraftlog reassign ...|broker decommission ...
+    add_reassign_parsers(sub, client, _run_client)
 
     cl = sub.add_parser("cluster", help="local multi-node cluster: up, down, status")
     clsub = cl.add_subparsers(dest="cluster_cmd", metavar="ACTION")
