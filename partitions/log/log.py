@@ -265,7 +265,8 @@ class Log:
         self._high_watermark = min(max(high_watermark, self._log_start_offset), leo)
         cache.truncate_from_end(leo, persist=False)
         cache.truncate_from_start(self._log_start_offset, persist=False)
-        cache.persist()
+        if cache.entries or (self._dir / LEADER_EPOCH_CHECKPOINT).exists():
+            cache.persist()   # a new log's empty cache needs no file (missing = empty): 2 fsyncs saved
         self._rebuild_producer_state(clean_open=clean)
         self._check_offsets()
 

@@ -1,0 +1,173 @@
+"""Partitions at scale (issue 25): `python -m bench.partitions_scale_bench [--partitions 10000]
+[--topics 3] [--rf 3]`.
+
+A real cluster of 3 controllers (a Raft quorum) and 3 brokers, as `cluster up --nodes 3`
+runs them, on free ports. Prints:
+- per topic of `--partitions` partitions at `--rf`: time until `POST /v1/topics` answers
+  (201, or 202 "creating") and until EVERY partition is writable (one produce request with
+  one record per partition, acks=1, answered 200), for `--topics` topics in turn;
+- broker and controller RSS per partition (process RSS growth over the empty cluster,
+  divided by the partition replicas a broker hosts / the partitions the controller holds);
+- kill -9 of broker 1 (leading about a third of all partitions): time until every
+  partition it led is writable again (produce to each, retried until it answers 200),
+  as a distribution over those partitions.
+Figures are printed, not asserted (2 shared cores: expect noise).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+
+import aiohttp
+
+from tests.rigs.cluster import ReplicatedCluster, http
+
+
+def row(name: str, value: str) -> None:
+    print(f"| {name:<62} | {value:>30} |", flush=True)
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def writable(url: str, topic: str, partitions: list, deadline_s: float) -> float:
+    """Seconds until one produce with a record for each of `partitions` answers 200."""
+    t0 = time.monotonic()
+    body = {"records": [{"value": "w", "partition": p} for p in partitions]}
+    while True:
+        status, doc = http("POST", f"{url}/v1/topics/{topic}/records?acks=1", body, timeout=120)
+        if status == 200:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > deadline_s:
+            raise RuntimeError(f"{topic} not writable after {deadline_s} s: {status} {str(doc)[:300]}")
+        time.sleep(0.1)
+
+
+async def per_partition_writable(url: str, topic: str, partitions: list, since: float,
+                                 deadline_s: float) -> dict:
+    """partition -> seconds from `since` until a produce to it (through `url`) answered 200."""
+    done: dict = {}
+    todo = list(partitions)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        sem = asyncio.Semaphore(32)
+
+        async def one(p: int) -> None:
+            async with sem:
+                try:
+                    async with s.post(f"{url}/v1/topics/{topic}/partitions/{p}/records?acks=1",
+                                      json={"records": [{"value": "k"}]}) as r:
+                        if r.status == 200:
+                            done[p] = time.monotonic() - since
+                        elif r.status == 421:   # not the leader here: through the topic route
+                            async with s.post(f"{url}/v1/topics/{topic}/records?acks=1",
+                                              json={"records": [{"value": "k", "partition": p}]}) as r2:
+                                if r2.status == 200:
+                                    done[p] = time.monotonic() - since
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+        while todo and time.monotonic() - since < deadline_s:
+            await asyncio.gather(*(one(p) for p in todo))
+            todo = [p for p in todo if p not in done]
+            if todo:
+                await asyncio.sleep(0.05)
+    return done
+
+
+def leaders(url: str) -> dict:
+    status, doc = http("GET", url + "/v1/metadata", timeout=120)
+    assert status == 200, doc
+    out: dict = {}
+    for t in doc["topics"]:
+        for p in t["partitions"]:
+            out[(t["name"], p["partition"])] = p["leader"]
+    return out
+
+
+def pct(values: list, q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def run(partitions: int, topics: int, rf: int, base_dir: str) -> None:
+    print(f"cluster: 3 controllers + 3 brokers; {topics} topic(s) x {partitions} partitions, RF={rf}")
+    with ReplicatedCluster(base_dir, brokers=3, controllers=3,
+                           broker_config={"metadata_wait_ms": 60_000}) as c:
+        url = c.url(1)
+        active = c.controllers.wait_active(60)
+        ctl_pid = c.controllers.procs[active].pid
+        time.sleep(1.0)
+        base_broker = {b: rss_mb(c.procs[b].pid) for b in c.procs}
+        base_ctl = rss_mb(ctl_pid)
+        print("| figure" + " " * 57 + "| value" + " " * 26 + "|")
+        for i in range(topics):
+            name = f"scale{i}"
+            t0 = time.monotonic()
+            status, doc = http("POST", url + "/v1/topics",
+                               {"name": name, "partitions": partitions, "replication_factor": rf}, timeout=300)
+            answered = time.monotonic() - t0
+            if status not in (201, 202):
+                raise RuntimeError(f"create {name}: {status} {str(doc)[:300]}")
+            w = writable(url, name, list(range(partitions)), 300)
+            row(f"{name}: create answered ({status})", f"{answered:.2f} s")
+            row(f"{name}: every partition writable (from the create call)", f"{answered + w:.2f} s")
+            row(f"{name}: broker work per partition replica", f"{(answered + w) * 1000 / (partitions * rf / 3):.3f} ms")
+        total = partitions * topics
+        time.sleep(2.0)
+        for b in sorted(c.procs):
+            grown = rss_mb(c.procs[b].pid) - base_broker[b]
+            hosted = total * rf / 3
+            row(f"broker {b} RSS growth / replica hosted ({hosted:.0f})", f"{grown * 1024 / hosted:.2f} KiB")
+        grown = rss_mb(ctl_pid) - base_ctl
+        row(f"active controller RSS growth / partition ({total})", f"{grown * 1024 / total:.2f} KiB")
+        for b in sorted(c.procs):
+            status, h = http("GET", c.url(b) + "/healthz")
+            row(f"broker {b} /healthz metadata_lag_records / _ms", f"{h.get('metadata_lag_records')} / "
+                f"{h.get('metadata_lag_ms')}")
+
+        # kill -9 of broker 1
+        before = leaders(c.url(2))
+        led = sorted(k for k, v in before.items() if v == 1)
+        row("partitions led by broker 1 before kill -9", f"{len(led)} of {len(before)}")
+        killed_at = time.monotonic()
+        c.kill(1)
+        by_topic: dict = {}
+        for t, p in led:
+            by_topic.setdefault(t, []).append(p)
+        times: list = []
+        for t, ps in by_topic.items():
+            done = asyncio.run(per_partition_writable(c.url(2), t, ps, killed_at, 300))
+            times.extend(done.values())
+            missing = len(ps) - len(done)
+            if missing:
+                row(f"{t}: partitions NOT writable again within 300 s", str(missing))
+        if times:
+            row("kill -9: partitions writable again (count)", str(len(times)))
+            row("kill -9: time to writable p50 / p90", f"{pct(times, .5):.2f} / {pct(times, .9):.2f} s")
+            row("kill -9: time to writable p99 / max", f"{pct(times, .99):.2f} / {max(times):.2f} s")
+            moved = time.monotonic()
+            after = leaders(c.url(2))
+            row("leaders still on broker 1 after the run", str(sum(1 for v in after.values() if v == 1)))
+            del moved
+
+
+def main(argv: list | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--partitions", type=int, default=10_000, help="partitions per topic")
+    ap.add_argument("--topics", type=int, default=1, help="topics created in turn")
+    ap.add_argument("--rf", type=int, default=3)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kraftlog-scale-") as d:
+        run(args.partitions, args.topics, args.rf, d)
+
+
+if __name__ == "__main__":
+    main()
