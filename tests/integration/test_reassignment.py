@@ -1,0 +1,139 @@
+"""Partition reassignment (KIP-455) and broker decommission with real processes, an
+idempotent acks=all producer writing throughout, checked for zero loss and no duplicates:
+
+- a move off the leader's broker under a replication throttle completes although the active
+  controller is killed -9 in the middle; leadership moves to the first target replica and
+  the removed broker deletes its copy;
+- the destination broker is killed -9 mid-move: cancel restores the old replica set, and the
+  destination deletes its partial copy when it comes back;
+- decommissioning a broker that leads partitions moves every replica away and unregisters it.
+"""
+import os
+import time
+
+import pytest
+from replication_helpers import BackgroundProducer, assert_acked_exactly_once_in_order
+
+from tests.rigs.cluster import ReplicatedCluster, http
+
+pytestmark = pytest.mark.integration
+
+PRELOAD_BYTES = 4 * 1024 * 1024    # copied under the throttle: the move lasts seconds
+VALUE_BYTES = 20_000
+
+
+def preload(c: ReplicatedCluster, topic: str, partition: int = 0) -> None:
+    """PRELOAD_BYTES of records on the partition (before the producer starts)."""
+    per_request = 40
+    for i in range(PRELOAD_BYTES // (per_request * VALUE_BYTES)):
+        leader = c.partition(topic, partition)["leader"]
+        status, doc = http("POST", f"{c.url(leader)}/v1/topics/{topic}/partitions/{partition}/records",
+                           {"records": [{"value": f"{i}-{j}-" + "x" * VALUE_BYTES} for j in range(per_request)]})
+        assert status == 200, doc
+
+
+def moving(c: ReplicatedCluster, broker: int = 1) -> list:
+    status, doc = http("GET", c.url(broker) + "/v1/reassignments")
+    assert status == 200, doc
+    return doc["reassignments"]
+
+
+def has_log(c: ReplicatedCluster, broker: int, topic: str, partition: int) -> bool:
+    logs = os.path.join(c.base_dir, f"broker-{broker}", "logs")
+    return any(n == f"{topic}-{partition}" or n.startswith(f"{topic}-{partition}.") for n in os.listdir(logs))
+
+
+def check_no_loss(c: ReplicatedCluster, prod: BackgroundProducer, topic: str) -> None:
+    for p, acked in prod.acked.items():
+        assert acked, f"no write to {topic}-{p} was acknowledged (errors {prod.errors[:3]})"
+        assert_acked_exactly_once_in_order(acked, c.read_all(topic, p, timeout=60))
+
+
+def test_move_completes_across_a_controller_kill_and_the_leader_moves(tmp_path):
+    with ReplicatedCluster(str(tmp_path), brokers=3, controllers=3) as c:
+        c.create_topic("mv", partitions=1, replication_factor=2)
+        preload(c, "mv")
+        prod = BackgroundProducer(c.urls, "mv", [0]).start()
+        prod.wait_acked(30, 30)
+        before = c.partition("mv")
+        old_leader = before["leader"]
+        spare = next(b for b in (1, 2, 3) if b not in before["replicas"])
+        kept = next(r for r in before["replicas"] if r != old_leader)
+        target = [kept, spare]
+        status, doc = http("POST", c.url(spare) + "/v1/reassignments", {
+            "version": 1, "partitions": [{"topic": "mv", "partition": 0, "replicas": target}],
+            "throttle": 1024 * 1024})
+        assert status == 202, doc
+        assert doc["reassignments"][0]["adding_replicas"] == [spare]
+        assert doc["reassignments"][0]["removing_replicas"] == [old_leader]
+        # mid-move: the leader reports bytes still to copy
+        c.wait_for(lambda: any((m["bytes_remaining"] or 0) > 0 for m in moving(c, kept)), 20, "bytes remaining")
+        active = c.controllers.active()
+        c.controllers.kill(active)
+        assert moving(c, kept), "the move ended before the controller was killed; raise PRELOAD_BYTES"
+        c.controllers.wait_active(30, exclude=(active,))
+        done = c.wait_for(lambda: (lambda p: p if not p["adding_replicas"] and not p["removing_replicas"]
+                                   else None)(c.partition("mv")), 60, "the move to complete")
+        assert done["replicas"] == target and sorted(done["isr"]) == sorted(target)
+        assert done["leader"] == kept and done["leader_epoch"] > before["leader_epoch"]
+        assert moving(c, kept) == []
+        c.wait_for(lambda: not has_log(c, old_leader, "mv", 0), 30, f"broker {old_leader} to delete mv-0")
+        prod.wait_acked(prod.count() + 30, 30)
+        prod.stop()
+        check_no_loss(c, prod, "mv")
+
+
+def test_cancel_after_the_destination_died_and_decommission_of_a_leader(tmp_path):
+    with ReplicatedCluster(str(tmp_path), brokers=3) as c:
+        c.create_topic("cx", partitions=1, replication_factor=2)
+        c.create_topic("dc", partitions=3, replication_factor=2)
+        preload(c, "cx")
+        prod = BackgroundProducer(c.urls, "dc", [0, 1, 2]).start()
+        cx_prod = BackgroundProducer(c.urls, "cx", [0]).start()
+        prod.wait_acked(30, 30)
+        before = c.partition("cx")
+        dest = next(b for b in (1, 2, 3) if b not in before["replicas"])
+        target = [before["leader"], dest]
+        status, doc = http("POST", c.url(before["leader"]) + "/v1/reassignments", {
+            "version": 1, "partitions": [{"topic": "cx", "partition": 0, "replicas": target}],
+            "throttle": 256 * 1024})
+        assert status == 202, doc
+        c.wait_for(lambda: has_log(c, dest, "cx", 0), 20, f"broker {dest} to start copying cx-0")
+        c.kill(dest)
+        status, doc = http("DELETE", c.url(before["leader"]) + "/v1/reassignments")
+        assert status == 200, doc
+        assert doc["cancelled"] == [{"topic": "cx", "partition": 0}] and doc["reassignments"] == []
+        after = c.partition("cx")
+        assert sorted(after["replicas"]) == sorted(before["replicas"]) and not after["adding_replicas"]
+        assert sorted(after["isr"]) == sorted(before["replicas"]) and after["leader"] == before["leader"]
+        c.start_broker(dest)
+        c.wait_for(lambda: not has_log(c, dest, "cx", 0), 30, f"broker {dest} to delete its partial cx-0")
+        # decommission a broker that leads partitions of dc
+        victim = c.partition("dc", 0)["leader"]
+        status, doc = http("POST", c.url(victim) + f"/v1/brokers/{victim}/decommission")
+        assert status == 200 and doc["state"] == "draining", doc
+        status, doc = http("POST", c.url(victim) + "/v1/topics", {"name": "fresh", "partitions": 4,
+                                                                 "replication_factor": 2})
+        assert status in (201, 202), doc
+        assert all(victim not in p["replicas"] for p in doc["partitions"]), "a cordoned broker got a replica"
+
+        def state_of(b):
+            status, doc = http("GET", c.url(1 if victim != 1 else 2) + "/v1/brokers")
+            return next(x["state"] for x in doc["brokers"] if x["id"] == b)
+        c.wait_for(lambda: state_of(victim) == "decommissioned", 60, f"broker {victim} decommissioned")
+        md = c.controller_metadata()
+        assert all(victim not in p["replicas"] for t in md["topics"] for p in t["partitions"])
+        assert victim not in [b["id"] for b in md["brokers"]]
+        for p in range(3):
+            assert len(c.partition("dc", p)["replicas"]) == 2
+        c.wait_for(lambda: not any(has_log(c, victim, "dc", p) for p in range(3)), 30, "the victim's logs deleted")
+        # refused with a clear error: the 2 brokers left cannot lose one at replication factor 2
+        last = next(b for b in (1, 2, 3) if b != victim)
+        status, doc = http("POST", c.url(last) + f"/v1/brokers/{last}/decommission")
+        assert status == 400 and doc["error_code"] == "POLICY_VIOLATION" and "replication factor 2" in doc["message"]
+        c.kill(victim)   # decommissioned: its process may go
+        prod.wait_acked(prod.count() + 30, 30)
+        prod.stop()
+        cx_prod.stop()
+        check_no_loss(c, prod, "dc")
+        check_no_loss(c, cx_prod, "cx")
