@@ -202,7 +202,10 @@ class ReplicaManager:
             self._topic_ids[name] = topic.topic_id
             if name in config_topics or name not in self._topic_configs:
                 configs = dict(topic.configs)
-                if name in self._topic_configs and self._topic_configs[name] != configs:
+                # first sight too: logs opened at startup (LogManager.open_all) have the
+                # default config until their topic's configs arrive (a compacted replica
+                # stayed `delete` after a restart: issue 24)
+                if self._topic_configs.get(name) != configs:
                     try:
                         self.log_manager.update_config(name, self._log_config(configs))
                     except (ValueError, KeyError):
