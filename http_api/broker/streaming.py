@@ -57,11 +57,13 @@ THROTTLED_BACKOFF_MS = 50              # too many long polls waiting: retry the 
 HEARTBEAT = b": heartbeat\n\n"
 
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def sse_event(event_id: str, data: Any, event: str | None = None) -> bytes:
-    """One SSE event; `data` is JSON on one line (json.dumps escapes newlines)."""
+    """One SSE event; `data` is JSON on one line (JSON escapes newlines)."""
     head = f"event: {event}\n" if event else ""
-    return (f"{head}id: {event_id}\ndata: ".encode()
-            + json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n")
+    return f"{head}id: {event_id}\ndata: {_encode(data)}\n\n".encode()
 
 
 def error_event(err: KraftlogError) -> bytes:
