@@ -486,8 +486,9 @@ class Log:
                 duplicate = producer_state.check(batches, entries)
                 if duplicate is not None:
                     return duplicate
-            if leader_epoch != latest_epoch:
-                self.leader_epoch_cache.assign(leader_epoch, first_offset)
+            if leader_epoch != latest_epoch and self.leader_epoch_cache.assign(leader_epoch, first_offset,
+                                                                                persist=False):
+                self.leader_epoch_cache.persist(sync=False)   # fsync'd by the next flush
             nbytes = len(records) if vectored else len(data)
             self._append(data, entries, max_ts, num_records, now, nbytes)
             if producer_state is not None:
@@ -537,7 +538,7 @@ class Log:
                 if epoch >= 0 and epoch != cache.latest_epoch:
                     changed |= cache.assign(epoch, h[H_BASE_OFFSET], persist=False)
             if changed:
-                cache.persist()
+                cache.persist(sync=False)   # fsync'd by the next flush
             if gaps:
                 self.mark_offset_gaps()
             now = self._time_ms()
@@ -932,6 +933,16 @@ class Log:
                 flushed_messages = self._unflushed_messages if target == leo else 0
             for seg in segments:
                 seg.flush()
+            with self._lock:   # the epochs of the flushed batches are durable before the recovery point moves
+                cache = self.leader_epoch_cache
+                epoch_lines = cache.lines() if cache.unsynced else None
+                cache.unsynced = False
+            if epoch_lines is not None:
+                try:
+                    cache.write_synced(epoch_lines)
+                except OSError:
+                    cache.unsynced = True   # the next flush tries again
+                    raise
             with self._lock:
                 if target > self._recovery_point:
                     self._recovery_point = target
