@@ -277,6 +277,9 @@ class ControllerClient:
                     forced = url
                     continue
                 asked.add(url)
+                if hint and hint not in self.controller_urls and hint.startswith(("http://", "https://")):
+                    self.controller_urls.append(hint)   # a controller added at run time (kraftlog quorum)
+                    log.info("learned controller %s from %s", hint, url)
                 if hint and hint in self.controller_urls and hint not in asked \
                         and not self._is_suspect(hint, time.monotonic()):
                     forced = hint

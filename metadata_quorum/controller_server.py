@@ -47,6 +47,7 @@ from metadata_quorum.security.config import SecurityConfig
 from metadata_quorum.records import (BrokerRegistrationChangeRecord, FenceBrokerRecord, LeaderChangeRecord,
                                      PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
                                      record_to_dict)
+from metadata_quorum.quorum_routes import QuorumRoutes
 from metadata_quorum.state_machine import MetadataStateMachine
 from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError
 
@@ -131,6 +132,7 @@ class ControllerConfig:
     # the HTTP edge (http_api/wire/hardening.py): head/body deadlines, connection caps
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     raft_bind_host: Optional[str] = None    # listen for raft here (default: every interface)
+    raft_join: bool = False   # joins a running quorum (kraftlog quorum add-controller): no election before it is added
     security: SecurityConfig = field(default_factory=SecurityConfig)   # [security]: TLS of the HTTP API, ...
 
     def __post_init__(self):
@@ -166,6 +168,7 @@ class ControllerConfig:
             fsync_journal=self.raft_fsync_journal,
             bind_host=self.raft_bind_host,
             frame_max_bytes=self.raft_frame_max_bytes,
+            join=self.raft_join,
         )
 
 
@@ -193,6 +196,7 @@ class ControllerServer:
         # users, tokens, ACLs; bootstraps [security] bootstrap_users_file
         self.security = ControllerSecurityRoutes(self, config.security.bootstrap_users_file,
                                                  _json_body, _request_id)
+        self.quorum = QuorumRoutes(self, _json_body)   # controller voters: add, remove, describe (quorum_routes.py)
         raft_log.add_listener(self._on_raft_event)
 
     # ------------------------------------------------------------------ state
@@ -410,6 +414,7 @@ class ControllerServer:
         r.add_post(PREFIX + "/brokers/{broker_id}/decommission", self.h_decommission)
         r.add_post(PREFIX + "/brokers/{broker_id}/recommission", self.h_recommission)
         self.security.install(r, PREFIX)   # /security/users, /tokens, /acls (controller_security.py)
+        self.quorum.install(app, PREFIX)   # /quorum, /quorum/voters (quorum_routes.py)
         return app
 
     async def h_healthz(self, request: web.Request) -> web.Response:
@@ -983,6 +988,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="largest raft frame a peer may announce; a peer announcing more is dropped")
     p.add_argument("--http-limits-json", default=None,
                    help="HTTP edge limits (HttpLimits fields: request_header_timeout_ms, ...) as a JSON object")
+    p.add_argument("--join", action="store_true",
+                   help="join a running quorum: no election before the leader has added this node")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -1035,6 +1042,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         raft_log_compaction_min_entries=args.raft_log_compaction_min_entries,
         raft_bind_host=args.raft_bind_host,
         raft_frame_max_bytes=args.raft_frame_max_bytes,
+        raft_join=args.join,
         http_limits=HttpLimits(**json.loads(args.http_limits_json)) if args.http_limits_json else HttpLimits(),
         security=security_from_args(args),
     )

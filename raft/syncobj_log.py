@@ -168,6 +168,8 @@ class SyncObjReplicatedLog:
         self._journal = None  # FsyncFileJournal when config.fsync_journal
         self._peer_stats = RaftPeerStats()
         self._waiting_to_join = False
+        self._last_deadline = None
+        self._leader_heard_at = 0.0   # monotonic: the last AppendEntries from a leader (or our own leadership)
         self._on_raft_thread: "collections.deque[Callable[[], None]]" = collections.deque()
 
     # ------------------------------------------------------------------ lifecycle
@@ -300,6 +302,14 @@ class SyncObjReplicatedLog:
     def waiting_to_join(self) -> bool:
         return self._waiting_to_join
 
+    def leader_silence_s(self) -> float:
+        """Seconds since a leader last sent this node AppendEntries (0 on the leader). A node
+        cut off from every peer never campaigns in pysyncobj and keeps naming its last
+        leader, so `leader_id` alone cannot tell that it was removed."""
+        import time as _time
+
+        return 0.0 if self.is_leader else max(0.0, _time.monotonic() - self._leader_heard_at)
+
     async def _membership_call(self, start: Callable, what: str, timeout_s: Optional[float]) -> None:
         if self._syncobj is None or not self._syncobj._isLeader():
             raise NotLeaderError(f"{what}: this node is not the raft leader", leader_id=self.leader_id)
@@ -403,6 +413,10 @@ class SyncObjReplicatedLog:
         import time as _time
 
         now = _time.monotonic()
+        deadline = so._SyncObj__raftElectionDeadline   # pushed back by every AppendEntries of the leader
+        if so._isLeader() or (deadline != self._last_deadline and so._getLeader() is not None):
+            self._leader_heard_at = now
+        self._last_deadline = deadline
         if self._waiting_to_join:
             if so._getLeader() is not None:
                 self._waiting_to_join = False

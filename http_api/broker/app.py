@@ -30,6 +30,7 @@ from http_api.broker.ops import OpsRoutes
 from http_api.broker.produce import ProduceRoutes
 from http_api.broker.replica import ReplicaRoutes
 from http_api.broker.reassignments import ReassignmentRoutes
+from http_api.broker.quorum_admin import QuorumAdminRoutes
 from http_api.broker.security_admin import SecurityAdminRoutes
 from http_api.broker.streaming import install_streaming
 from http_api.broker.tiering import install_tiered_storage
@@ -115,6 +116,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     install_log_cleaner_routes(app, ctx)                 # /admin/v1/log-cleaner...
     SecurityAdminRoutes(ctx).install(r)                  # /v1/admin/users, /tokens, /acls
     ReassignmentRoutes(ctx).install(r)                   # /v1/reassignments, /v1/brokers (KIP-455, decommission)
+    QuorumAdminRoutes(ctx).install(r)                    # /v1/admin/quorum (controller voters, quorum_admin.py)
     install_tiered_storage(app, ctx)                     # [remote_storage]: remote log manager (tiering.py)
     r.add_post("/internal/v1/replica-fetch", replica.replica_fetch)
     r.add_post("/internal/v1/epoch-end-offsets", replica.epoch_end_offsets)

@@ -128,6 +128,25 @@ _SECURITY_ADMIN_PATHS = {
         "post": {"summary": "Add ACLs (one binding or {acls: [...]}, all or none)", "requestBody": _ACL_BODY,
                  "responses": {"201": _obj("{acls: [binding]}"), "400": _err("INVALID_REQUEST"),
                                "409": _err("DUPLICATE_RESOURCE"), **_AUTH}}},
+    "/v1/admin/quorum": {   # the controller quorum (http_api/broker/quorum_admin.py)
+        "get": {"summary": "Controller voters, the leader and each voter's lag (entries behind the commit index)",
+                "responses": {"200": _obj("{leader_id, voters: [{id, address, lag, url, state}], pending_change, "
+                                          "removed}"), **_AUTH}}},
+    "/v1/admin/quorum/voters": {
+        "post": {"summary": "Add a controller (started with --join) to the quorum; one change at a time",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                     "type": "object", "required": ["id", "raft_address", "url", "incarnation"], "properties": {
+                         "id": {"type": "integer", "minimum": 0}, "raft_address": {"type": "string"},
+                         "url": {"type": "string"}, "incarnation": {"type": "string"}}}}}},
+                 "responses": {"200": _obj("{leader_id, voters, added, caught_up}"),
+                               "400": _err("INVALID_REQUEST or POLICY_VIOLATION (a change in flight)"),
+                               "409": _err("DUPLICATE_VOTER / INVALID_VOTER_KEY"), **_AUTH}}},
+    "/v1/admin/quorum/voters/{id}": {
+        "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}],
+        "delete": {"summary": "Remove a controller voter (the active one hands leadership over first)",
+                   "responses": {"200": _obj("{leader_id, voters, removed_id}"),
+                                 "400": _err("POLICY_VIOLATION (a change in flight, or the last voter)"),
+                                 "404": _err("VOTER_NOT_FOUND"), **_AUTH}}},
     "/v1/admin/acls/delete": {
         "post": {"summary": "Remove ACLs (exact bindings, all or none)", "requestBody": _ACL_BODY,
                  "responses": {"200": _obj("{deleted: [binding]}"), "400": _err("INVALID_REQUEST"),

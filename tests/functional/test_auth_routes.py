@@ -144,6 +144,13 @@ SAMPLES = {
     ("GET", "/internal/v1/groups"): ("/internal/v1/groups", None, [("CLUSTER_ACTION", "CLUSTER", "kafka-cluster")],
                                      "CLUSTER_AUTHORIZATION_FAILED"),
     ("GET", "/metrics"): ("/metrics", None, [("DESCRIBE", "CLUSTER", "kafka-cluster")], "CLUSTER_AUTHORIZATION_FAILED"),
+    # the controller quorum (http_api/broker/quorum_admin.py)
+    ("GET", "/v1/admin/quorum"): ("/v1/admin/quorum", None, [("DESCRIBE", "CLUSTER", "kafka-cluster")],
+                                  "CLUSTER_AUTHORIZATION_FAILED"),
+    ("POST", "/v1/admin/quorum/voters"): ("/v1/admin/quorum/voters", {"bad": 1}, [("ALTER", "CLUSTER", "kafka-cluster")],
+                                          "CLUSTER_AUTHORIZATION_FAILED"),
+    ("DELETE", "/v1/admin/quorum/voters/{id}"): ("/v1/admin/quorum/voters/x", None,
+                                                 [("ALTER", "CLUSTER", "kafka-cluster")], "CLUSTER_AUTHORIZATION_FAILED"),
     # partition reassignment and decommission (http_api/broker/reassignments.py)
     ("POST", "/v1/reassignments"): ("/v1/reassignments", {"version": 1, "partitions": []},
                                     [("ALTER", "CLUSTER", "kafka-cluster")], "CLUSTER_AUTHORIZATION_FAILED"),
