@@ -86,8 +86,11 @@ def test_add_broker_then_grow_a_topic_under_load(tmp_path):
             assert growth["consumed"].get(p, 0) > 0, growth
 
         # "early" was placed before broker 2 existed (all 4 partitions on broker 1): the plan
-        # moves half of them onto it (the CLI module, whichever command registers it)
-        plan = _plan_json(url1, add_brokers=[2], topics="early")
+        # moves half of them onto it
+        r = kraftlog("reassign", "plan", "--add-brokers", "2", "--topics", "early", "--output", "json",
+                     "--bootstrap", url1)
+        assert r.returncode == 0, r.stderr
+        plan = json.loads(r.stdout)
         assert plan["version"] == 1
         assert sorted(e["replicas"] for e in plan["partitions"]) == [[2], [2]], plan
         assert {e["topic"] for e in plan["partitions"]} == {"early"}
@@ -106,21 +109,6 @@ def test_add_broker_then_grow_a_topic_under_load(tmp_path):
         procs = _status(data)
         assert kraftlog("cluster", "down", "--data-dir", data).returncode == 0
     assert not any(alive(p["pid"]) for p in procs)
-
-
-def _plan_json(url, **kw):
-    import argparse
-    import contextlib
-    import io
-
-    from deploy.reassign_planner_cli import _plan
-    args = dict(bootstrap=url, add_brokers=None, remove_brokers=None, rebalance=False, topics=None,
-                capacity=None, sizes=None, output="json")
-    args.update(kw)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert asyncio.run(_plan(argparse.Namespace(**args))) == 0
-    return json.loads(out.getvalue())
 
 
 async def _grow_under_load(url: str, data: str) -> dict:
