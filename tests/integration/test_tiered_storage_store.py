@@ -168,6 +168,33 @@ def test_new_leader_lists_remote_and_cleans_a_dead_leaders_orphan(tmp_path, stor
         lg.close()
 
 
+def test_segment_states_are_separate_objects_and_a_finished_entry_without_data_is_never_listed(store):
+    """Each state is its own object, written once (a SeaweedFS under load served an overwritten
+    object's older content); a FINISHED write that lands after its segment was removed (a
+    timed-out PUT a paused store applied late) names no data and is never listed."""
+    storage = S3RemoteStorage(_cfg(store, remote_storage_s3_prefix="states"))
+    seg = RemoteLogSegmentMetadata(topic="st", topic_id=TOPIC_ID, partition=0, segment_id=new_segment_id(),
+                                   base_offset=0, end_offset=9, max_timestamp_ms=0, size_bytes=10,
+                                   leader_epoch=0, broker_id=1)
+    storage.put_segment_metadata(seg)
+    assert [m.state for m in storage.list_segments("st", TOPIC_ID, 0)] == [RemoteLogSegmentState.COPY_SEGMENT_STARTED]
+    storage.copy_log_segment_data(seg, LogSegmentData(b"x" * 10, b"", b"", b"", b""))
+    done = seg.with_state(RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 1)
+    storage.put_segment_metadata(done)
+    meta = sorted(k.rsplit("/", 1)[1] for k in store.keys(BUCKET, "states/") if "/_metadata/" in k)
+    assert meta == [f"{seg.segment_id}.finished.json", f"{seg.segment_id}.started.json"]
+    assert storage.list_segments("st", TOPIC_ID, 0) == [done]
+    # removed (DELETE_SEGMENT_STARTED, data, DELETE_SEGMENT_FINISHED): nothing of it is left
+    storage.put_segment_metadata(seg.with_state(RemoteLogSegmentState.DELETE_SEGMENT_STARTED, 2))
+    assert [m.state for m in storage.list_segments("st", TOPIC_ID, 0)] == [RemoteLogSegmentState.DELETE_SEGMENT_STARTED]
+    storage.delete_log_segment_data(seg)
+    storage.put_segment_metadata(seg.with_state(RemoteLogSegmentState.DELETE_SEGMENT_FINISHED, 3))
+    assert store.keys(BUCKET, "states/") == [] and storage.list_segments("st", TOPIC_ID, 0) == []
+    # the late FINISHED write lands now: no data under it, so it is not a readable segment
+    storage.put_segment_metadata(done)
+    assert storage.list_segments("st", TOPIC_ID, 0) == []
+
+
 @pytest.fixture
 def own_store(tmp_path):
     """A store this test stops and restarts (the leak guard counts the restart as the test's)."""

@@ -217,19 +217,31 @@ class S3RemoteStorage:
         just-written object the store cannot serve yet falls back to the state before it).
         Objects are written once, so each is read once and cached for good (a legacy
         rewritten object is cached by ETag)."""
-        prefix = f"{self.partition_prefix(topic, topic_id, partition)}{METADATA_DIR}/"
+        from .metadata import FINISHED
+        from .storage import SEGMENT
+        meta_prefix = f"{self.partition_prefix(topic, topic_id, partition)}{METADATA_DIR}/"
         by_segment: dict[str, list[tuple[int, dict]]] = {}
-        for obj in self._list(prefix):
-            parsed = parse_metadata_key(obj["Key"])
+        sizes: dict[str, int] = {}   # data object key -> size, from the same listing
+        for obj in self._list(self.partition_prefix(topic, topic_id, partition)):
+            parsed = parse_metadata_key(obj["Key"]) if obj["Key"].startswith(meta_prefix) else None
             if parsed is not None:
                 by_segment.setdefault(parsed[0], []).append((parsed[1], obj))
+            else:
+                sizes[obj["Key"]] = int(obj.get("Size", -1))
         out = []
         for objs in by_segment.values():
             for rank, obj in sorted(objs, key=lambda ro: -ro[0]):
                 md = self._read_metadata(obj, rank)
-                if md is not None:
-                    out.append(md)
+                if md is None:
+                    continue
+                if md.state == FINISHED and sizes.get(self.data_key(md, SEGMENT)) != md.size_bytes:
+                    # a FINISHED write that timed out and landed after its segment was removed
+                    # (a store that was paused applies late writes): no data, never readable
+                    log.warning("ignoring remote segment %s [%d, %d] of %s-%d: finished but its data is not in "
+                                "the store", md.segment_id, md.base_offset, md.end_offset, topic, partition)
                     break
+                out.append(md)
+                break
         return out
 
     def _read_metadata(self, obj: dict, rank: int) -> RemoteLogSegmentMetadata | None:
