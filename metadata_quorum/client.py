@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json as _json
 import logging
 import time
 import uuid
@@ -27,6 +28,8 @@ from metadata_quorum.feed import FeedState
 log = logging.getLogger("kraftlog.controller_client")
 
 PREFIX = "/controller/v1"
+FEED_CHUNK_RECORDS = 500      # metadata records parsed/replayed per turn of the event loop
+FEED_JSON_OFF_LOOP_BYTES = 64 * 1024   # larger feed answers are decoded in a thread
 
 
 def _error_from_body(status: int, body: Any) -> KraftlogError:
@@ -141,8 +144,12 @@ class ControllerClient:
         async def send() -> tuple:
             async with session.request(method, url + path, json=json, params=params,
                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                raw = await resp.read()
                 try:
-                    body = await resp.json(content_type=None)
+                    if len(raw) > FEED_JSON_OFF_LOOP_BYTES:   # a feed page of thousands of records
+                        body = await asyncio.get_running_loop().run_in_executor(None, _json.loads, raw)
+                    else:
+                        body = _json.loads(raw)
                 except ValueError:
                     body = None
                 return resp.status, body
@@ -498,7 +505,14 @@ class MetadataFollower:
 
     async def _apply(self, body: dict) -> bool:
         self.last_answer_at = self._clock()
-        change = self.feed.accept(body)
+        steps = self.feed.accept_in_steps(body, FEED_CHUNK_RECORDS)
+        while True:   # a change of thousands of partitions is built in chunks: the loop serves meanwhile
+            try:
+                next(steps)
+            except StopIteration as done:
+                change = done.value
+                break
+            await asyncio.sleep(0)
         if change is None:
             if body.get("cluster_id") and not self.image.cluster_id:
                 self.image.cluster_id = body["cluster_id"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Generator, Iterable, Optional
 
 from metadata_quorum.image import MetadataImage, TopicImage
 from metadata_quorum.records import (
@@ -156,6 +156,14 @@ def apply_records(image: MetadataImage, records: list) -> MetadataImage:
     """A new image: `image` with `records` replayed; `image` itself is left unchanged.
     Copies the top-level maps and the TopicImage of every topic the records name (every
     topic when a record type is unknown), never the partitions' registrations (frozen)."""
+    new = _clone_for(image, records)
+    for r in records:
+        new.replay(r)
+    return new
+
+
+def _clone_for(image: MetadataImage, records: list) -> MetadataImage:
+    """The copy of `image` that replaying `records` may mutate (see apply_records)."""
     new = copy.copy(image)
     new.__dict__.pop("feed_change", None)   # how the OLD image was made
     for name, value in vars(image).items():
@@ -173,8 +181,6 @@ def apply_records(image: MetadataImage, records: list) -> MetadataImage:
         if t is not None:
             topics[name] = _copy_topic(t)
     new.topics = topics
-    for r in records:
-        new.replay(r)
     return new
 
 
@@ -222,6 +228,18 @@ class FeedState:
     def accept(self, body: dict) -> Optional[Change]:
         """Take one feed answer; returns the change to publish once the buffered records end
         at a batch boundary (None: nothing new, or a batch is still incomplete)."""
+        steps = self.accept_in_steps(body)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def accept_in_steps(self, body: dict, chunk_records: int = 0) -> Generator[None, None, Optional[Change]]:
+        """`accept` as a generator that pauses (yields None) after every `chunk_records`
+        records parsed or replayed (0: never), so an event loop can serve requests while a
+        change of thousands of partitions is built; its return value is `accept`'s. The
+        published image is untouched until it returns."""
         cluster_id = body.get("cluster_id")
         controller_offset = body.get("metadata_offset")
         if body.get("snapshot") is not None:
@@ -234,10 +252,12 @@ class FeedState:
             image.feed_change = ChangeInfo(None, None, self)
             self._note_behind()
             return Change(image, None, MetadataDelta(everything=True))
-        for item in body.get("records", []):
+        for i, item in enumerate(body.get("records", [])):
             if item["offset"] != self.next_offset:
                 break  # gap or overlap: ask again from our offset
             self.pending.append(record_from_dict(item["record"]))
+            if chunk_records and i % chunk_records == chunk_records - 1:
+                yield None
         if controller_offset is not None:
             self.controller_offset = controller_offset
         self._note_behind()
@@ -252,7 +272,11 @@ class FeedState:
             return None
         records, self.pending = self.pending, []
         base = self.image.offset
-        image = apply_records(self.image, records)
+        image = _clone_for(self.image, records)
+        for i, r in enumerate(records):
+            image.replay(r)
+            if chunk_records and i % chunk_records == chunk_records - 1:
+                yield None
         if cluster_id:
             image.cluster_id = cluster_id
         image.feed_change = ChangeInfo(base, records, self)
