@@ -322,6 +322,13 @@ def _broker_registered(urls: list[str], broker_id: int, tls_ctx) -> bool:
     return False
 
 
+def next_node_id(state: dict) -> int:
+    """A node id nobody in the cluster has: not a node of `up`, an added broker, a controller
+    added at run time (cluster add-controller) nor any recorded process."""
+    return max([state["nodes"], *state.get("added_brokers", []), *state.get("added_controllers", []),
+                *(q["node_id"] for q in state.get("processes", []))]) + 1
+
+
 def add_broker(args: argparse.Namespace) -> int:
     """Start one more broker (the next node id, broker only), wait until the controller has
     registered it unfenced, print its URL; cluster.json remembers it for up/down/status."""
@@ -341,7 +348,7 @@ def add_broker(args: argparse.Namespace) -> int:
                          f"{state['nodes']} --data-dir {args.data_dir} --base-port {state['base_port']}` first\n")
         return 1
     added = list(state.get("added_brokers", []))
-    node_id = max([state["nodes"], *added]) + 1
+    node_id = next_node_id(state)
     state["data_dir"] = data_dir
     cfg = _node_config(state, node_id)
     for what, port in (("HTTP", cfg.http_port), ("Kafka", cfg.listeners.kafka_port)):

@@ -28,3 +28,4 @@ def test_a_missing_or_second_mode_and_bad_ids_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         _parser().parse_args(argv)
     assert e.value.code == 2
+
