@@ -182,3 +182,35 @@ async def test_a_client_that_stops_reading_holds_a_bounded_buffer(broker):
     ev = await sse.next_event()
     assert ev["id"] == "0"
     resp.close()
+
+
+async def test_read_committed_stream_waits_for_the_commit_and_skips_aborted_records(broker):
+    from http_api.client import Producer
+
+    c = broker.client
+    await create(c, "tx")
+    url = broker.config.url
+    async with Producer(url, transactional_id="sse-tx") as p:
+        await p.init_transactions()
+        p.begin_transaction()
+        await p.send("tx", "aborted", partition=0)
+        await p.flush()
+        await p.abort_transaction()
+        p.begin_transaction()
+        await p.send("tx", "committed", partition=0)
+        await p.flush()          # written, transaction still open: above the LSO
+        resp = await c.get("/v1/topics/tx/partitions/0/records/stream?offset=0&isolation_level=read_committed"
+                           "&heartbeat_ms=50")
+        assert resp.status == 200
+        sse = SSE(resp)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while sse.comments < 3:        # heartbeats, no record, while the transaction is open
+            assert loop.time() < deadline
+            line = await asyncio.wait_for(resp.content.readline(), 30)
+            assert not line.startswith(b"data:"), line
+            sse.comments += line.startswith(b":")
+        await p.commit_transaction()
+        ev = await sse.next_event()
+        assert json.loads(ev["data"])["value"] == "committed"
+        resp.close()
