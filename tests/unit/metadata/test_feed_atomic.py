@@ -199,3 +199,22 @@ def test_record_types_added_later_are_itemized_by_what_they_name():
     d = describe_records([Moved("t", 4), Cordoned(3)])
     assert d.partitions == {"t": {4}} and d.brokers == {3} and not d.everything
     assert describe_records([Opaque("?")]).everything
+
+
+def test_a_large_change_is_built_in_steps_and_published_only_when_whole():
+    ctl = FakeController(page=5000)
+    ctl.commit(_topic("big", 2000))
+    feed = FeedState()
+    before = feed.image
+    steps = feed.accept_in_steps(ctl.answer(0), chunk_records=500)
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            change = done.value
+            break
+        pauses += 1
+        assert feed.image is before and _count(before, "big") == 0   # nothing published mid-way
+    assert pauses >= 2001 // 500 * 2 - 1          # parsing and replaying both pause
+    assert change.image is feed.image and _count(change.image, "big") == 2000
