@@ -8,7 +8,7 @@
     kraftlog consume TOPIC [--from-beginning] [--group G] [--max-records N]
     kraftlog group list | describe G | delete G   (consumer groups, with lag)
     kraftlog user create|alter|delete|list, acl add|remove|list, token create|list|delete
-    kraftlog cluster up|down|status|add-broker ...
+    kraftlog cluster up|down|status|add-broker|add-controller ...
 
 Client commands take --bootstrap URL (default $KRAFTLOG_URL, else http://127.0.0.1:8082),
 --ca-file F (default $KRAFTLOG_CA_FILE; https brokers), credentials --user NAME with
@@ -366,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_cleaner_parser(sub, client, _run_client)
     from deploy.security_cli import add_security_parsers  # kraftlog user|acl|token ...
     add_security_parsers(sub, client, _run_client, _client_parent(password_file=False))
+    from deploy.quorum_cli import add_quorum_parser  # kraftlog quorum describe|add-controller|remove-controller
+    add_quorum_parser(sub, client, _run_client)
     from deploy.reassign_cli import add_reassign_parsers  # kraftlog reassign ...|broker decommission ...
     add_reassign_parsers(sub, client, _run_client)
 
@@ -390,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     ab = clsub.add_parser("add-broker", help="start one more broker (the next node id) and wait until it "
                                               "is registered; up/down/status include it from then on")
     ab.add_argument("--data-dir", required=True)
+    clsub.add_parser("add-controller", help="start one more controller and join it to the quorum (deploy/quorum_cli.py)"
+                     ).add_argument("--data-dir", required=True)
     st = clsub.add_parser("status")
     st.add_argument("--data-dir", required=True)
     st.add_argument("--output", choices=("text", "json"), default="text")
@@ -409,8 +413,11 @@ def _cluster(args: argparse.Namespace) -> int:
         _err("`kraftlog cluster` is not available in this build; run `kraftlog serve` per node instead")
         return EXIT_ERROR
     if not args.cluster_cmd:
-        _err("give an action: kraftlog cluster up|down|status|add-broker --data-dir DIR")
+        _err("give an action: kraftlog cluster up|down|status|add-broker|add-controller --data-dir DIR")
         return EXIT_USAGE
+    if args.cluster_cmd == "add-controller":
+        from deploy.quorum_cli import cluster_add_controller   # the controller quorum's own module
+        return cluster_add_controller(args)
     return cluster.main(args)
 
 
