@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, str]] = [
     ("metadata_quorum.controller", "core"),        # exact module: controller_server is a shell
     ("metadata_quorum.placement", "core"),
     ("metadata_quorum.reassignment", "core"),     # KIP-455 moves and decommission: parse, targets, progress
+    ("metadata_quorum.reassignment_planner", "core"),  # deterministic move planner (add/remove brokers, rebalance)
     ("metadata_quorum.feed", "core"),            # the broker's whole-change feed buffer, copy-on-write images
     ("metadata_quorum.security", "core"),        # ACL decisions, SCRAM, [security] settings
     ("metadata_quorum", "shell"),
