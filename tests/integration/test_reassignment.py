@@ -8,13 +8,16 @@ idempotent acks=all producer writing throughout, checked for zero loss and no du
   destination deletes its partial copy when it comes back;
 - decommissioning a broker that leads partitions moves every replica away and unregisters it.
 """
+import json
 import os
-import time
+import subprocess
+import sys
 
 import pytest
 from replication_helpers import BackgroundProducer, assert_acked_exactly_once_in_order
 
 from tests.rigs.cluster import ReplicatedCluster, http
+from tests.rigs.controllers import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +44,13 @@ def moving(c: ReplicatedCluster, broker: int = 1) -> list:
 def has_log(c: ReplicatedCluster, broker: int, topic: str, partition: int) -> bool:
     logs = os.path.join(c.base_dir, f"broker-{broker}", "logs")
     return any(n == f"{topic}-{partition}" or n.startswith(f"{topic}-{partition}.") for n in os.listdir(logs))
+
+
+def kraftlog(c: ReplicatedCluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """The CLI against the cluster's brokers (exit status checked by the caller)."""
+    return subprocess.run([sys.executable, "-m", "deploy.cli", *args, "--bootstrap", ",".join(c.urls)],
+                          input=stdin, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def check_no_loss(c: ReplicatedCluster, prod: BackgroundProducer, topic: str) -> None:
@@ -94,14 +104,19 @@ def test_cancel_after_the_destination_died_and_decommission_of_a_leader(tmp_path
         before = c.partition("cx")
         dest = next(b for b in (1, 2, 3) if b not in before["replicas"])
         target = [before["leader"], dest]
-        status, doc = http("POST", c.url(before["leader"]) + "/v1/reassignments", {
-            "version": 1, "partitions": [{"topic": "cx", "partition": 0, "replicas": target}],
-            "throttle": 256 * 1024})
-        assert status == 202, doc
+        plan = json.dumps({"version": 1, "partitions": [{"topic": "cx", "partition": 0, "replicas": target}]})
+        r = kraftlog(c, "reassign", "execute", "-", "--throttle", str(256 * 1024), stdin=plan)
+        assert r.returncode == 0 and "Started the reassignment of 1 partition" in r.stdout, r.stderr
         c.wait_for(lambda: has_log(c, dest, "cx", 0), 20, f"broker {dest} to start copying cx-0")
         c.kill(dest)
-        status, doc = http("DELETE", c.url(before["leader"]) + "/v1/reassignments")
-        assert status == 200, doc
+        r = kraftlog(c, "reassign", "status", "--output", "json")
+        assert r.returncode == 0, r.stderr
+        [m] = json.loads(r.stdout)["reassignments"]
+        assert m["adding_replicas"] == [dest] and m["removing_replicas"] == [r_ for r_ in before["replicas"]
+                                                                            if r_ not in target]
+        r = kraftlog(c, "reassign", "cancel", "--output", "json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
         assert doc["cancelled"] == [{"topic": "cx", "partition": 0}] and doc["reassignments"] == []
         after = c.partition("cx")
         assert sorted(after["replicas"]) == sorted(before["replicas"]) and not after["adding_replicas"]
@@ -112,6 +127,9 @@ def test_cancel_after_the_destination_died_and_decommission_of_a_leader(tmp_path
         victim = c.partition("dc", 0)["leader"]
         status, doc = http("POST", c.url(victim) + f"/v1/brokers/{victim}/decommission")
         assert status == 200 and doc["state"] == "draining", doc
+        waiter = subprocess.Popen([sys.executable, "-m", "deploy.cli", "broker", "decommission", str(victim),
+                                   "--wait", "--bootstrap", ",".join(c.urls)], cwd=ROOT, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
         status, doc = http("POST", c.url(victim) + "/v1/topics", {"name": "fresh", "partitions": 4,
                                                                  "replication_factor": 2})
         assert status in (201, 202), doc
@@ -120,7 +138,14 @@ def test_cancel_after_the_destination_died_and_decommission_of_a_leader(tmp_path
         def state_of(b):
             status, doc = http("GET", c.url(1 if victim != 1 else 2) + "/v1/brokers")
             return next(x["state"] for x in doc["brokers"] if x["id"] == b)
-        c.wait_for(lambda: state_of(victim) == "decommissioned", 60, f"broker {victim} decommissioned")
+        try:
+            out, err = waiter.communicate(timeout=90)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait(10)
+        assert waiter.returncode == 0 and f"Broker {victim} is decommissioned" in out, err
+        assert state_of(victim) == "decommissioned"
         md = c.controller_metadata()
         assert all(victim not in p["replicas"] for t in md["topics"] for p in t["partitions"])
         assert victim not in [b["id"] for b in md["brokers"]]
