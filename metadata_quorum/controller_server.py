@@ -44,8 +44,8 @@ from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.controller_security import ControllerSecurityRoutes
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.security.config import SecurityConfig
-from metadata_quorum.records import (BrokerRegistrationChangeRecord, FenceBrokerRecord, LeaderChangeRecord,
-                                     PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
+from metadata_quorum.records import (BrokerMembershipRecord, BrokerRegistrationChangeRecord, FenceBrokerRecord,
+                                     LeaderChangeRecord, PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
                                      record_to_dict)
 from metadata_quorum.quorum_routes import QuorumRoutes
 from metadata_quorum.state_machine import MetadataStateMachine
@@ -737,13 +737,13 @@ def reassignment_json(topic: str, p) -> dict:
 
 # ---------------------------------------------------------------------- decision log
 def _partitions_before(image: MetadataImage, records: list) -> dict:
-    """(topic, partition) -> (leader, isr, elr) before `records`, for the partitions they change."""
+    """(topic, partition) -> (leader, isr, elr, replicas) before `records`, for the partitions they change."""
     out = {}
     for r in records:
         if isinstance(r, PartitionChangeRecord):
             p = image.partition(r.topic, r.partition)
             if p is not None:
-                out[(r.topic, r.partition)] = (p.leader, tuple(p.isr), tuple(p.elr))
+                out[(r.topic, r.partition)] = (p.leader, tuple(p.isr), tuple(p.elr), tuple(p.replicas))
     return out
 
 
@@ -769,9 +769,15 @@ def _log_decisions(records: list, before: dict, reason: Optional[str]) -> None:
                      r.broker_id, r.incarnation_id, why)
         elif isinstance(r, BrokerRegistrationChangeRecord) and r.in_controlled_shutdown:
             log.info("broker %s (epoch %s) is in controlled shutdown: %s", r.broker_id, r.broker_epoch, why)
+        elif isinstance(r, BrokerMembershipRecord):
+            log.info("broker %s is %s: %s", r.broker_id, r.state, why)
         elif isinstance(r, PartitionChangeRecord):
-            leader, isr, elr = before.get((r.topic, r.partition), (None, None, None))
+            leader, isr, elr, replicas = before.get((r.topic, r.partition), (None, None, None, None))
             parts = []
+            if replicas is not None and replicas != tuple(r.replicas):
+                moving = (f" (adding {list(r.adding_replicas)}, removing {list(r.removing_replicas)})"
+                          if r.adding_replicas or r.removing_replicas else " (no move running)")
+                parts.append(f"replicas {list(replicas)} -> {list(r.replicas)}{moving}")
             if leader != r.leader:
                 parts.append(f"leader {leader} -> {r.leader} (leader epoch {r.leader_epoch})")
             if isr != tuple(r.isr):

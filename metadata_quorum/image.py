@@ -138,6 +138,7 @@ class MetadataImage:
         # the last url / rack of decommissioned (unregistered) brokers, for listings
         self.broker_states: dict[int, str] = {}
         self.decommissioned: dict[int, tuple] = {}
+        self.moving: set[tuple[str, int]] = set()   # (topic, partition) of running reassignments
 
     # ---------------------------------------------------------------- queries
     def topic(self, name: str) -> Optional[TopicImage]:
@@ -174,8 +175,12 @@ class MetadataImage:
 
     def reassignments(self) -> list:
         """(topic, PartitionRegistration) of every partition with a reassignment in flight."""
-        return [(t.name, t.partitions[p]) for t in sorted(self.topics.values(), key=lambda t: t.name)
-                for p in sorted(t.partitions) if t.partitions[p].reassigning]
+        out = []
+        for name, p in sorted(self.moving):
+            reg = self.partition(name, p)
+            if reg is not None and reg.reassigning:
+                out.append((name, reg))
+        return out
 
     def replica_count(self, broker_id: int) -> int:
         return sum(1 for t in self.topics.values() for p in t.partitions.values() if broker_id in p.replicas)
@@ -264,6 +269,11 @@ class MetadataImage:
 
     def _replay_topic(self, r: TopicRecord, offset: int) -> None:
         self.topics[r.name] = TopicImage(name=r.name, topic_id=r.topic_id)
+        self._forget_moves(r.name)
+
+    def _forget_moves(self, topic: str) -> None:
+        if any(name == topic for name, _ in self.moving):
+            self.moving = {k for k in self.moving if k[0] != topic}
 
     def _replay_partition(self, r, offset: int) -> None:
         t = self.topics.get(r.topic)
@@ -281,11 +291,16 @@ class MetadataImage:
             adding_replicas=tuple(r.adding_replicas),
             removing_replicas=tuple(r.removing_replicas),
         )
+        if r.adding_replicas or r.removing_replicas:
+            self.moving.add((r.topic, r.partition))
+        else:
+            self.moving.discard((r.topic, r.partition))
 
     def _replay_remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
         t = self.topics.get(r.name)
         if t is not None and t.topic_id == r.topic_id:
             del self.topics[r.name]
+            self._forget_moves(r.name)
 
     def _replay_config(self, r: ConfigRecord, offset: int) -> None:
         if r.resource_type == "topic":
@@ -455,6 +470,7 @@ class MetadataImage:
                                                             tuple(p[8]) if len(p) > 8 else (),
                                                             tuple(p[9]) if len(p) > 9 else ())
             image.topics[ti.name] = ti
+            image.moving.update((ti.name, p) for p, reg in ti.partitions.items() if reg.reassigning)
         image.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
         image.security = SecurityImage.from_snapshot(data.get("security"))
         image.broker_states = {b: s for b, s in data.get("broker_states", [])}

@@ -332,3 +332,15 @@ def test_the_last_active_broker_cannot_be_decommissioned():
     h = Harness(brokers=(1,))
     assert codes(h.controller.decommission_broker, h.image, 1) is ErrorCode.POLICY_VIOLATION
     assert h.image.broker_state(1) == "active"
+
+
+def test_the_index_of_running_moves_follows_replay_topic_deletion_and_snapshots():
+    h = harness(brokers=(1, 2, 3, 4), partitions=3)
+    move(h, [2, 3], partition=0)
+    move(h, [3, 4], partition=2)
+    assert h.image.moving == {("t", 0), ("t", 2)}
+    assert MetadataImage.from_snapshot(h.image.to_snapshot()).moving == {("t", 0), ("t", 2)}
+    expand_isr(h, [1, 2, 3], partition=0)
+    assert [(n, p.partition) for n, p in h.image.reassignments()] == [("t", 2)]
+    h.run(h.controller.delete_topic(h.image, "t"))
+    assert h.image.moving == set() and h.image.reassignments() == []
