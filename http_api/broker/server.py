@@ -215,12 +215,16 @@ class Broker:
         lst = cfg.listeners
         address = ""
         from http_api.broker.transactions import SERVICE_KEY as TXN_SERVICE_KEY
-        apis = KafkaApis(app[BROKER_KEY], app[SERVICE_KEY], broker_id=cfg.broker_id, kafka_address=lambda: address,
-                         transactions=app.get(TXN_SERVICE_KEY))
+        ctx = app[BROKER_KEY]
+        apis = KafkaApis(ctx, app[SERVICE_KEY], broker_id=cfg.broker_id, kafka_address=lambda: address,
+                         transactions=app.get(TXN_SERVICE_KEY),
+                         sasl_authenticator=ctx.authenticator if cfg.security.authentication else None,
+                         authorizer=ctx.authorizer if cfg.security.authentication else None)
         listener = KafkaListener(apis, lst.kafka_bind_host, cfg.kafka_port,
                                  request_max_bytes=cfg.kafka_request_max_bytes,
                                  connections_max_idle_ms=cfg.kafka_connections_max_idle_ms,
-                                 connections_max=cfg.connections_max, connections_max_per_ip=cfg.connections_max_per_ip)
+                                 connections_max=cfg.connections_max, connections_max_per_ip=cfg.connections_max_per_ip,
+                                 ssl_context=self.tls.context if self.tls is not None else None)
         try:
             await listener.start()
         except OSError as e:

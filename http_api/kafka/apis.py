@@ -24,6 +24,11 @@ from http_api.broker.topics import TopicRoutes
 from http_api.kafka import protocol
 from http_api.kafka.classic_groups import ClassicGroupError, ClassicGroups
 from http_api.kafka.protocol import API_VERSIONS, API_VERSIONS_KEY, FrameError, build, kafka_error
+from http_api.broker.authorization import CLUSTER, grant_hint
+from http_api.kafka.protocol import Denied
+from http_api.kafka.sasl import MECHANISMS, SaslFailed, SaslSession
+from metadata_quorum.security.acl import Operation as Op, ResourceType as RT
+from http_api.wire.auth import _current_principal   # what forwarding_headers() names (set per request)
 from http_api.kafka.records import (InvalidRecord, batches_below, check_client_batch, kafka_to_stored,
                                     split_kafka_batches, stored_to_kafka)
 from partitions import internal_topics
@@ -41,6 +46,11 @@ TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 READ_COMMITTED = 1          # Fetch / ListOffsets isolation_level
 TRANSACTION_KEY_TYPE = 1    # FindCoordinator key_type of a transactional id
 TXN_API_KEYS = frozenset({24, 25, 26, 28})   # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
+SASL_HANDSHAKE_KEY = 17
+SASL_API_KEYS = (SASL_HANDSHAKE_KEY, 36)       # SaslHandshake, SaslAuthenticate
+# the APIs whose handlers check the principal's ACLs (every served API but ApiVersions/SASL)
+AUTHORIZED_API_KEYS = frozenset({0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 23, 24, 25, 26,
+                                 28, 32, 37, 42, 44, 60})
 # first request version answering PRODUCER_FENCED (older ones get INVALID_PRODUCER_EPOCH), KIP-588
 _FENCED_SINCE = {22: 4, 24: 2, 25: 2, 26: 2, 28: 3}
 
@@ -72,12 +82,16 @@ class KafkaApis:
     """Decode -> handle -> encode for one broker's Kafka listener (see the module docstring)."""
 
     def __init__(self, ctx: BrokerContext, group_coordinator, *, broker_id: int, kafka_address: Callable[[], str],
-                 transactions=None) -> None:
+                 transactions=None, sasl_authenticator=None, authorizer=None) -> None:
         self.ctx = ctx
         self.config = ctx.config
         self.rm = ctx.rm
         self.gc = group_coordinator
         self.txn = transactions   # http_api.broker.transactions.TransactionCoordinator (None: no transaction APIs)
+        self.sasl = sasl_authenticator   # http_api.wire.auth.Authenticator: SASL required (None: no SASL)
+        # http_api.broker.authorization.BrokerAuthorizer (None: no authentication, no checks); every
+        # served API checks its ACLs (AUTHORIZED_API_KEYS), any other API closes the connection
+        self.authz = authorizer
         self.broker_id = broker_id
         self.kafka_address = kafka_address   # this broker's advertised host:port (known once bound)
         self.groups = ClassicGroups(ctx.config)
@@ -101,11 +115,24 @@ class KafkaApis:
 
     # ---- dispatch ------------------------------------------------------------------------
 
-    async def handle(self, frame: bytes) -> bytes | object:
+    def _served(self, api_key: int) -> tuple[str, int, int] | None:
+        if (api_key in TXN_API_KEYS and self.txn is None) or (api_key in SASL_API_KEYS and self.sasl is None):
+            return None
+        return API_VERSIONS.get(api_key)
+
+    async def handle(self, frame: bytes, session: SaslSession | None = None) -> bytes | object:
+        """The answer frame to one request frame (NO_RESPONSE for acks=0). With SASL on,
+        `session` is the connection's: until it authenticated, only ApiVersions,
+        SaslHandshake and SaslAuthenticate are served (anything else closes the connection,
+        as Kafka's broker does)."""
         api_key, version, correlation_id = protocol.peek_header(frame)
-        served = API_VERSIONS.get(api_key)
-        if api_key in TXN_API_KEYS and self.txn is None:
-            served = None
+        served = self._served(api_key)
+        if self.sasl is not None and (session is None or not session.authenticated) \
+                and api_key not in (API_VERSIONS_KEY, *SASL_API_KEYS):
+            raise FrameError(f"API key {api_key} before SASL authentication (SaslHandshake + SaslAuthenticate "
+                             f"with {' or '.join(MECHANISMS)} first)")
+        if self.authz is not None and api_key not in AUTHORIZED_API_KEYS and api_key not in SASL_API_KEYS:
+            raise FrameError(f"API key {api_key} has no authorization rule on this listener (a kraftlog bug); refused")
         if served is None or not served[1] <= version <= served[2]:
             if api_key == API_VERSIONS_KEY:   # Kafka answers an unknown ApiVersions version with v0
                 return protocol.encode_response(API_VERSIONS_KEY, 0, correlation_id, build(
@@ -116,8 +143,14 @@ class KafkaApis:
                              f"(served: {served[1]}-{served[2]})" if served else
                              f"API key {api_key} is not served by this listener")
         header = protocol.parse_header(frame, protocol.request_type(api_key, version).__flexible__)
+        header.principal = session.principal if session is not None else None
         request = protocol.decode_request(frame, header)
-        doc = await self._handlers[api_key](request, header)
+        if api_key in SASL_API_KEYS:
+            doc = self._sasl(api_key, request, session)
+        else:
+            if session is not None and session.principal is not None:
+                _current_principal.set(session.principal)   # forwarded HTTP calls act for this principal
+            doc = await self._handlers[api_key](request, header)
         if doc is NO_RESPONSE:
             return NO_RESPONSE
         return protocol.encode_response(api_key, version, correlation_id,
@@ -177,9 +210,43 @@ class KafkaApis:
             return {"leader_id": -1, "leader_epoch": -1}
         return {"leader_id": reg.leader, "leader_epoch": reg.leader_epoch}
 
+    # ---- authorization (Kafka's ACL operations per request, as http_api/broker/authorization.py)
+
+    def _may(self, header, op: Op, rt: RT, name: str) -> bool:
+        if self.authz is None or header.principal is None:
+            return True
+        return self.authz.allowed(header.principal, op, rt, name)
+
+    def _require(self, header, op: Op, rt: RT, name: str) -> None:
+        """Denied (Kafka's *_AUTHORIZATION_FAILED of `rt`) unless the principal may."""
+        if not self._may(header, op, rt, name):
+            raise Denied(rt, grant_hint(header.principal, op, rt, name))
+
+    def _require_create(self, header, topic: str) -> None:
+        if not self._may(header, Op.CREATE, RT.CLUSTER, CLUSTER):
+            self._require(header, Op.CREATE, RT.TOPIC, topic)
+
     def _api_keys(self) -> list[dict]:
         return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (_n, lo, hi) in API_VERSIONS.items()
-                if self.txn is not None or k not in TXN_API_KEYS]
+                if self._served(k) is not None]
+
+    def _sasl(self, api_key: int, req, session: SaslSession) -> dict:
+        """SaslHandshake (the mechanism) and SaslAuthenticate (one round of its exchange);
+        a failed exchange is answered, then the connection closes (`session.close`)."""
+        if api_key == SASL_HANDSHAKE_KEY:
+            if session.handshake(req.mechanism):
+                return {"error_code": K.none, "mechanisms": MECHANISMS}
+            session.close = True
+            code = K.illegal_sasl_state if session.mechanism is not None else K.unsupported_sasl_mechanism
+            return {"error_code": code, "mechanisms": MECHANISMS}
+        try:
+            out = session.step(bytes(req.auth_bytes))
+        except SaslFailed as e:
+            session.close = True
+            log.info("Kafka SASL authentication from %s failed: %s", session.address, e)
+            return {"error_code": K.sasl_authentication_failed, "error_message": f"{e}", "auth_bytes": b"",
+                    "session_lifetime": 0}
+        return {"error_code": K.none, "error_message": None, "auth_bytes": out, "session_lifetime": 0}
 
     # ---- ApiVersions, Metadata, DescribeCluster ------------------------------------------
 
@@ -191,16 +258,22 @@ class KafkaApis:
         topics_req = req.topics
         auto_create = getattr(req, "allow_auto_topic_creation", True) and self.config.auto_create_topics_enable
         if topics_req is None or (header.api_version == 0 and not topics_req):
-            names = sorted(img.topics)
+            names = [n for n in sorted(img.topics) if self._may(header, Op.DESCRIBE, RT.TOPIC, n)]
         else:
             names = [t.name for t in topics_req if t.name is not None]
         topics = []
         for name in names:
+            if not self._may(header, Op.DESCRIBE, RT.TOPIC, name):
+                topics.append({"error_code": K.topic_authorization_failed, "name": name, "topic_id": _ZERO_UUID,
+                               "is_internal": False, "partitions": ()})
+                continue
             t = img.topics.get(name)
             if t is None:
                 try:
                     validate_topic_name(name)
-                    if not auto_create:
+                    if auto_create:
+                        self._require_create(header, name)
+                    else:
                         raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
                     await self.ctx.ensure_topic(name)
                     img = self._image()
@@ -232,6 +305,10 @@ class KafkaApis:
                 "controller_id": self._controller_id(img, brokers), "topics": topics}
 
     async def describe_cluster(self, req, header) -> dict:
+        if not self._may(header, Op.DESCRIBE, RT.CLUSTER, CLUSTER):
+            return {"throttle_time": 0, "error_code": K.cluster_authorization_failed, "endpoint_type": 1,
+                    "error_message": grant_hint(header.principal, Op.DESCRIBE, RT.CLUSTER, CLUSTER),
+                    "cluster_id": "", "controller_id": -1, "brokers": ()}
         img = self._image()
         brokers = self._kafka_brokers(img)
         return {"throttle_time": 0, "error_code": K.none, "error_message": None, "endpoint_type": 1,
@@ -256,12 +333,19 @@ class KafkaApis:
                 {"index": p.index, "error_code": K.transactional_id_authorization_failed, "base_offset": -1,
                  "error_message": "this broker has no transaction coordinator"} for p in t.partition_data]}
                 for t in req.topic_data], "throttle_time": 0}
+        if transactional and not self._may(header, Op.WRITE, RT.TRANSACTIONAL_ID, req.transactional_id):
+            if acks == ACKS_NONE:
+                return NO_RESPONSE
+            return {"responses": [{"name": t.name, "partition_responses": [
+                {"index": p.index, "error_code": K.transactional_id_authorization_failed, "base_offset": -1,
+                 "error_message": grant_hint(header.principal, Op.WRITE, RT.TRANSACTIONAL_ID, req.transactional_id)}
+                for p in t.partition_data]} for t in req.topic_data], "throttle_time": 0}
         timeout_ms = min(_ms(req.timeout) or self.config.request_timeout_ms, self.config.request_timeout_ms)
         jobs = []
         for t in req.topic_data:
             for p in t.partition_data:
                 jobs.append((t.name, p.index, p.records))
-        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms, transactional)
+        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms, transactional, header)
                                          for t, p, r in jobs))
         if acks == ACKS_NONE:
             return NO_RESPONSE
@@ -272,8 +356,10 @@ class KafkaApis:
                 "throttle_time": 0}
 
     async def _produce_partition(self, topic: str, partition: int, records, acks: int, timeout_ms: int,
-                                 transactional: bool = False) -> dict:
+                                 transactional: bool = False, header=None) -> dict:
         try:
+            if header is not None:
+                self._require(header, Op.WRITE, RT.TOPIC, topic)
             internal_topics.check_client_write(topic, "produce")   # only coordinators write internal topics
             if not records:
                 raise CorruptRecordError("the produce request carries no record batch for this partition")
@@ -316,7 +402,14 @@ class KafkaApis:
 
     async def init_producer_id(self, req, header) -> dict:
         if req.transactional_id is not None:
+            if not self._may(header, Op.WRITE, RT.TRANSACTIONAL_ID, req.transactional_id):
+                return {"throttle_time": 0, "error_code": K.transactional_id_authorization_failed,
+                        "producer_id": -1, "producer_epoch": -1}
             return await self._init_transactional(req, header)
+        if not self._may(header, Op.IDEMPOTENT_WRITE, RT.CLUSTER, CLUSTER) and not any(
+                self._may(header, Op.WRITE, RT.TOPIC, t) for t in self._image().topics):   # as Kafka 3
+            return {"throttle_time": 0, "error_code": K.cluster_authorization_failed, "producer_id": -1,
+                    "producer_epoch": -1}
         try:
             pid = await self.ctx.deps.producer_ids()
         except Exception as e:  # noqa: BLE001
@@ -335,7 +428,8 @@ class KafkaApis:
         committed = int(getattr(req, "isolation_level", 0)) == READ_COMMITTED
         wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, getattr(p, "current_leader_epoch", -1))
                   for t in req.topics for p in t.partitions]
-        results = self._read_all(wanted, total_max, committed)
+        denied = {t for t, *_ in wanted if not self._may(header, Op.READ, RT.TOPIC, t)}
+        results = self._read_all(wanted, total_max, committed, denied)
         size = sum(len(r[1]) for r in results if r[0] is None)
         if size < min_bytes and max_wait_ms > 0 and not self.rm.closing:
             # a partition answers nothing yet: wait for bytes beyond what it read (read_committed:
@@ -355,7 +449,7 @@ class KafkaApis:
                             await w
                         except (asyncio.CancelledError, Exception):
                             pass
-                results = self._read_all(wanted, total_max, committed)
+                results = self._read_all(wanted, total_max, committed, denied)
         by_topic: dict[str, list] = {}
         for (t, p, _off, _mb, _e), (err, data, hw, lso, stable, _raw, aborted) in zip(wanted, results):
             entry = {"partition_index": p, "error_code": K.none if err is None else kafka_error(err),
@@ -369,7 +463,7 @@ class KafkaApis:
         return {"throttle_time": 0, "error_code": K.none, "session_id": 0,
                 "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]}
 
-    def _read_all(self, wanted: list, total_max: int, committed: bool = False) -> list[tuple]:
+    def _read_all(self, wanted: list, total_max: int, committed: bool = False, denied=frozenset()) -> list[tuple]:
         """(error, stored bytes, high watermark, log start offset, last stable offset, bytes
         read before the LSO cut, aborted transactions or None) per partition; the first
         partition with data always gets at least one batch (KIP-74), later ones what is left.
@@ -382,6 +476,8 @@ class KafkaApis:
         left = total_max
         for t, p, off, part_max, epoch in wanted:
             try:
+                if t in denied:
+                    raise Denied(RT.TOPIC, f"READ on topic {t!r} is not granted")
                 self._check_leader_epoch(t, p, epoch)
                 res = self.rm._read_committed(t, p, off, max(1, min(part_max, left)) if left > 0 else 1)
                 data = res.records if left > 0 else b""
@@ -410,6 +506,7 @@ class KafkaApis:
             for p in t.partitions:
                 entry = {"partition_index": p.partition_index, "error_code": K.none, "timestamp": -1, "offset": -1}
                 try:
+                    self._require(header, Op.DESCRIBE, RT.TOPIC, t.name)
                     self._check_leader_epoch(t.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
                     part, _lg = self.rm.leader_partition(t.name, p.partition_index)
                     offs = self.rm.offsets(t.name, p.partition_index)
@@ -439,6 +536,7 @@ class KafkaApis:
             for p in t.partitions:
                 entry = {"partition": p.partition, "error_code": K.none, "leader_epoch": -1, "end_offset": -1}
                 try:
+                    self._require(header, Op.DESCRIBE, RT.TOPIC, t.topic)
                     cur = getattr(p, "current_leader_epoch", -1)
                     self._check_leader_epoch(t.topic, p.partition, cur)
                     epoch, end = self.rm.epoch_end_offset(t.topic, p.partition, int(p.leader_epoch),
@@ -486,8 +584,13 @@ class KafkaApis:
         wanted = [(t.name, int(p)) for t in req.v3_and_below_topics for p in t.partitions]
         img = self._image()
         errors: dict[tuple[str, int], K] = {}
+        txid_ok = self._may(header, Op.WRITE, RT.TRANSACTIONAL_ID, txid)
         for t, p in wanted:
-            if t in internal_topics.INTERNAL_TOPICS:
+            if not txid_ok:
+                errors[(t, p)] = K.transactional_id_authorization_failed
+            elif not self._may(header, Op.WRITE, RT.TOPIC, t):
+                errors[(t, p)] = K.topic_authorization_failed
+            elif t in internal_topics.INTERNAL_TOPICS:
                 errors[(t, p)] = K.topic_authorization_failed
             elif img.partition(t, p) is None:
                 errors[(t, p)] = K.unknown_topic_or_partition
@@ -519,6 +622,8 @@ class KafkaApis:
         async def go(ld):
             await self.txn._write(ld, ld.state.add_offsets(txid, pid, epoch, group, [], self.txn.clock.now_ms()))
         try:
+            self._require(header, Op.WRITE, RT.TRANSACTIONAL_ID, txid)
+            self._require(header, Op.READ, RT.GROUP, group)
             validate_group_id(group)
             await self.txn.run_local(txid, go)
         except KraftlogError as e:
@@ -532,6 +637,10 @@ class KafkaApis:
         entries = [(t.name, int(p.partition_index), int(p.committed_offset)) for t in req.topics for p in t.partitions]
         code = K.none
         try:
+            self._require(header, Op.WRITE, RT.TRANSACTIONAL_ID, req.transactional_id)
+            self._require(header, Op.READ, RT.GROUP, req.group_id)
+            for t in {t for t, _p, _o in entries}:
+                self._require(header, Op.READ, RT.TOPIC, t)
             validate_group_id(req.group_id)
             img = self._image()
             for t, p, o in entries:
@@ -557,6 +666,7 @@ class KafkaApis:
         txid = req.transactional_id
         pid, epoch, commit = int(req.producer_id), int(req.producer_epoch), bool(req.committed)
         try:
+            self._require(header, Op.WRITE, RT.TRANSACTIONAL_ID, txid)
             await self.txn.run_local(txid, lambda ld: self.txn.end_transaction(ld, txid, pid, epoch, commit))
         except KraftlogError as e:
             return {"throttle_time": 0, "error_code": self._txn_error(e, header)}
@@ -568,6 +678,8 @@ class KafkaApis:
         key_type = int(getattr(req, "key_type", 0))
         what = "transactional id" if key_type == TRANSACTION_KEY_TYPE else "group"
         try:
+            self._require(header, Op.DESCRIBE, RT.TRANSACTIONAL_ID if key_type == TRANSACTION_KEY_TYPE else RT.GROUP,
+                          req.key)
             if key_type == TRANSACTION_KEY_TYPE and self.txn is not None:
                 _p, leader, _url = await self.txn.coordinator_of(req.key)
             elif key_type == 0:
@@ -621,6 +733,9 @@ class KafkaApis:
             return {"throttle_time": 0, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
 
         try:
+            self._require(header, Op.READ, RT.GROUP, group)
+            for t in {t for t, _p, _o, _m in entries}:
+                self._require(header, Op.READ, RT.TOPIC, t)
             self.groups.check_commit(group, member_id, generation)
             img = self._image()
             for t, p, o, _m in entries:
@@ -641,6 +756,8 @@ class KafkaApis:
         group = req.group_id
         wanted = None if req.topics is None else [(t.name, list(t.partition_indexes)) for t in req.topics]
         try:
+            self._require(header, Op.DESCRIBE, RT.GROUP, group)
+
             async def go(ld):
                 await self.gc._read_barrier(ld)
                 return {(t, p): om for t, p, om in ld.state.fetch_offsets(group)}
@@ -654,10 +771,15 @@ class KafkaApis:
             grouped: dict[str, list] = {}
             for (t, p) in sorted(committed):
                 grouped.setdefault(t, []).append(p)
-            wanted = list(grouped.items())
+            wanted = [(t, ps) for t, ps in grouped.items() if self._may(header, Op.DESCRIBE, RT.TOPIC, t)]
         topics = []
         for t, ps in wanted:
             parts = []
+            if not self._may(header, Op.DESCRIBE, RT.TOPIC, t):
+                topics.append({"name": t, "partitions": [
+                    {"partition_index": p, "committed_offset": -1, "metadata": "",
+                     "error_code": K.topic_authorization_failed} for p in ps]})
+                continue
             for p in ps:
                 om = committed.get((t, p))
                 parts.append({"partition_index": p, "committed_offset": om.offset if om is not None else -1,
@@ -674,6 +796,7 @@ class KafkaApis:
 
     async def join_group(self, req, header) -> dict:
         try:
+            self._require(header, Op.READ, RT.GROUP, req.group_id)
             return await self._group_call(req.group_id, lambda: self.groups.join(req, header))
         except (KraftlogError, ClassicGroupError) as e:
             return {"throttle_time": 0, "error_code": _code(e), "generation_id": -1, "protocol_name": None,
@@ -681,12 +804,14 @@ class KafkaApis:
 
     async def sync_group(self, req, header) -> dict:
         try:
+            self._require(header, Op.READ, RT.GROUP, req.group_id)
             return await self._group_call(req.group_id, lambda: self.groups.sync(req))
         except (KraftlogError, ClassicGroupError) as e:
             return {"throttle_time": 0, "error_code": _code(e), "assignment": b""}
 
     async def heartbeat(self, req, header) -> dict:
         try:
+            self._require(header, Op.READ, RT.GROUP, req.group_id)
             await self._group_call(req.group_id, lambda: self.groups.heartbeat(req))
         except (KraftlogError, ClassicGroupError) as e:
             return {"throttle_time": 0, "error_code": _code(e)}
@@ -695,6 +820,7 @@ class KafkaApis:
     async def leave_group(self, req, header) -> dict:
         members = [m.member_id for m in req.members] if hasattr(req, "members") else [req.member_id]
         try:
+            self._require(header, Op.READ, RT.GROUP, req.group_id)
             await self._group_call(req.group_id, lambda: self.groups.leave(req.group_id, members))
         except (KraftlogError, ClassicGroupError) as e:
             return {"throttle_time": 0, "error_code": _code(e), "members": ()}
@@ -702,22 +828,28 @@ class KafkaApis:
                 "members": [{"member_id": m, "group_instance_id": None, "error_code": K.none} for m in members]}
 
     async def list_groups(self, req, header) -> dict:
-        return {"throttle_time": 0, "error_code": K.none, "groups": self.groups.listed()}
+        all_groups = self._may(header, Op.DESCRIBE, RT.CLUSTER, CLUSTER)
+        return {"throttle_time": 0, "error_code": K.none, "groups": [
+            g for g in self.groups.listed() if all_groups or self._may(header, Op.DESCRIBE, RT.GROUP, g["group_id"])]}
 
     async def describe_groups(self, req, header) -> dict:
-        return {"throttle_time": 0, "groups": [self.groups.described(g) for g in req.groups]}
+        return {"throttle_time": 0, "groups": [
+            self.groups.described(g) if self._may(header, Op.DESCRIBE, RT.GROUP, g) else
+            {"error_code": K.group_authorization_failed, "group_id": g, "group_state": "", "protocol_type": "",
+             "protocol_data": "", "members": ()} for g in req.groups]}
 
     # ---- admin ---------------------------------------------------------------------------
 
     async def create_topics(self, req, header) -> dict:
         wait_ms = min(max(_ms(req.timeout), 0) or self.config.metadata_wait_ms, _ADMIN_WAIT_MS_MAX)
         return {"throttle_time": 0, "topics": await asyncio.gather(
-            *(self._create_topic(t, bool(getattr(req, "validate_only", False)), wait_ms) for t in req.topics))}
+            *(self._create_topic(t, bool(getattr(req, "validate_only", False)), wait_ms, header) for t in req.topics))}
 
-    async def _create_topic(self, t, validate_only: bool, wait_ms: int) -> dict:
+    async def _create_topic(self, t, validate_only: bool, wait_ms: int, header) -> dict:
         out = {"name": t.name, "topic_id": _ZERO_UUID, "error_code": K.none, "error_message": None,
                "num_partitions": -1, "replication_factor": -1, "configs": ()}
         try:
+            self._require_create(header, t.name)
             validate_topic_name(t.name)
             internal_topics.check_client_write(t.name, "creation")   # its coordinator creates it
             if t.assignments:
@@ -750,6 +882,7 @@ class KafkaApis:
 
         async def one(name: str) -> dict:
             try:
+                self._require(header, Op.DELETE, RT.TOPIC, name)
                 if name not in self._image().topics:
                     raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
                 if name == OFFSETS_TOPIC:
@@ -767,6 +900,7 @@ class KafkaApis:
 
         async def one(t) -> dict:
             try:
+                self._require(header, Op.ALTER, RT.TOPIC, t.name)
                 if t.name not in self._image().topics:
                     raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {t.name!r} does not exist")
                 if t.assignments:
@@ -790,6 +924,7 @@ class KafkaApis:
             for p in t.partitions:
                 entry = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": K.none}
                 try:
+                    self._require(header, Op.DELETE, RT.TOPIC, t.name)
                     internal_topics.check_client_write(t.name, "delete-records")
                     entry["low_watermark"] = await self.rm.delete_records(t.name, p.partition_index, int(p.offset))
                 except KraftlogError as e:
@@ -805,6 +940,7 @@ class KafkaApis:
     async def delete_groups(self, req, header) -> dict:
         async def one(group: str) -> dict:
             try:
+                self._require(header, Op.DELETE, RT.GROUP, group)
                 g = self.groups.groups.get(group)
                 if g is not None and g.members:
                     raise KraftlogError(ErrorCode.NON_EMPTY_GROUP, f"group {group!r} has members")
@@ -827,6 +963,7 @@ class KafkaApis:
             try:
                 if int(r.resource_type) != TOPIC_RESOURCE:
                     raise KraftlogError(ErrorCode.INVALID_REQUEST, "only topic configs can be altered here")
+                self._require(header, Op.ALTER_CONFIGS, RT.TOPIC, r.resource_name)
                 name = r.resource_name
                 if name not in self._image().topics:
                     raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
@@ -854,7 +991,12 @@ class KafkaApis:
             keys = set(r.configuration_keys) if r.configuration_keys is not None else None
             out = {"error_code": K.none, "error_message": None, "resource_type": rtype, "resource_name": name,
                    "configs": ()}
-            if rtype == TOPIC_RESOURCE:
+            if rtype in (TOPIC_RESOURCE, BROKER_RESOURCE) and not self._may(
+                    header, Op.DESCRIBE_CONFIGS, RT.TOPIC if rtype == TOPIC_RESOURCE else RT.CLUSTER,
+                    name if rtype == TOPIC_RESOURCE else CLUSTER):
+                out["error_code"] = K.topic_authorization_failed if rtype == TOPIC_RESOURCE else \
+                    K.cluster_authorization_failed
+            elif rtype == TOPIC_RESOURCE:
                 t = img.topics.get(name)
                 if t is None:
                     out["error_code"], out["error_message"] = K.unknown_topic_or_partition, f"topic {name!r} does not exist"

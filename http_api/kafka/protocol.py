@@ -40,6 +40,7 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     14: ("SyncGroup", 0, 5),
     15: ("DescribeGroups", 0, 5),
     16: ("ListGroups", 0, 4),
+    17: ("SaslHandshake", 1, 1),        # v0's unframed tokens are not served; only with SASL on
     18: ("ApiVersions", 0, 3),
     19: ("CreateTopics", 2, 7),
     20: ("DeleteTopics", 1, 5),
@@ -51,6 +52,7 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     26: ("EndTxn", 0, 3),               # v4+: KIP-890 transaction version 2, not served
     28: ("TxnOffsetCommit", 0, 3),
     32: ("DescribeConfigs", 1, 4),
+    36: ("SaslAuthenticate", 0, 2),     # only with SASL on
     37: ("CreatePartitions", 0, 3),
     42: ("DeleteGroups", 0, 2),
     44: ("IncrementalAlterConfigs", 0, 1),
@@ -74,6 +76,7 @@ class RequestHeader:
     correlation_id: int
     client_id: str | None
     body_offset: int
+    principal: str | None = None   # the SASL-authenticated principal (None: authentication off)
 
 
 def peek_header(frame: bytes) -> tuple[int, int, int]:
@@ -254,12 +257,30 @@ def response_module(api_key: int, version: int):
 _BY_NAME = {e.name.upper(): e for e in KafkaErrorCode}
 
 
+class Denied(KraftlogError):
+    """An ACL denial on the Kafka listener: Kafka's *_AUTHORIZATION_FAILED of the resource type
+    (a transactional id has its own code, TRANSACTIONAL_ID_AUTHORIZATION_FAILED)."""
+
+    _KAFKA = {"TOPIC": KafkaErrorCode.topic_authorization_failed, "GROUP": KafkaErrorCode.group_authorization_failed,
+              "CLUSTER": KafkaErrorCode.cluster_authorization_failed,
+              "TRANSACTIONAL_ID": KafkaErrorCode.transactional_id_authorization_failed}
+
+    def __init__(self, resource_type, message: str) -> None:
+        name = getattr(resource_type, "name", str(resource_type))
+        code = {"TOPIC": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                "GROUP": ErrorCode.GROUP_AUTHORIZATION_FAILED}.get(name, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+        super().__init__(code, message)
+        self.kafka_code = self._KAFKA[name]
+
+
 def kafka_error(code: ErrorCode | KraftlogError | None) -> KafkaErrorCode:
     """Kafka's numeric error for one of kraftlog's codes (kraftlog uses Kafka's names;
     UNSUPPORTED_MEDIA_TYPE, an HTTP-only code, is INVALID_REQUEST; UNKNOWN_SERVER_ERROR when
     Kafka has no such name)."""
     if code is None:
         return KafkaErrorCode.none
+    if isinstance(code, Denied):
+        return code.kafka_code
     if isinstance(code, KraftlogError):
         code = code.code
     if code is ErrorCode.UNSUPPORTED_MEDIA_TYPE:

@@ -10,6 +10,11 @@ answered with UNSUPPORTED_VERSION and the versions served, as Kafka does). A con
 silent between requests for `kafka_connections_max_idle_ms` is closed, and connections over
 the HTTP edge's `connections_max` / `connections_max_per_ip` are closed at once. Nothing a client
 sends is allowed to escape the connection: every failure is logged and answered or closed.
+
+Security: TLS from the broker's `[security]` certificate (its live, reloading context), and
+SASL (http_api/kafka/sasl.py) when authentication is on: a connection authenticates before
+any request but ApiVersions / SaslHandshake / SaslAuthenticate, and a failed exchange is
+answered, then closed.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import struct
 from http_api.kafka import protocol
 from http_api.kafka.apis import KafkaApis, NO_RESPONSE
 from http_api.kafka.protocol import FrameError
+from http_api.kafka.sasl import SaslSession
 
 log = logging.getLogger("kraftlog.kafka")
 
@@ -27,16 +33,17 @@ _SIZE = struct.Struct(">i")
 
 
 def unsecured_listener_refusal(config) -> str | None:
-    """Why this broker must not open its Kafka listener, or None. The listener has no TLS or
-    SASL yet: on a broker whose HTTP API requires TLS, authentication or ACLs it would be an
-    open side door to the same data, so it stays closed there."""
+    """Why this broker must not open its Kafka listener, or None. The listener speaks TLS
+    (SASL_SSL) when the broker has a certificate, requires SASL (PLAIN, SCRAM-SHA-256: the
+    users and passwords of HTTP Basic) when authentication is on, and checks the same ACLs
+    as HTTP. It stays closed where it would be a side door: authentication without `basic`
+    (its users have no password the listener could check)."""
     sec = config.security
-    what = [name for name, on in (("TLS", bool(sec.tls_cert_file)), ("authentication", bool(sec.authentication)),
-                                  ("an authorizer", bool(sec.authorizer))) if on]
-    if not what:
-        return None
-    return (f"the Kafka listener has no TLS/SASL yet and this broker's [security] configures {', '.join(what)}: "
-            "not opening an unauthenticated side door to the same data; set kafka_port = 0 to silence this")
+    if sec.authentication and "basic" not in sec.authentication:
+        return ("the Kafka listener authenticates with SASL PLAIN/SCRAM-SHA-256 (passwords) and this broker's "
+                f"[security] authentication is {', '.join(sec.authentication)} without basic: not opening it; add "
+                "basic to authentication, or set kafka_port = 0 to silence this")
+    return None
 
 
 class KafkaListener:
@@ -44,8 +51,9 @@ class KafkaListener:
 
     def __init__(self, apis: KafkaApis, host: str, port: int, *, request_max_bytes: int,
                  connections_max_idle_ms: int = 600_000, connections_max: int = 0,
-                 connections_max_per_ip: int = 0) -> None:
+                 connections_max_per_ip: int = 0, ssl_context=None) -> None:
         self.apis = apis
+        self.ssl_context = ssl_context   # TLS (SSL / SASL_SSL); None: PLAINTEXT / SASL_PLAINTEXT
         self.host = host
         self.port = port
         self.request_max_bytes = request_max_bytes
@@ -63,7 +71,7 @@ class KafkaListener:
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._serve, self.host, self.port, reuse_address=True,
-                                                 backlog=1024)
+                                                 backlog=1024, ssl=self.ssl_context)
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -90,6 +98,7 @@ class KafkaListener:
         ip = peer[0] if isinstance(peer, tuple) else str(peer)
         self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
         idle_s = self.connections_max_idle_ms / 1000 if self.connections_max_idle_ms > 0 else None
+        session = SaslSession(self.apis.sasl, ip) if self.apis.sasl is not None else None
         try:
             if (self.connections_max and len(self._conns) > self.connections_max) or \
                     (self.connections_max_per_ip and self._per_ip[ip] > self.connections_max_per_ip):
@@ -114,7 +123,7 @@ class KafkaListener:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return   # truncated frame: the client went away mid-request
                 try:
-                    answer = await self.apis.handle(frame)
+                    answer = await self.apis.handle(frame, session)
                 except FrameError as e:
                     log.info("closing Kafka connection %s: %s", peer, e)
                     return
@@ -124,6 +133,9 @@ class KafkaListener:
                 if answer is NO_RESPONSE:
                     continue
                 writer.write(answer)
+                if session is not None and session.close:   # a failed SASL exchange: answered, then closed
+                    await writer.drain()
+                    return
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except asyncio.CancelledError:

@@ -128,12 +128,16 @@ def test_every_kraftlog_error_code_has_a_kafka_code():
         assert k.name.upper() == code.name or code is ErrorCode.UNSUPPORTED_MEDIA_TYPE, code
 
 
-def test_the_unsecured_kafka_listener_stays_closed_on_a_secured_broker():
+def test_the_kafka_listener_stays_closed_where_it_would_be_a_side_door():
+    """Open with TLS, password authentication (SASL) and ACLs; closed where it cannot apply
+    the broker's security: authentication without passwords."""
     from http_api.broker.config import BrokerConfig
     from http_api.kafka.server import unsecured_listener_refusal
-    assert unsecured_listener_refusal(BrokerConfig()) is None
-    for secured in (dict(authentication=("basic",)), dict(authentication=("basic",), authorizer="acl", super_users=("User:admin",)),
-                    dict(tls_cert_file="/c.pem", tls_key_file="/k.pem")):
+    for opened in (dict(), dict(authentication=("basic",)), dict(tls_cert_file="/c.pem", tls_key_file="/k.pem"),
+                   dict(authentication=("basic", "bearer"), tls_cert_file="/c.pem", tls_key_file="/k.pem"),
+                   dict(authentication=("basic",), authorizer="acl", super_users=("User:admin",))):
+        assert unsecured_listener_refusal(BrokerConfig(**opened)) is None, opened
+    for secured in (dict(authentication=("bearer",)),):
         reason = unsecured_listener_refusal(BrokerConfig(**secured))
         assert reason is not None and "kafka_port = 0" in reason
 
