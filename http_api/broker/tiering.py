@@ -109,6 +109,25 @@ def install_tiered_storage(app: web.Application, ctx: Any) -> None:
         if deps.metadata.image is not None:
             rlm.on_metadata(deps.metadata.image)
         deps.registry.register(RemoteLogCollector(rlm))
+
+        def on_follower_reset(topic: str, partition: int, start_offset: int) -> None:
+            # a follower restarted at the leader's local log start: its producer state comes
+            # from the store (in the remote read pool: never on the event loop)
+            image = deps.metadata.image
+            topic_md = image.topics.get(topic) if image is not None else None
+            lg = rm.log_manager.get(topic, partition)
+            if topic_md is None or lg is None or not lg.config.remote_storage_enable:
+                return
+
+            def restore() -> None:
+                try:
+                    rlm.restore_follower_state(topic, partition, topic_md.topic_id, start_offset)
+                except Exception as exc:  # noqa: BLE001 - a missing snapshot only loses dedup of old batches
+                    log.warning("restoring the producer state of %s-%d from the remote store failed: %s",
+                                topic, partition, exc)
+            rlm.read_pool.submit(restore)
+
+        rm.follower_reset_listeners.append(on_follower_reset)
         rlm.start()
         log.info("tiered storage on: bucket %s at %s", rs.remote_storage_s3_bucket,
                  rs.remote_storage_s3_endpoint or "AWS S3")

@@ -147,14 +147,7 @@ class ProducerStateManager:
         if self.path is None or not self.path.exists():
             return None
         try:
-            data = json.loads(self.path.read_text())
-            offset = int(data["offset"])
-            producers = {}
-            for pid, epoch, last_ts, batches in data["producers"]:
-                entry = ProducerStateEntry(int(pid), int(epoch), last_timestamp=int(last_ts))
-                for b in batches:
-                    entry.batches.append(BatchMetadata(*(int(x) for x in b)))
-                producers[entry.producer_id] = entry
+            offset, producers = self._parse_snapshot(self.path.read_text())
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring unreadable producer state snapshot %s: %s", self.path, exc)
             offset = None
@@ -166,6 +159,34 @@ class ProducerStateManager:
             return None
         self.producers = producers
         return offset
+
+    @staticmethod
+    def _parse_snapshot(text: str | bytes) -> tuple[int, dict[int, ProducerStateEntry]]:
+        """(offset, producers) of a snapshot document (raises ValueError/KeyError/TypeError)."""
+        data = json.loads(text)
+        producers = {}
+        for pid, epoch, last_ts, batches in data["producers"]:
+            entry = ProducerStateEntry(int(pid), int(epoch), last_timestamp=int(last_ts))
+            for b in batches:
+                entry.batches.append(BatchMetadata(*(int(x) for x in b)))
+            producers[entry.producer_id] = entry
+        return int(data["offset"]), producers
+
+    def merge_snapshot(self, text: str | bytes, below_offset: int) -> int:
+        """Add the producers of a snapshot taken at `below_offset` or earlier (a remote
+        segment's, KIP-405) that this state does not know: a replica that restarted at the
+        leader's local log start learns the producers whose last batches only the remote store
+        holds (duplicates and fencing keep working after it becomes leader). Producers it
+        knows keep their own, newer, entry. Returns how many were added."""
+        offset, producers = self._parse_snapshot(text)
+        if offset > below_offset:
+            raise ValueError(f"snapshot at offset {offset} is past {below_offset}")
+        added = 0
+        for pid, entry in producers.items():
+            if pid not in self.producers:
+                self.producers[pid] = entry
+                added += 1
+        return added
 
     def _scan(self, lg: ScannableLog, start_offset: int) -> None:
         for seg in lg.segments:

@@ -105,6 +105,8 @@ class ReplicaManager:
         self.core = ReplicaState(broker_id, min_isr_for=self.min_isr_for)
         # reassignment copies (adding replicas outside the ISR) limited to the throttle in metadata
         self.throttle = ReplicationThrottle(broker_id)
+        # callables (topic, partition, start_offset) run after a follower restarted empty
+        self.follower_reset_listeners: list[Callable[[str, int, int], None]] = []
         self._monotonic_ms = clock.monotonic_ms
         # the core's maps (read-only here): (topic, partition) -> Partition / its log
         self.partitions: dict[TopicPartition, Partition] = self.core.partitions
@@ -662,8 +664,13 @@ class ReplicaManager:
         return self.core.follower_truncate(TopicPartition(topic, partition), leader_epoch, offset)
 
     def follower_reset(self, topic: str, partition: int, leader_epoch: int, start_offset: int) -> int:
-        """Our log is below the leader's log start: start over empty at `start_offset`."""
-        return self.core.follower_reset(TopicPartition(topic, partition), leader_epoch, start_offset)
+        """Our log is below the leader's log start: start over empty at `start_offset`, then
+        tell the follower-reset listeners (tiered storage restores producer state from the
+        store: http_api/broker/tiering.py)."""
+        out = self.core.follower_reset(TopicPartition(topic, partition), leader_epoch, start_offset)
+        for listener in list(self.follower_reset_listeners):
+            listener(topic, partition, start_offset)
+        return out
 
     def followed_partitions(self) -> list[tuple[str, int, int, int]]:
         """(topic, partition, leader_id, leader_epoch) of every local follower with a leader."""

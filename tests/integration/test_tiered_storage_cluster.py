@@ -262,7 +262,9 @@ def test_store_down_under_load_produce_and_local_fetch_go_on_then_copy_catches_u
 
 def test_wiped_follower_rebuilds_only_the_local_tail(tmp_path):
     """A follower that lost its disk starts at the leader's local log start (the history is
-    remote), not at offset 0: it fetches the tail only, and rejoins the ISR."""
+    remote), not at offset 0: it fetches the tail only, rejoins the ISR, and learns the
+    idempotent producers from the store (a retry of a batch that is only remote is still a
+    duplicate once it leads)."""
     import shutil
     with seaweedfs_store(str(tmp_path)) as store:
         cluster = start_cluster(tmp_path, store)
@@ -272,7 +274,13 @@ def test_wiped_follower_rebuilds_only_the_local_tail(tmp_path):
             leader = cluster.partition(topic)["leader"]
             follower = next(b for b in cluster.ports if b != leader)
             url = cluster.url(leader)
-            end = produce(url, topic, 0, 40)
+            _, ids = http("POST", f"{url}/v1/producer-ids", {})
+            first = build_batch([Record(None, f"{i:010d}".encode().ljust(VALUE_BYTES, b".")) for i in range(PER_BATCH)],
+                                producer_id=ids["producer_id"], producer_epoch=ids["producer_epoch"], base_sequence=0)
+            status, first_answer = http("POST", f"{url}/v1/topics/{topic}/partitions/0/records?acks=all", raw=first,
+                                        content_type=RAW_BATCH, timeout=30)
+            assert status == 200 and first_answer["offsets"][0]["offset"] == 0, first_answer
+            end = produce(url, topic, PER_BATCH, 39)
             prefix = topic_prefix(cluster, store, topic)
             wait_copied(cluster, store, prefix, leader, topic)
             cluster.stop_broker(follower)
@@ -286,6 +294,16 @@ def test_wiped_follower_rebuilds_only_the_local_tail(tmp_path):
             assert bases[0] >= offs["local_log_start_offset"] > 0, (bases, offs)
             assert local_log_bytes(cluster, follower, topic) <= LOCAL_BYTES + 2 * SEGMENT_BYTES
             assert offs["log_start_offset"] == 0 and read_all(url, topic, end) == list(range(end))
+            # the rebuilt follower leads: the producer's first batch (only in the store now) resent
+            cluster.stop_broker(leader)
+            cluster.wait_for(lambda: cluster.partition(topic)["leader"] == follower, 60, "the rebuilt follower leads",
+                             interval=0.3)
+            new_url = cluster.url(follower)
+            status, resent = http("POST", f"{new_url}/v1/topics/{topic}/partitions/0/records?acks=1", raw=first,
+                                  content_type=RAW_BATCH, timeout=30)
+            assert status == 200 and resent["offsets"][0].get("duplicate") is True, resent
+            _, offs = http("GET", f"{new_url}/v1/topics/{topic}/partitions/0/offsets")
+            assert offs["high_watermark"] == end, offs   # nothing appended twice
         finally:
             cluster.close()
 

@@ -52,7 +52,7 @@ from .metadata import (
     next_segments_to_copy,
     remote_segments_to_delete,
 )
-from .storage import OFFSET_INDEX, SEGMENT, LogSegmentData, RemoteStorageError
+from .storage import OFFSET_INDEX, PRODUCER_SNAPSHOT, SEGMENT, LogSegmentData, RemoteStorageError
 
 log = logging.getLogger(__name__)
 
@@ -459,6 +459,29 @@ class RemoteLogManager:
                     st.topic_id = topic_id
                     self._load((topic, partition), st)
                     st.loaded_epoch = -1
+
+    def restore_follower_state(self, topic: str, partition: int, topic_id: str, start_offset: int) -> int:
+        """A follower restarted empty at the leader's local log start `start_offset`: learn the
+        idempotent producers from the producer snapshot of the remote segment just below it
+        (KIP-405: a replica builds its state from remote data, fetching only the local tail).
+        Returns how many producers were added; 0 when nothing remote is below the offset."""
+        if start_offset <= 0:
+            return 0
+        self.ensure_loaded(topic, partition, topic_id)
+        st = self._states.get((topic, partition))
+        # the last remote segment that ends at or below the offset (its snapshot names no
+        # batch the follower will fetch itself)
+        below = [s for s in (st.segments.readable() if st is not None else []) if s.next_offset <= start_offset]
+        md = below[-1] if below else None
+        lg = self.log_manager.get(topic, partition)
+        if md is None or lg is None:
+            return 0
+        snapshot = self.storage.fetch(md, PRODUCER_SNAPSHOT, 0)
+        with lg.lock:
+            added = lg.producer_state.merge_snapshot(snapshot, start_offset)
+        log.info("%s-%d: %d idempotent producers restored from the remote segment [%d, %d] below the local "
+                 "log start %d", topic, partition, added, md.base_offset, md.end_offset, start_offset)
+        return added
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> RemoteRead | None:
         """Whole batches from the remote segment holding `offset` (the first batch may start

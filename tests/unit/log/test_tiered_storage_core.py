@@ -168,3 +168,19 @@ def test_topic_deletion_dooms_remote_data_of_topics_once_tiered(tmp_path):
         assert deleted == [("a", "A"), ("b", "B")]
     finally:
         rlm.stop()
+
+
+def test_a_remote_producer_snapshot_adds_only_producers_the_replica_does_not_know():
+    from partitions.log.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
+    import json
+    psm = ProducerStateManager(None)
+    mine = ProducerStateEntry(7, 3)
+    mine.batches.append(BatchMetadata(10, 10, 5000, 5000, 1))
+    psm.producers[7] = mine
+    snapshot = json.dumps({"offset": 4000, "producers": [[7, 2, 0, [[0, 4, 0, 4, 0]]],
+                                                          [9, 0, 0, [[0, 1, 100, 101, 0]]]]})
+    assert psm.merge_snapshot(snapshot, below_offset=4000) == 1
+    assert psm.producers[7] is mine                       # its own, newer, entry stays
+    assert psm.producers[9].find_duplicate(0, 1) == BatchMetadata(0, 1, 100, 101, 0)
+    with pytest.raises(ValueError, match="past"):
+        psm.merge_snapshot(snapshot, below_offset=3999)
