@@ -10,11 +10,15 @@ writer (topic config changes through a broker) running throughout.
    its leadership over first, is removed, and exits by itself (a removed node is never told).
 3. Metadata writes go on: a topic is created through the new quorum, and the longest gap
    between two successful metadata writes is measured and printed.
-4. An unknown id is 404 VOTER_NOT_FOUND; every acknowledged record is in the log exactly once.
+4. An unknown id is 404 VOTER_NOT_FOUND.
+5. A follower controller whose data directory is wiped comes back at the same address with a
+   new incarnation: it is refused and stops, saying what to do. Every acknowledged record is
+   in the log exactly once.
 A second test: removing the last voter of a 1-controller quorum is refused.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -152,6 +156,20 @@ def test_add_a_controller_then_remove_the_original_leader_under_load(tmp_path):
         r = kraftlog("quorum", "remove-controller", "99", "--bootstrap", c.url(2))
         assert r.returncode != 0 and "VOTER_NOT_FOUND" in r.stderr
         assert len(_describe(c)["voters"]) == 3
+
+        # 5. a wiped follower cannot vote on under its old identity
+        now = _describe(c)
+        wiped = next(v["id"] for v in now["voters"] if v["id"] != now["leader_id"])
+        cc.kill(wiped)
+        shutil.rmtree(os.path.join(str(tmp_path), f"controller-{wiped}"))
+        cc.start(wiped)
+        assert cc.procs[wiped].wait(60) == 0
+        cc.procs.pop(wiped)
+        with open(os.path.join(str(tmp_path), f"controller-{wiped}", "controller.log")) as f:
+            log = f.read()
+        assert f"controller {wiped} is registered with incarnation" in log and "was lost or replaced" in log, log[-2000:]
+        assert http("POST", c.url(1) + "/v1/topics", {"name": "after-wipe", "partitions": 1,
+                                                      "replication_factor": 3}, timeout=60)[0] in (200, 201)
         n = prod.count()
         prod.wait_acked(n + 50, 60)
         writer.stop()
