@@ -8,7 +8,14 @@ from partitions.log.config import LogConfig
 from partitions.replication.replica_manager import ACKS_LEADER, ReplicaManager
 from partitions.replication.replica_state import ReplicaFetchRequest
 from partitions.replication.replication_throttle import ReplicationThrottle, TokenBucket
-from test_replica_fetcher import DiskLogManager
+from test_replica_fetcher import DiskLogManager as _DiskLogManager
+
+
+class DiskLogManager(_DiskLogManager):
+    """Real logs in a directory (topic configs are not what these tests are about)."""
+
+    def update_config(self, topic, config):
+        pass
 
 RATE = 10_000
 
@@ -83,3 +90,49 @@ async def test_leader_sends_a_throttled_replica_no_more_than_the_rate(tmp_path):
     assert 0.75 * 2 * RATE <= copied <= 1.25 * 2 * RATE, copied
     for lg in rm.log_manager.logs.values():
         lg.close()
+
+
+async def test_the_copying_follower_leaves_throttled_partitions_out_while_its_bucket_is_empty(tmp_path):
+    from partitions.replication.replica_fetcher import ReplicaFetcherManager
+    from test_replica_fetcher import DirectTransport, wait_for
+
+    clock = ManualClock()
+    (tmp_path / "1").mkdir()
+    (tmp_path / "3").mkdir()
+    rms = {b: ReplicaManager(b, DiskLogManager(tmp_path / str(b)), request_timeout_ms=2000, clock=clock,
+                             default_log_config_factory=lambda c: LogConfig()) for b in (1, 3)}
+    img = moving_image(rate=None)
+    img.replay(ConfigRecord("broker", "", "follower.replication.throttled.rate", str(RATE)))  # follower side only
+    transport = DirectTransport({"http://b1": rms[1]})
+    fetcher = ReplicaFetcherManager(rms[3], transport, 3, fetch_wait_max_ms=20, backoff_ms=10, clock=clock,
+                                   partition_max_bytes=2000)   # ~2 batches per answer: the bucket, not one answer, bounds the copy
+    try:
+        for rm in rms.values():
+            await rm.apply_metadata(img)
+        for _ in range(20):
+            for p in (0, 1):
+                await rms[1].append("t", p, rb.build_batch([rb.Record(None, b"x" * 1000)]), acks=ACKS_LEADER)
+        end = rms[1].logs[("t", 0)].log_end_offset
+        fetcher.sync(img)
+        # the partition that does not move is copied; the move's copy waits for tokens
+        await wait_for(lambda: rms[3].logs[("t", 1)].log_end_offset == end)
+        assert rms[3].logs[("t", 0)].log_end_offset == 0
+        assert all(("t", 0) not in f for f in transport.fetches)
+        clock.advance(1000)                      # RATE / 2 bytes (the burst) become available
+        await wait_for(lambda: rms[3].logs[("t", 0)].log_end_offset > 0)
+        await wait_for(lambda: rms[3].throttle.follower.available(clock.monotonic_ms()) == 0)
+        copied = rms[3].logs[("t", 0)].log_end_offset
+        assert copied <= 8, f"the follower copied {copied} batches of 1 KB on a burst of {RATE // 2} bytes"
+        rounds = 1
+        while rms[3].logs[("t", 0)].log_end_offset < end:   # each second of the clock buys the next bytes
+            clock.advance(1000)
+            rounds += 1
+            await wait_for(lambda: rms[3].logs[("t", 0)].log_end_offset == end
+                           or rms[3].throttle.follower.available(clock.monotonic_ms()) == 0)
+            assert rounds < 40
+        assert rounds >= 20_000 // (RATE // 2), rounds     # 20 KB at a burst of RATE / 2 per round
+    finally:
+        await fetcher.close()
+        for rm in rms.values():
+            for lg in rm.log_manager.logs.values():
+                lg.close()
