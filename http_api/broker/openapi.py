@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from http_api.broker.reassignments import OPENAPI_PATHS as REASSIGNMENT_PATHS
+from http_api.broker.streaming import OPENAPI_PATHS as STREAMING_PATHS
+from http_api.rest_proxy.openapi import OPENAPI_PATHS as REST_PROXY_PATHS
 
 
 def _err(desc: str) -> dict:
@@ -380,6 +382,8 @@ def openapi_document(server_url: str) -> dict:
             **_SECURITY_ADMIN_PATHS,
             **_TRANSACTION_PATHS,
             **REASSIGNMENT_PATHS,   # http_api/broker/reassignments.py
+            **STREAMING_PATHS,      # SSE: http_api/broker/streaming.py
+            **REST_PROXY_PATHS,     # Confluent REST Proxy v2: http_api/rest_proxy/
             "/healthz": {"get": {"summary": "Liveness (open even with security on)",
                                  "responses": {"200": _obj("{status: ok, ...}"),
                                                "503": _obj("{status: starting, ...}: not ready yet")}}},

@@ -305,6 +305,36 @@ def _group_record(r) -> dict:
     return doc
 
 
+_SSE_OK = {"description": "text/event-stream: `retry:`, then per record `id:` + `data:` (JSON), `: heartbeat` "
+                          "while idle; `event: error` before the end on a failure",
+           "content": {EVENT_STREAM: {"schema": {"type": "string"}}}}
+_Q = [{"name": "isolation_level", "in": "query", "schema": {"type": "string",
+                                                            "enum": ["read_uncommitted", "read_committed"]}},
+      {"name": "heartbeat_ms", "in": "query", "schema": {"type": "integer", "minimum": STREAM_HEARTBEAT_MIN_MS}}]
+OPENAPI_PATHS = {   # merged into the broker's /openapi.json (http_api/broker/openapi.py)
+    "/v1/topics/{topic}/partitions/{partition}/records/stream": {"get": {
+        "summary": "Server-Sent Events: the partition's records from `offset` (or after Last-Event-ID), following",
+        "parameters": [{"name": "topic", "in": "path", "required": True, "schema": {"type": "string"}},
+                       {"name": "partition", "in": "path", "required": True, "schema": {"type": "integer",
+                                                                                      "minimum": 0}},
+                       {"name": "offset", "in": "query", "schema": {"type": "string",
+                                                                    "description": "N, earliest or latest"}},
+                       {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}}, *_Q],
+        "responses": {"200": _SSE_OK}}},
+    "/v1/groups/{group}/records/stream": {"get": {
+        "summary": "Server-Sent Events: the records of the partitions the group assigns to this stream, committed "
+                   "as they are sent",
+        "parameters": [{"name": "group", "in": "path", "required": True, "schema": {"type": "string"}},
+                       {"name": "topics", "in": "query", "required": True, "schema": {"type": "string"}},
+                       {"name": "auto_offset_reset", "in": "query",
+                        "schema": {"type": "string", "enum": ["earliest", "latest"]}},
+                       {"name": "max_records", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                       {"name": "commit_interval_ms", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                       *_Q],
+        "responses": {"200": _SSE_OK}}},
+}
+
+
 def install_streaming(app: web.Application, ctx: BrokerContext, **limits: int) -> StreamRoutes:
     """Add the two SSE routes; open streams end when the app shuts down."""
     routes = StreamRoutes(ctx, **limits)
@@ -319,5 +349,5 @@ def install_streaming(app: web.Application, ctx: BrokerContext, **limits: int) -
     return routes
 
 
-__all__ = ["EVENT_STREAM", "STREAM_BUFFER_BYTES", "STREAM_HEARTBEAT_MS", "StreamRoutes", "install_streaming",
+__all__ = ["EVENT_STREAM", "OPENAPI_PATHS", "STREAM_BUFFER_BYTES", "STREAM_HEARTBEAT_MS", "StreamRoutes", "install_streaming",
            "internal_session", "loopback_consumer", "sse_event"]
