@@ -214,6 +214,23 @@ class Workload:
                 raise RuntimeError(f"could not configure {OFFSETS_TOPIC}: {last}")
             await asyncio.sleep(0.3)
 
+    def _follow_hint(self, key: tuple, status: int, body: bytes) -> bool:
+        """A NOT_LEADER_OR_FOLLOWER answer names the leader the answering broker knows
+        (KIP-951's hint, `leader_id`): go there at once instead of after the next metadata
+        look. Its epoch is not in the hint; any new leader's is above the one we sent with,
+        so that is what we record (a stale metadata answer cannot take us back, a real one
+        wins). True when it named another leader."""
+        try:
+            doc = json.loads(body)
+            hint = int(doc.get("leader_id", -1)) if doc.get("error_code") == "NOT_LEADER_OR_FOLLOWER" else -1
+        except (ValueError, TypeError, AttributeError):
+            return False
+        if hint < 0 or hint not in self.c.ids or hint == self.leaders.get(key, -1):
+            return False
+        self.leaders[key] = hint
+        self.leader_epochs[key] = self.leader_epochs.get(key, -1) + 1
+        return True
+
     @staticmethod
     def _classify(status: int, body: bytes) -> tuple[str, str]:
         try:
@@ -256,6 +273,8 @@ class Workload:
                 return
             kind, code = self._classify(status, body)
             self.h.complete(op, kind, error=code)
+            if self._follow_hint((topic, p), status, body):
+                return
         except aiohttp.ClientConnectorError as e:
             self.h.fail(op, f"connect: {e.__class__.__name__}")
         except Exception as e:  # timeouts, resets: unknown
@@ -334,6 +353,8 @@ class Workload:
                 return
             kind, code = self._classify(status, body)
             self.h.complete(op, kind, error=code)
+            if self._follow_hint((self.topic, p), status, body):
+                return
         except aiohttp.ClientConnectorError as e:
             self.h.fail(op, f"connect: {e.__class__.__name__}")
         except Exception as e:
