@@ -235,6 +235,7 @@ class KafkaApis:
         a failed exchange is answered, then the connection closes (`session.close`)."""
         if api_key == SASL_HANDSHAKE_KEY:
             if session.handshake(req.mechanism):
+                session.unframed = req.__version__ == 0   # v0: the SASL tokens follow as bare frames
                 return {"error_code": K.none, "mechanisms": MECHANISMS}
             session.close = True
             code = K.illegal_sasl_state if session.mechanism is not None else K.unsupported_sasl_mechanism

@@ -40,7 +40,7 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     14: ("SyncGroup", 0, 5),
     15: ("DescribeGroups", 0, 5),
     16: ("ListGroups", 0, 4),
-    17: ("SaslHandshake", 1, 1),        # v0's unframed tokens are not served; only with SASL on
+    17: ("SaslHandshake", 0, 1),        # only with SASL on; after v0, unframed tokens (KIP-43)
     18: ("ApiVersions", 0, 3),
     19: ("CreateTopics", 2, 7),
     20: ("DeleteTopics", 1, 5),

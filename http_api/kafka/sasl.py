@@ -54,6 +54,7 @@ class SaslSession:
         self.mechanism: str | None = None
         self.principal: str | None = None
         self.close = False                 # the exchange failed: close the connection after the answer
+        self.unframed = False              # SaslHandshake v0: tokens come as bare size-prefixed frames
         # SCRAM between its two rounds: (user, credential or None, client-first-bare,
         # server-first, nonce, gs2 header)
         self._scram: tuple | None = None
@@ -136,7 +137,9 @@ class SaslSession:
         if not sep:
             raise SaslFailed("SCRAM client-final message has no proof")
         attrs = _attrs(without_proof)
-        if attrs.get("r") != nonce:
+        # ends with the server-first nonce, as Kafka's ScramSaslServer checks (librdkafka before
+        # 2.x's fix sends its own nonce in front of it)
+        if not attrs.get("r", "").endswith(nonce):
             raise SaslFailed("SCRAM nonce mismatch")
         try:
             if base64.b64decode(attrs.get("c", ""), validate=True).decode() != gs2_header:

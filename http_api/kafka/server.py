@@ -25,7 +25,7 @@ import struct
 from http_api.kafka import protocol
 from http_api.kafka.apis import KafkaApis, NO_RESPONSE
 from http_api.kafka.protocol import FrameError
-from http_api.kafka.sasl import SaslSession
+from http_api.kafka.sasl import SaslFailed, SaslSession
 
 log = logging.getLogger("kraftlog.kafka")
 
@@ -114,7 +114,8 @@ class KafkaListener:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 (size,) = _SIZE.unpack(head)
-                if size < 8 or size > self.request_max_bytes:
+                bare = session is not None and session.unframed and not session.authenticated
+                if size < (0 if bare else 8) or size > self.request_max_bytes:
                     log.info("closing Kafka connection %s: request of %d bytes (kafka_request_max_bytes=%d, "
                              "a request header needs 8)", peer, size, self.request_max_bytes)
                     return
@@ -122,6 +123,16 @@ class KafkaListener:
                     frame = await reader.readexactly(size)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return   # truncated frame: the client went away mid-request
+                if bare:
+                    # after SaslHandshake v0 (older clients): a bare SASL token, answered bare;
+                    # a failure closes the connection without an answer (as Kafka's broker)
+                    try:
+                        token = session.step(bytes(frame))
+                    except SaslFailed as e:
+                        log.info("Kafka SASL authentication from %s failed: %s", peer, e)
+                        return
+                    writer.write(_SIZE.pack(len(token)) + token)
+                    continue
                 try:
                     answer = await self.apis.handle(frame, session)
                 except FrameError as e:

@@ -163,3 +163,68 @@ def test_transactional_id_acl_denials_are_transactional_id_authorization_failed(
         end = _request(26, 3, {"transactional_id": "tx-ok", "producer_id": 5, "producer_epoch": 0, "committed": True})
         assert _decode_answer(26, 3, await apis.handle(end, session)).error_code.name == "not_coordinator"
     asyncio.run(go())
+
+
+def test_scram_accepts_the_nonce_older_librdkafka_sends():
+    """librdkafka 2.0 (Debian's kcat) puts its own nonce in front of the server-first nonce in
+    its final message; Kafka's broker checks only that it ends with it, so does this one."""
+    import base64
+    import hashlib
+    import hmac
+    session = SaslSession(_authenticator(), "10.0.0.8")
+    assert session.handshake(SCRAM_SHA_256)
+    cnonce = "rI=?sV[Zx}|9A/rk"
+    server_first = session.step(f"n,,n=alice,r={cnonce}".encode()).decode()
+    attrs = dict(kv.split("=", 1) for kv in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac("sha256", b"alice-pw", base64.b64decode(attrs["s"]), int(attrs["i"]))
+    without_proof = f"c=biws,r={cnonce}{attrs['r']}"
+    auth_message = f"n=alice,r={cnonce},{server_first},{without_proof}".encode()
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), auth_message, hashlib.sha256).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature))
+    session.step(f"{without_proof},p={base64.b64encode(proof).decode()}".encode())
+    assert session.principal == "User:alice"
+    other = SaslSession(_authenticator(), "10.0.0.8")   # a nonce that is not the server's is still refused
+    other.handshake(SCRAM_SHA_256)
+    server_first = other.step(b"n,,n=alice,r=abc").decode()
+    with pytest.raises(SaslFailed, match="nonce"):
+        other.step(f"c=biws,r=abcXYZ,p={base64.b64encode(proof).decode()}".encode())
+
+
+def test_sasl_handshake_v0_then_bare_tokens_over_a_real_socket():
+    """Clients without SaslAuthenticate send the token as a bare frame after SaslHandshake v0
+    and get a bare answer; then requests are served. A wrong password closes the connection."""
+    from http_api.kafka.server import KafkaListener
+
+    async def exchange(password: bytes) -> tuple[bytes | None, bytes | None]:
+        apis = KafkaApis(SimpleNamespace(config=BrokerConfig(), rm=None), None, broker_id=1,
+                         kafka_address=lambda: "127.0.0.1:1", sasl_authenticator=_authenticator())
+        listener = KafkaListener(apis, "127.0.0.1", 0, request_max_bytes=1 << 20)
+        await listener.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.bound_port)
+
+            async def answer() -> bytes | None:
+                try:
+                    size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 10), "big")
+                    return await reader.readexactly(size)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return None
+            frame = _request(17, 0, {"mechanism": "PLAIN"})
+            writer.write(len(frame).to_bytes(4, "big") + frame)
+            assert _decode_answer(17, 0, len(frame).to_bytes(4, "big") + await answer()).error_code.name == "none"
+            token = b"\x00alice\x00" + password
+            writer.write(len(token).to_bytes(4, "big") + token)
+            bare = await answer()
+            versions = _request(18, 0, {})
+            writer.write(len(versions).to_bytes(4, "big") + versions)
+            after = await answer()
+            writer.close()
+            return bare, after
+        finally:
+            await listener.stop()
+
+    bare, after = asyncio.run(exchange(b"alice-pw"))
+    assert bare == b"" and after is not None          # authenticated: ApiVersions answered
+    bare, after = asyncio.run(exchange(b"wrong"))
+    assert bare is None and after is None             # refused: closed without an answer
