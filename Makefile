@@ -9,6 +9,8 @@ SERVE  := $(VENV)/.installed-serve
 STAMP  := $(VENV)/.installed-all
 # OS tools the tests use: kcat (Debian's package; tests/integration/test_kafka_clients.py)
 KCAT   := $(VENV)/.installed-kcat
+# and chromium (Debian's browser, driven by Playwright without a browser download; tests/browser/)
+CHROMIUM := $(VENV)/.installed-chromium
 
 .PHONY: run test test-fast bench pipeline chaos clean venv
 
@@ -33,12 +35,18 @@ $(KCAT): $(BASE)
 		echo "warning: kcat is not installed and apt-get could not install it (run as root: apt-get install kcat); the kcat test will fail"
 	@if command -v kcat >/dev/null 2>&1; then touch $(KCAT); fi
 
+$(CHROMIUM): $(BASE)
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+		echo "warning: chromium is not installed and apt-get could not install it (run as root: apt-get install chromium); the web console browser tests will fail"
+	@if command -v chromium >/dev/null 2>&1; then touch $(CHROMIUM); fi
+
 ## run: start a single-node cluster (controller + broker) in the foreground, data in ./data
 run: $(SERVE)
 	$(VENV)/bin/kraftlog serve --data-dir ./data
 
 ## test: the whole suite (unit, functional, integration, spark)
-test: $(STAMP) $(KCAT)
+test: $(STAMP) $(KCAT) $(CHROMIUM)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 ## test-fast: pure cores and in-process tests only

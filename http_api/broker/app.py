@@ -36,6 +36,7 @@ from http_api.broker.streaming import install_streaming
 from http_api.broker.tiering import install_tiered_storage
 from http_api.broker.topics import TopicRoutes
 from http_api.broker.transactions import install_transaction_routes
+from http_api.console import install_console
 from http_api.rest_proxy import install_rest_proxy
 from http_api.wire.auth import AuthMiddleware, Authenticator, register_auth_metrics
 from http_api.wire.middleware import CLIENT_ID_HEADER, ErrorMiddleware
@@ -123,6 +124,7 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_get("/healthz", ops.healthz)
     r.add_get("/metrics", ops.metrics_handler)
     r.add_get("/openapi.json", ops.openapi)
+    install_console(app, ctx)                            # web console: /ui/ (http_api/console/)
 
     async def _session(app: web.Application):
         own = deps.http_session is None

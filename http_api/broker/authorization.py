@@ -18,7 +18,8 @@ Rules follow Kafka's request authorization:
 - /metrics and admin reads: DESCRIBE cluster; admin changes (users, ACLs, log cleaner runs):
   ALTER cluster; /internal/: CLUSTER_ACTION, and a replica fetch only from the broker its
   `replica_id` names;
-- /healthz and /openapi.json are open (no authentication).
+- /healthz, /openapi.json and the web console's static assets are open (no authentication);
+  console pages need what their data needs (overview and group list: any authenticated principal).
 Super users and broker principals (`User:broker-<id>`) may do everything. With
 authentication on but no authorizer, every authenticated principal may do everything except
 /internal/ (brokers and super users only). With no authentication: no check here (the
@@ -41,7 +42,8 @@ from partitions.errors import ErrorCode, KraftlogError
 
 Op, RT = Operation, ResourceType
 CLUSTER = "kafka-cluster"
-OPEN_ROUTES = frozenset({"/healthz", "/openapi.json"})
+# the console's static assets are public (its pages and data are not): http_api/console STATIC_PATHS
+OPEN_ROUTES = frozenset({"/healthz", "/openapi.json", "/ui/static/console.js", "/ui/static/console.css"})
 
 _CODE = {RT.TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED, RT.GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
          RT.CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
@@ -247,6 +249,16 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/admin/v1/log-cleaner/run"): Rule((Need(Op.ALTER, RT.CLUSTER),)),
     ("GET", "/admin/v1/log-cleaner"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
     ("GET", "/metrics"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
+    # web console (http_api/console/): page shells, each needing what its data needs (that data
+    # comes through the routes above: overview and group list show what the principal may
+    # DESCRIBE); this broker's log dirs as Kafka's DescribeLogDirs
+    ("GET", "/ui"): Rule(),
+    ("GET", "/ui/"): Rule(),
+    ("GET", "/ui/topics/{topic}"): Rule((Need(Op.DESCRIBE, RT.TOPIC, T),)),
+    ("GET", "/ui/groups"): Rule(),
+    ("GET", "/ui/groups/{group}"): Rule((Need(Op.DESCRIBE, RT.GROUP, G),)),
+    ("GET", "/ui/metrics"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
+    ("GET", "/ui/api/log-dirs"): Rule((Need(Op.DESCRIBE, RT.CLUSTER),)),
     ("POST", "/internal/v1/replica-fetch"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),), check=_replica_fetch),
     ("POST", "/internal/v1/epoch-end-offsets"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
     ("GET", "/internal/v1/groups"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),

@@ -226,6 +226,20 @@ SAMPLES = {
         "/consumers/g1/instances/none/offsets", {}, [("READ", "GROUP", "g1")], "GROUP_AUTHORIZATION_FAILED"),
     ("GET", "/consumers/{group}/instances/{instance}/offsets"): (
         "/consumers/g1/instances/none/offsets", None, [("DESCRIBE", "GROUP", "g1")], "GROUP_AUTHORIZATION_FAILED"),
+    # web console (http_api/console/): static assets open, page shells authenticated
+    ("GET", "/ui"): ("/ui", None, [], "authenticated"),
+    ("GET", "/ui/"): ("/ui/", None, [], "authenticated"),
+    ("GET", "/ui/groups"): ("/ui/groups", None, [], "authenticated"),
+    ("GET", "/ui/topics/{topic}"): ("/ui/topics/orders", None, [("DESCRIBE", "TOPIC", "orders")],
+                                    "TOPIC_AUTHORIZATION_FAILED"),
+    ("GET", "/ui/groups/{group}"): ("/ui/groups/g1", None, [("DESCRIBE", "GROUP", "g1")],
+                                    "GROUP_AUTHORIZATION_FAILED"),
+    ("GET", "/ui/metrics"): ("/ui/metrics", None, [("DESCRIBE", "CLUSTER", "kafka-cluster")],
+                             "CLUSTER_AUTHORIZATION_FAILED"),
+    ("GET", "/ui/api/log-dirs"): ("/ui/api/log-dirs", None, [("DESCRIBE", "CLUSTER", "kafka-cluster")],
+                                  "CLUSTER_AUTHORIZATION_FAILED"),
+    ("GET", "/ui/static/console.js"): ("/ui/static/console.js", None, [], "open"),
+    ("GET", "/ui/static/console.css"): ("/ui/static/console.css", None, [], "open"),
     ("GET", "/healthz"): ("/healthz", None, [], "open"),
     ("GET", "/openapi.json"): ("/openapi.json", None, [], "open"),
 }
@@ -298,6 +312,10 @@ async def test_route_authentication_and_authorization(secure_broker, route):
         assert (await r.json())["error_code"] == "SASL_AUTHENTICATION_FAILED"
         assert 'Basic realm="kraftlog"' in r.headers["WWW-Authenticate"]
         assert "Bearer" in r.headers["WWW-Authenticate"]
+    if bob_code == "authenticated":     # any authenticated principal (console pages)
+        r, text = await _call(c, method, path, body, BOB)
+        assert r.status == 200, text
+        return
     if isinstance(permits, list):
         holder.grant(*[acl("User:alice", op, rt, name) for op, rt, name in permits])
         permitted = ALICE
