@@ -105,5 +105,8 @@ class FetchRoutes(Routes):
             raise KraftlogError(ErrorCode.INVALID_REQUEST,
                                 'before_offset: body must be {"before_offset": N} with N >= 0 '
                                 "(or -1 for the high watermark)")
+        remote_start = await tiering.delete_records(self.ctx, name, partition, before)
         lso = await self.rm.delete_records(name, partition, before)
+        if remote_start is not None:   # a tiered partition: the log start is the remote one
+            lso = min(lso, remote_start)
         return json_response({"log_start_offset": lso})

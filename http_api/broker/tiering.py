@@ -216,4 +216,31 @@ async def offsets_doc(ctx: Any, topic: str, partition: int, doc: dict) -> dict:
     return doc
 
 
-__all__ = ["install_tiered_storage", "remote_fetch", "offsets_doc", "RemoteLogCollector"]
+async def delete_records(ctx: Any, topic: str, partition: int, before_offset: int) -> int | None:
+    """DeleteRecords on a tiered partition: the floor goes to the store first (records below
+    it are never read from the store again; the leader deletes the remote segments wholly
+    below it), then the caller moves the local log start. Returns the remote log start after
+    it, or None (not tiered, or nothing remote is readable)."""
+    rlm = remote_log_manager(ctx)
+    if rlm is None or _tiered(ctx, topic, partition) is None:
+        return None
+    offs = ctx.deps.replica_manager.offsets(topic, partition)   # NOT_LEADER_OR_FOLLOWER unless we lead it
+    hw = offs["high_watermark"]
+    before = hw if before_offset == -1 else before_offset
+    if before > hw:
+        return None   # the replica manager answers OFFSET_OUT_OF_RANGE
+    image = ctx.deps.metadata.image
+    topic_md = image.topics.get(topic) if image is not None else None
+    if topic_md is None:
+        return None
+    from partitions.log.remote.storage import RemoteStorageError
+    try:
+        return await _in_pool(rlm, rlm.cfg.remote_fetch_max_wait_ms / 1000, rlm.delete_records, topic, partition,
+                              topic_md.topic_id, before)
+    except RemoteStorageError as exc:
+        raise KraftlogError(ErrorCode.KAFKA_STORAGE_ERROR,
+                            f"recording the new log start of {topic}-{partition} in the remote store failed ({exc}); "
+                            "nothing was deleted: retry") from None
+
+
+__all__ = ["install_tiered_storage", "remote_fetch", "offsets_doc", "delete_records", "RemoteLogCollector"]

@@ -137,6 +137,38 @@ def test_copy_local_tail_and_read_everything_in_order(tmp_path, store):
         lg.close()
 
 
+def test_delete_records_below_the_local_log_start_deletes_from_the_store_for_every_leader(tmp_path, store):
+    """DeleteRecords under the local log start of a tiered log: the floor is in the store, no
+    offset below it is read again (by this leader or the next), and the remote segments
+    wholly below it go."""
+    lg, rlm, state = _make(tmp_path, store, "delrec", log_config=TIERED, prefix="delrec")
+    try:
+        _produce(lg, 60)
+        _settle(rlm, lg)
+        lg.apply_retention()
+        remote = rlm.remote_segments(lg.topic, lg.partition)
+        floor = remote[2].base_offset + 5          # inside the third remote segment
+        assert floor < lg.log_start_offset
+        assert rlm.delete_records(lg.topic, lg.partition, TOPIC_ID, floor) == floor
+        assert rlm.read(lg.topic, lg.partition, floor - 1, 1024) is None
+        assert _read_all(lg, rlm, floor)[0][0] >= floor - 20    # whole batches from the floor's batch on
+        rlm.run_once()                                     # the leader's pass deletes [0], [1] from the store
+        gone = {remote[0].segment_id, remote[1].segment_id}
+        assert not any(seg in k for k in store.keys(BUCKET, "delrec/") for seg in gone)
+        assert any(remote[2].segment_id in k for k in store.keys(BUCKET, "delrec/"))
+        # a new leader (fresh manager) lists the floor from the store
+        cfg = _cfg(store, remote_storage_s3_prefix="delrec")
+        other = RemoteLogManager(cfg, S3RemoteStorage(cfg), OneLog(lg), 2, tmp_path / "cache-other",
+                                 lambda t, p: Leadership(True, 1, lg.high_watermark, TOPIC_ID))
+        other.run_once()
+        assert other.remote_log_start_offset(lg.topic, lg.partition) == floor
+        assert other.read(lg.topic, lg.partition, floor - 1, 1024) is None
+        other.stop()
+    finally:
+        rlm.stop()
+        lg.close()
+
+
 def test_new_leader_lists_remote_and_cleans_a_dead_leaders_orphan(tmp_path, store):
     lg, rlm, state = _make(tmp_path, store, "orphan", log_config=TIERED, prefix="orphan")
     try:

@@ -92,7 +92,10 @@ class RemoteLogSegments:
     """A partition's remote segments by id (latest state of each) with the derived views
     the copier, retention and reads need."""
 
-    def __init__(self, segments: list[RemoteLogSegmentMetadata] | None = None) -> None:
+    def __init__(self, segments: list[RemoteLogSegmentMetadata] | None = None, log_start_floor: int = 0) -> None:
+        # DeleteRecords below the local log start: no offset under it is readable, and the
+        # remote segments wholly under it are deleted by the leader (remote_segments_to_delete)
+        self.log_start_floor = log_start_floor
         self._by_id: dict[str, RemoteLogSegmentMetadata] = {}
         self._readable: list[RemoteLogSegmentMetadata] | None = None
         self._duplicates: list[RemoteLogSegmentMetadata] = []
@@ -155,14 +158,21 @@ class RemoteLogSegments:
         return end
 
     def log_start_offset(self) -> int | None:
+        """The first readable remote offset (the floor set by DeleteRecords counts); None when
+        nothing remote is readable."""
         segs = self.readable()
-        return segs[0].base_offset if segs else None
+        if not segs:
+            return None
+        start = max(segs[0].base_offset, self.log_start_floor)
+        return start if start < self.copied_end_offset() else None
 
     def size_bytes(self) -> int:
         return sum(s.size_bytes for s in self.readable())
 
     def find(self, offset: int) -> RemoteLogSegmentMetadata | None:
-        """The readable segment holding `offset`, or None."""
+        """The readable segment holding `offset`, or None (also below the log start floor)."""
+        if offset < self.log_start_floor:
+            return None
         segs = self.readable()
         i = bisect_right([s.base_offset for s in segs], offset) - 1
         if i >= 0 and segs[i].end_offset >= offset:
@@ -201,12 +211,18 @@ def remote_segments_to_delete(segments: RemoteLogSegments, *, local_size_bytes: 
     """Total retention over both tiers (Kafka's retention.ms / retention.bytes with
     remote.storage.enable): the oldest remote segments past retention.ms, or while the
     whole log (remote segments below the local log start + the local log) is larger
-    than retention.bytes. Never a segment that would leave a gap below the local log."""
+    than retention.bytes, and every segment wholly below the log start floor (DeleteRecords).
+    Never a segment that would leave a gap below the local log."""
     readable = segments.readable()
     remote_only = [s for s in readable if s.base_offset < local_start_offset]
     total = local_size_bytes + sum(s.size_bytes for s in remote_only)
     doomed = []
     for s in readable:
+        if s.next_offset <= segments.log_start_floor:   # records deleted by DeleteRecords
+            doomed.append(s)
+            if s in remote_only:
+                total -= s.size_bytes
+            continue
         expired = retention_ms >= 0 and now_ms - s.max_timestamp_ms > retention_ms
         too_big = retention_bytes >= 0 and total - s.size_bytes >= retention_bytes and s in remote_only
         if not (expired or too_big):

@@ -290,7 +290,23 @@ class RemoteLogManager:
         lg.remote_copied_end_offset = st.segments.copied_end_offset()
 
     def _load(self, tp: tuple[str, int], st: _PartitionState) -> None:
-        st.segments = RemoteLogSegments(self.storage.list_segments(tp[0], st.topic_id, tp[1]))
+        floor = self.storage.log_start_floor(tp[0], st.topic_id, tp[1])
+        st.segments = RemoteLogSegments(self.storage.list_segments(tp[0], st.topic_id, tp[1]),
+                                        log_start_floor=max(floor, st.segments.log_start_floor))
+
+    def delete_records(self, topic: str, partition: int, topic_id: str, before_offset: int) -> int | None:
+        """DeleteRecords on a tiered partition (leader): record the floor in the store first
+        (every replica and a later leader honour it), so no remote offset below it is read
+        again; the next pass deletes the remote segments wholly below it. Returns the remote
+        log start after it (None when nothing remote is readable)."""
+        self.ensure_loaded(topic, partition, topic_id)
+        st = self._state((topic, partition))
+        with st.lock:
+            if before_offset > st.segments.log_start_floor:
+                self.storage.put_log_start_floor(topic, st.topic_id or topic_id, partition, before_offset)
+                st.segments.log_start_floor = before_offset
+        self._wake.set()
+        return st.segments.log_start_offset()
 
     def _clean_orphans(self, st: _PartitionState, leader_epoch: int) -> None:
         """A new leader removes what a dead leader left: unfinished uploads, second copies,

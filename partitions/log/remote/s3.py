@@ -14,6 +14,7 @@ and re-created under the same name never sees the old data):
 
     <topic>-<topic_id>/<partition>/<base:020d>-<segment_id>.{log,index,timeindex,leader-epoch-checkpoint,snapshot}
     <topic>-<topic_id>/<partition>/_metadata/<segment_id>.<state>.json   RemoteLogSegmentMetadata
+    <topic>-<topic_id>/<partition>/_log_start/<offset:020d>              DeleteRecords floor (empty)
 
 Every state of a segment is its own object, written once and never overwritten:
 `.started.json` (COPY_SEGMENT_STARTED) before the data, `.finished.json` after it,
@@ -42,6 +43,7 @@ from .storage import LogSegmentData, RemoteResourceNotFoundError, RemoteStorageE
 log = logging.getLogger(__name__)
 
 METADATA_DIR = "_metadata"
+LOG_START_DIR = "_log_start"   # DeleteRecords floors: <partition>/_log_start/<offset:020d>
 # state -> key suffix, in the order a segment moves through them (later wins in a listing)
 _STATE_SUFFIXES = {"COPY_SEGMENT_STARTED": "started", "COPY_SEGMENT_FINISHED": "finished",
                    "DELETE_SEGMENT_STARTED": "deleting"}
@@ -211,6 +213,16 @@ class S3RemoteStorage:
                     self._metadata_cache.pop(k, None)
         else:
             self._put(self.metadata_key(md), md.to_json())
+
+    def put_log_start_floor(self, topic: str, topic_id: str, partition: int, offset: int) -> None:
+        """One empty object per floor, named by its offset (written once, like the metadata)."""
+        self._put(f"{self.partition_prefix(topic, topic_id, partition)}{LOG_START_DIR}/{offset:020d}", b"")
+
+    def log_start_floor(self, topic: str, topic_id: str, partition: int) -> int:
+        floors = [int(o["Key"].rsplit("/", 1)[1])
+                  for o in self._list(f"{self.partition_prefix(topic, topic_id, partition)}{LOG_START_DIR}/")
+                  if o["Key"].rsplit("/", 1)[1].isdigit()]
+        return max(floors, default=0)
 
     def list_segments(self, topic: str, topic_id: str, partition: int) -> list[RemoteLogSegmentMetadata]:
         """Every segment with a metadata object, in the most advanced state listed (a

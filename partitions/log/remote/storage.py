@@ -78,6 +78,14 @@ class RemoteLogMetadataManager(Protocol):
         """Every recorded segment of the partition in its latest state."""
         ...
 
+    def put_log_start_floor(self, topic: str, topic_id: str, partition: int, offset: int) -> None:
+        """Record that no offset below `offset` is readable any more (DeleteRecords)."""
+        ...
+
+    def log_start_floor(self, topic: str, topic_id: str, partition: int) -> int:
+        """The highest floor recorded (0 when none)."""
+        ...
+
 
 __all__ = ["RemoteStorageManager", "RemoteLogMetadataManager", "LogSegmentData", "RemoteStorageError",
            "RemoteResourceNotFoundError", "SEGMENT", "OFFSET_INDEX", "TIME_INDEX", "LEADER_EPOCH",

@@ -184,3 +184,16 @@ def test_a_remote_producer_snapshot_adds_only_producers_the_replica_does_not_kno
     assert psm.producers[9].find_duplicate(0, 1) == BatchMetadata(0, 1, 100, 101, 0)
     with pytest.raises(ValueError, match="past"):
         psm.merge_snapshot(snapshot, below_offset=3999)
+
+
+def test_delete_records_floor_hides_remote_offsets_below_it_and_dooms_whole_segments():
+    segs = RemoteLogSegments([md(0, 99), md(100, 199), md(200, 299)], log_start_floor=150)
+    assert segs.log_start_offset() == 150
+    assert segs.find(149) is None and segs.find(150).base_offset == 100
+    plan = remote_segments_to_delete(segs, local_size_bytes=100, local_start_offset=300, retention_ms=-1,
+                                     retention_bytes=-1, now_ms=0)
+    assert [s.base_offset for s in plan] == [0]          # wholly below the floor; [100, 199] straddles it
+    segs.log_start_floor = 300                            # everything remote deleted: the local log starts it
+    assert segs.log_start_offset() is None and segs.copied_end_offset() == 300
+    assert [s.base_offset for s in remote_segments_to_delete(
+        segs, local_size_bytes=100, local_start_offset=300, retention_ms=-1, retention_bytes=-1, now_ms=0)] == [0, 100, 200]
