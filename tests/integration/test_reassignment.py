@@ -70,6 +70,15 @@ def test_move_completes_across_a_controller_kill_and_the_leader_moves(tmp_path):
         spare = next(b for b in (1, 2, 3) if b not in before["replicas"])
         kept = next(r for r in before["replicas"] if r != old_leader)
         target = [kept, spare]
+        # bad input: a clear 4xx and nothing changed
+        for entry, code in (({"topic": "mv", "partition": 0, "replicas": [kept, 99]}, 400),
+                            ({"topic": "nope", "partition": 0, "replicas": target}, 404),
+                            ({"topic": "mv", "partition": 5, "replicas": target}, 404),
+                            ({"topic": "mv", "partition": 0, "replicas": []}, 400),
+                            ({"topic": "mv", "partition": 0, "replicas": [spare, spare]}, 400)):
+            status, doc = http("POST", c.url(spare) + "/v1/reassignments", {"version": 1, "partitions": [entry]})
+            assert status == code and doc["message"], (entry, status, doc)
+        assert moving(c) == [] and c.partition("mv")["replicas"] == before["replicas"]
         status, doc = http("POST", c.url(spare) + "/v1/reassignments", {
             "version": 1, "partitions": [{"topic": "mv", "partition": 0, "replicas": target}],
             "throttle": 1024 * 1024})
