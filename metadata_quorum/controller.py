@@ -765,6 +765,8 @@ class QuorumController:
     def _move(self, image: MetadataImage, t, p: PartitionRegistration, target: tuple) -> Optional[PartitionChangeRecord]:
         """The record starting (or replacing) the move of `p` to `target`, completed at once
         when the ISR already holds every target replica (a reorder, a shrink)."""
+        if tuple(target) == p.replicas and not p.reassigning:
+            return None   # already there: nothing moves, leadership stays
         replicas, adding, removing = reassignment.moving_replicas(p, target)
         isr = reassignment.ordered(replicas, p.isr)
         if not isr:

@@ -344,3 +344,10 @@ def test_the_index_of_running_moves_follows_replay_topic_deletion_and_snapshots(
     assert [(n, p.partition) for n, p in h.image.reassignments()] == [("t", 2)]
     h.run(h.controller.delete_topic(h.image, "t"))
     assert h.image.moving == set() and h.image.reassignments() == []
+
+
+def test_a_move_to_the_current_replicas_changes_nothing():
+    h = harness(replicas=(1, 2))
+    h.run([PartitionChangeRecord("t", "tid", 0, (1, 2), (1, 2), 2, 1, 1)])    # 2 leads (not preferred)
+    assert h.controller.alter_partition_reassignments(
+        h.image, {"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]}]}) == []
