@@ -85,7 +85,8 @@ class FetchRoutes(Routes):
         ts = request.query.get("timestamp")
         if ts is not None:
             t = int_param(ts, "timestamp")
-            return json_response({"offset": self.rm.offset_for_timestamp(name, partition, t)})
+            local = self.rm.offset_for_timestamp(name, partition, t)
+            return json_response({"offset": await tiering.offset_for_timestamp(self.ctx, name, partition, t, local)})
         doc = self.rm.offsets(name, partition)
         lg = self.rm.logs.get((name, partition))
         txn_state = getattr(lg, "transactions", None) if lg is not None else None

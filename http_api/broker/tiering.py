@@ -216,6 +216,35 @@ async def offsets_doc(ctx: Any, topic: str, partition: int, doc: dict) -> dict:
     return doc
 
 
+async def offset_for_timestamp(ctx: Any, topic: str, partition: int, timestamp_ms: int, local: int) -> int:
+    """ListOffsets by time over both tiers: EARLIEST (-2) is the remote log start; a time
+    earlier than the local records is looked up in the remote segments. `local` is the
+    local log's answer."""
+    rlm = remote_log_manager(ctx)
+    if rlm is None or _tiered(ctx, topic, partition) is None or timestamp_ms == -1:
+        return local
+    try:
+        await _ensure_loaded(ctx, rlm, topic, partition)
+    except KraftlogError:
+        if timestamp_ms == -2:
+            raise
+        return local
+    remote_start = rlm.remote_log_start_offset(topic, partition)
+    if remote_start is None:
+        return local
+    if timestamp_ms == -2:
+        return min(remote_start, local)
+    from partitions.log.remote.storage import RemoteStorageError
+    try:
+        found = await _in_pool(rlm, rlm.cfg.remote_fetch_max_wait_ms / 1000, rlm.offset_for_timestamp, topic,
+                               partition, timestamp_ms)
+    except RemoteStorageError as exc:
+        raise KraftlogError(ErrorCode.KAFKA_STORAGE_ERROR,
+                            f"looking up timestamp {timestamp_ms} of {topic}-{partition} in the remote store failed "
+                            f"({exc}); retry") from None
+    return local if found is None else min(found, local)
+
+
 async def delete_records(ctx: Any, topic: str, partition: int, before_offset: int) -> int | None:
     """DeleteRecords on a tiered partition: the floor goes to the store first (records below
     it are never read from the store again; the leader deletes the remote segments wholly
@@ -243,4 +272,5 @@ async def delete_records(ctx: Any, topic: str, partition: int, before_offset: in
                             "nothing was deleted: retry") from None
 
 
-__all__ = ["install_tiered_storage", "remote_fetch", "offsets_doc", "delete_records", "RemoteLogCollector"]
+__all__ = ["install_tiered_storage", "remote_fetch", "offsets_doc", "offset_for_timestamp", "delete_records",
+           "RemoteLogCollector"]

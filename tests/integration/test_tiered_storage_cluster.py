@@ -165,6 +165,9 @@ def test_tiered_topic_keeps_a_local_tail_reads_from_zero_and_deletes_from_the_st
             status, offs = http("GET", f"{url}/v1/topics/{topic}/partitions/0/offsets")
             assert status == 200 and offs["log_start_offset"] == 0 and offs["high_watermark"] == end
             assert offs["local_log_start_offset"] > end // 2, offs
+            # a lookup by time finds records only the store holds (not the local log's first offset)
+            first_ts = decode_batches(fetch_raw(url, topic, 0)[1])[0].timestamp
+            assert http("GET", f"{url}/v1/topics/{topic}/partitions/0/offsets?timestamp={first_ts}")[1] == {"offset": 0}
             # a consumer from offset 0 reads every record, in order
             t0 = time.monotonic()
             assert read_all(url, topic, end) == list(range(end))

@@ -169,6 +169,26 @@ def test_delete_records_below_the_local_log_start_deletes_from_the_store_for_eve
         lg.close()
 
 
+def test_list_offsets_by_time_finds_records_that_only_the_store_holds(tmp_path, store):
+    lg, rlm, _ = _make(tmp_path, store, "bytime", log_config=TIERED, prefix="bytime")
+    try:
+        t0 = 1_700_000_000_000
+        for b in range(60):   # record n has timestamp t0 + 10 n
+            lg.append_as_leader(build_batch([Record(None, b"v" * 200, timestamp=t0 + 10 * (b * 20 + j))
+                                             for j in range(20)]), leader_epoch=0)
+        lg.update_high_watermark(lg.log_end_offset)
+        _settle(rlm, lg)
+        lg.apply_retention()
+        assert lg.log_start_offset > 300
+        assert lg.offset_for_timestamp(t0 + 10 * 137 - 5) == lg.log_start_offset   # the local answer is wrong
+        assert rlm.offset_for_timestamp(lg.topic, lg.partition, t0 + 10 * 137 - 5) == 137
+        assert rlm.offset_for_timestamp(lg.topic, lg.partition, t0) == 0
+        assert rlm.offset_for_timestamp(lg.topic, lg.partition, t0 + 10 * 5000) is None   # later than every record
+    finally:
+        rlm.stop()
+        lg.close()
+
+
 def test_new_leader_lists_remote_and_cleans_a_dead_leaders_orphan(tmp_path, store):
     lg, rlm, state = _make(tmp_path, store, "orphan", log_config=TIERED, prefix="orphan")
     try:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE
-from ..record_batch import HEADER_SIZE, LAST_OFFSET_DELTA_OFFSET, LOG_OVERHEAD
+from ..record_batch import HEADER_SIZE, LAST_OFFSET_DELTA_OFFSET, LOG_OVERHEAD, decode_batches
 from .chunk_cache import ChunkCache
 from .config import RemoteStorageConfig
 from .metadata import (
@@ -52,13 +52,14 @@ from .metadata import (
     next_segments_to_copy,
     remote_segments_to_delete,
 )
-from .storage import OFFSET_INDEX, PRODUCER_SNAPSHOT, SEGMENT, LogSegmentData, RemoteStorageError
+from .storage import OFFSET_INDEX, PRODUCER_SNAPSHOT, SEGMENT, TIME_INDEX, LogSegmentData, RemoteStorageError
 
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">qi")
 _DELTA = struct.Struct(">i")
 _OFFSET_ENTRY = struct.Struct(">ii")
+_TIME_ENTRY = struct.Struct(">qi")
 FOLLOWER_REFRESH_PASSES = 5  # a follower re-lists the remote segments every this many passes
 # the leader re-lists too (a write that timed out may land in the store later: its orphan
 # is found and removed); only changed metadata objects are read again (ETags)
@@ -498,6 +499,36 @@ class RemoteLogManager:
         log.info("%s-%d: %d idempotent producers restored from the remote segment [%d, %d] below the local "
                  "log start %d", topic, partition, added, md.base_offset, md.end_offset, start_offset)
         return added
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """First remote offset whose record timestamp >= `timestamp_ms` (Kafka's ListOffsets by
+        time over the remote tier), None when no remote record is that late. The segment's time
+        index (fetched once, small) gives where to start; the batches from there are read
+        through the chunk cache like a fetch."""
+        st = self._states.get((topic, partition))
+        if st is None:
+            return None
+        floor = st.segments.log_start_floor
+        for md in st.segments.readable():
+            if md.end_offset < floor or md.max_timestamp_ms < timestamp_ms:
+                continue
+            start = max(md.base_offset, floor)
+            tindex = self.storage.fetch(md, TIME_INDEX, 0) if md.size_bytes else b""
+            for i in range(0, len(tindex) - TIME_ENTRY_SIZE + 1, TIME_ENTRY_SIZE):
+                ts, rel = _TIME_ENTRY.unpack_from(tindex, i)
+                if ts >= timestamp_ms:
+                    break
+                start = max(start, md.base_offset + rel)   # every record before it is earlier
+            offset = start
+            while offset <= md.end_offset:
+                got = self.read(topic, partition, offset, self.cfg.remote_fetch_chunk_bytes)
+                if got is None or not got.records:
+                    break
+                for r in decode_batches(got.records, skip_control=True):
+                    if r.offset >= start and r.timestamp is not None and r.timestamp >= timestamp_ms:
+                        return r.offset
+                offset = got.next_offset
+        return None
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> RemoteRead | None:
         """Whole batches from the remote segment holding `offset` (the first batch may start
