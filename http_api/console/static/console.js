@@ -148,14 +148,16 @@ class LineChart {
     const dx = (W - L - R) / (span - 1);
     this.series.forEach((name, s) => {
       g.strokeStyle = COLORS[s % COLORS.length]; g.lineWidth = 2; g.beginPath();
-      let started = false;
+      let started = false, end = null;
       this.points.forEach(([, vs], i) => {
         const v = vs[s];
-        if (v === null || !isFinite(v)) return;
+        if (v === null || v === undefined || !isFinite(v)) return;
         const x = L + (span - n + i) * dx, y = T + (H - T - B) * (1 - v / max);
         if (started) g.lineTo(x, y); else { g.moveTo(x, y); started = true; }
+        end = [x, y];
       });
       g.stroke();
+      if (end) { g.beginPath(); g.arc(end[0], end[1], 2.5, 0, 2 * Math.PI); g.fillStyle = COLORS[s % COLORS.length]; g.fill(); }
       const last = n ? this.points[n - 1][1][s] : null;
       g.fillStyle = COLORS[s % COLORS.length];
       g.fillText(`${name}: ${last === null || last === undefined ? "-" : fmt(last) + this.unit}`, L + 4 + s * 150, 12);
