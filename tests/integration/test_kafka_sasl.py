@@ -123,7 +123,7 @@ def test_a_wrong_password_is_refused(node, mechanism):
     deadline = time.monotonic() + POLL_S
     while _metadata_error(_conf(node)) is not None:   # alice exists (so only the password is wrong)
         assert time.monotonic() < deadline
-    err, seen = _metadata_error(_conf(node, **{"sasl.mechanism": mechanism, "sasl.password": "wrong"}))
+    err, seen = _metadata_error(_conf(node, **{"sasl.mechanism": mechanism, "sasl.password": "wrong"}), timeout=6)
     # refused by the broker (its SaslAuthenticate error), not only by the client's own check
     # of the server signature
     assert any(e.code() == KafkaError._AUTHENTICATION and "wrong user name or password" in e.str()
@@ -134,10 +134,10 @@ def test_clients_without_sasl_or_without_tls_get_nothing(node):
     # TLS without SASL: the listener closes the connection at the first request that is not
     # ApiVersions/SASL, so no metadata ever arrives
     assert _metadata_error({"bootstrap.servers": f"127.0.0.1:{node.kafka_port}", "security.protocol": "SSL",
-                            "ssl.ca.location": node.ca_file}, timeout=5) is not None
+                            "ssl.ca.location": node.ca_file}, timeout=3) is not None
     assert _metadata_error({"bootstrap.servers": f"127.0.0.1:{node.kafka_port}", "security.protocol": "SASL_PLAINTEXT",
                             "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-pw"},
-                           timeout=5) is not None
+                           timeout=3) is not None
 
 
 def test_acls_gate_topics_and_transactional_ids(node):
