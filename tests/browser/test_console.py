@@ -177,14 +177,21 @@ def test_group_lag_chart_moves_as_the_group_consumes(node, page, shots):
     http("POST", f"/v1/groups/{GROUP}/offsets", {"offsets": [{"topic": TOPIC, "partition": p, "offset": 0}
                                                             for p in (0, 1)]})
     lag = sum(ends.values())
+    # a member joins (it is assigned both partitions) and consumes below
+    member = http("POST", f"/v1/groups/{GROUP}/join", {"subscribed_topics": [TOPIC], "client_id": "console-test",
+                                                       "session_timeout_ms": 120_000})
+    assert sorted(a["partition"] for a in member["assignment"]) == [0, 1], member
     page.goto(f"{n.url}/ui/groups/{GROUP}")
     page.wait_for_function(f"() => JSON.parse(document.getElementById('lag-chart').dataset.last || '[-1]')[0] === {lag}")
+    members = page.inner_text("#members")
+    assert "console-test" in members and f"{TOPIC}/0, {TOPIC}/1" in members, members
     before = page.eval_on_selector("#lag-chart", "c => c.toDataURL()")
-    # the group consumes: fetch each partition and commit the position after what it read
+    # the member consumes: fetch each partition and commit the position after what it read
     for p in (0, 1):
         got = http("GET", f"/v1/topics/{TOPIC}/partitions/{p}/records?offset=0&max_bytes=1048576")
         http("POST", f"/v1/groups/{GROUP}/offsets",
-             {"offsets": [{"topic": TOPIC, "partition": p, "offset": got["next_offset"]}]})
+             {"member_id": member["member_id"], "member_epoch": member["member_epoch"],
+              "offsets": [{"topic": TOPIC, "partition": p, "offset": got["next_offset"]}]})
         remaining = sum(ends[q] for q in (0, 1) if q > p) + (ends[p] - got["next_offset"])
         page.wait_for_function(
             f"() => JSON.parse(document.getElementById('lag-chart').dataset.last)[0] === {remaining}")
@@ -194,6 +201,7 @@ def test_group_lag_chart_moves_as_the_group_consumes(node, page, shots):
     assert page.eval_on_selector("#lag-chart", "c => c.toDataURL()") != before
     assert page.inner_text("#total-lag") == "0"
     shots(page, "group")
+    http("POST", f"/v1/groups/{GROUP}/leave", {"member_id": member["member_id"]})
     page.goto(f"{n.url}/ui/groups")
     page.wait_for_selector(f"#groups a[href='/ui/groups/{GROUP}']")
     shots(page, "groups")
