@@ -36,6 +36,11 @@ class DiskLogManager:
         if lg is not None:
             lg.delete()
 
+    def update_config(self, topic, config):
+        for (t, _), lg in self.logs.items():
+            if t == topic and config is not None:
+                lg.update_config(config)
+
 
 class DirectTransport:
     """The follower's transport calling the leader's ReplicaManager directly."""
