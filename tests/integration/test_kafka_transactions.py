@@ -77,6 +77,16 @@ def _http_committed_values(cluster, topic: str, partition: int) -> list[str]:
     return [r["value"] for r in doc["records"]]
 
 
+def _latest(cluster, topic: str, isolation: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": f"w-{uuid.uuid4().hex[:6]}",
+                  "isolation.level": isolation})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
+    finally:
+        c.close()
+
+
 def _committed_offset(cluster, group: str, topic: str, partition: int) -> int:
     from confluent_kafka import Consumer, TopicPartition
     c = Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
@@ -149,6 +159,9 @@ def test_second_producer_with_the_same_transactional_id_fences_the_first(cluster
     p1.begin_transaction()
     p1.produce(t, value=b"zombie-1")
     p1.flush(POLL_S)
+    # ListOffsets latest under read_committed is the LSO: the open transaction's first offset
+    assert _latest(cluster, t, "read_committed") == 0
+    assert _latest(cluster, t, "read_uncommitted") == 1
     p2 = _confluent_producer(cluster, txid)
     p2.init_transactions(POLL_S)      # bumps the epoch; aborts p1's open transaction
     p2.begin_transaction()
