@@ -16,6 +16,9 @@ Refusals: a change in flight 400 POLICY_VIOLATION (reason voter_change_in_progre
 voter 400 POLICY_VIOLATION (reason last_voter), an id or address already a voter 409
 DUPLICATE_VOTER, an unknown id 404 VOTER_NOT_FOUND, a removed incarnation 409 INVALID_VOTER_KEY.
 
+At start, a controller with a new incarnation (an empty data directory) asks the other
+controllers whether its id is a registered voter already and refuses to start if so.
+
 The loop (every `quorum_tick_ms`, on every controller):
 - registers this controller (id, raft address, URL, incarnation) through the raft leader when
   the replicated metadata does not have it (the voters the quorum was born with);
@@ -97,8 +100,15 @@ class QuorumRoutes:
         self.on_fatal = on_fatal
         # membership needs the pysyncobj log (the in-memory test log has none of it)
         self.enabled = hasattr(self.log, "add_voter")
+        fresh = not os.path.exists(os.path.join(self.config.data_dir, IDENTITY_FILE))
         self.incarnation = (load_or_create_identity(self.config.data_dir, self.config.node_id) if self.enabled
                             else secrets.token_hex(8))
+        if self.enabled and fresh and len(self.config.voters) > 1:
+            # a new incarnation: before raft starts (and could vote with an empty log), ask the
+            # others whether this id is a registered voter already (a wiped data directory)
+            problem = self._registered_elsewhere()
+            if problem:
+                raise SystemExit(problem)
         self._busy = False
         self._task: Optional[asyncio.Task] = None
         self._last_register = -1e9
@@ -350,6 +360,26 @@ class QuorumRoutes:
             if op is not None:
                 log.info("finishing the quorum change left by the previous active controller: %s", op)
                 await self._propose(op)
+
+    def _registered_elsewhere(self) -> Optional[str]:
+        """Why this fresh incarnation must not start, if a reachable plain-HTTP peer lists this
+        id as a registered voter (with another incarnation, necessarily)."""
+        import urllib.request
+
+        me = self.config.node_id
+        for nid, voter in list(self.config.voters.items()):
+            if nid == me or not voter.url.startswith("http://"):
+                continue
+            try:
+                with urllib.request.urlopen(voter.url + "/controller/v1/quorum", timeout=1.0) as resp:
+                    doc = json.loads(resp.read())
+            except (OSError, ValueError):
+                continue
+            for v in doc.get("voters", []):
+                if v.get("id") == me and v.get("incarnation") and v["incarnation"] != self.incarnation:
+                    controllers = {me: {"incarnation": v["incarnation"], "state": "voter"}}
+                    return qm.own_registration_problem(controllers, me, self.incarnation)
+        return None
 
     def _removed_say_peers(self) -> Optional[str]:
         """(Thread) Why this node was removed, if another controller with a leader says so
