@@ -192,11 +192,14 @@ async function overview() {
   if (quorum._error) errorRow("quorum", qcols, quorum._error);
   else fillTable("quorum", qcols, quorum.voters.map(v => row([String(v.id), v.address, num(v.lag), v.state || "voter",
     v.id === quorum.leader_id ? el("span", { class: "badge" }, "leader") : ""])));
-  fillTable("topics", ["topic", "#partitions", "#RF", "#under-replicated"], md.topics.map(t => {
+  const topicBytes = {};
+  for (const p of (dirs.partitions || [])) topicBytes[p.topic] = (topicBytes[p.topic] || 0) + p.size_bytes;
+  fillTable("topics", ["topic", "#partitions", "#RF", "#under-replicated", "#size (this broker)"], md.topics.map(t => {
     const urp = t.partitions.filter(p => p.isr.length < p.replicas.length).length;
     const rf = t.partitions.length ? t.partitions[0].replicas.length : 0;
     return row([el("a", { href: "/ui/topics/" + enc(t.name) }, t.name), num(t.partitions.length), num(rf),
-      el("td", { class: "num" }, urp ? el("span", { class: "badge bad" }, String(urp)) : "0")], urp ? "urp" : null);
+      el("td", { class: "num" }, urp ? el("span", { class: "badge bad" }, String(urp)) : "0"),
+      num(dirs._error ? null : bytes(topicBytes[t.name] || 0))], urp ? "urp" : null);
   }), "no topics");
   const dcols = ["log dir", "#used", "#free", "#total", "#kraftlog logs"];
   if (dirs._error) errorRow("disk", dcols, dirs._error);
