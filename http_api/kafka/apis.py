@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from kio.schema.errors import ErrorCode as K
 
+from http_api.broker import tiering
 from http_api.broker.context import BrokerContext, validate_topic_name
 from http_api.broker.group_offsets import validate_group_id
 from http_api.broker.topics import TopicRoutes
@@ -430,7 +431,8 @@ class KafkaApis:
         wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, getattr(p, "current_leader_epoch", -1))
                   for t in req.topics for p in t.partitions]
         denied = {t for t, *_ in wanted if not self._may(header, Op.READ, RT.TOPIC, t)}
-        results = self._read_all(wanted, total_max, committed, denied)
+        remote = await self._remote_reads(wanted, denied)
+        results = self._read_all(wanted, total_max, committed, denied, remote)
         size = sum(len(r[1]) for r in results if r[0] is None)
         if size < min_bytes and max_wait_ms > 0 and not self.rm.closing:
             # a partition answers nothing yet: wait for bytes beyond what it read (read_committed:
@@ -450,7 +452,7 @@ class KafkaApis:
                             await w
                         except (asyncio.CancelledError, Exception):
                             pass
-                results = self._read_all(wanted, total_max, committed, denied)
+                results = self._read_all(wanted, total_max, committed, denied, remote)
         by_topic: dict[str, list] = {}
         for (t, p, _off, _mb, _e), (err, data, hw, lso, stable, _raw, aborted) in zip(wanted, results):
             entry = {"partition_index": p, "error_code": K.none if err is None else kafka_error(err),
@@ -464,7 +466,27 @@ class KafkaApis:
         return {"throttle_time": 0, "error_code": K.none, "session_id": 0,
                 "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]}
 
-    def _read_all(self, wanted: list, total_max: int, committed: bool = False, denied=frozenset()) -> list[tuple]:
+    async def _remote_reads(self, wanted: list, denied) -> dict:
+        """Partition index -> the remote store's answer (or its error) for fetch offsets below
+        the local log start of a tiered partition (docs/TIERED_STORAGE.md); empty without
+        tiered storage."""
+        if tiering.remote_log_manager(self.ctx) is None:
+            return {}
+        out: dict = {}
+        for i, (t, p, off, part_max, _epoch) in enumerate(wanted):
+            if t in denied:
+                continue
+            try:
+                res = await tiering.remote_fetch(self.ctx, t, p, off, max(1, part_max))
+            except KraftlogError as e:
+                out[i] = e
+                continue
+            if res is not None:
+                out[i] = res
+        return out
+
+    def _read_all(self, wanted: list, total_max: int, committed: bool = False, denied=frozenset(),
+                  remote: dict | None = None) -> list[tuple]:
         """(error, stored bytes, high watermark, log start offset, last stable offset, bytes
         read before the LSO cut, aborted transactions or None) per partition; the first
         partition with data always gets at least one batch (KIP-74), later ones what is left.
@@ -475,12 +497,16 @@ class KafkaApis:
         up to its ABORT marker."""
         out = []
         left = total_max
-        for t, p, off, part_max, epoch in wanted:
+        for i, (t, p, off, part_max, epoch) in enumerate(wanted):
             try:
                 if t in denied:
                     raise Denied(RT.TOPIC, f"READ on topic {t!r} is not granted")
                 self._check_leader_epoch(t, p, epoch)
-                res = self.rm._read_committed(t, p, off, max(1, min(part_max, left)) if left > 0 else 1)
+                res = (remote or {}).get(i)
+                if isinstance(res, KraftlogError):
+                    raise res
+                if res is None:
+                    res = self.rm._read_committed(t, p, off, max(1, min(part_max, left)) if left > 0 else 1)
                 data = res.records if left > 0 else b""
                 raw = len(res.records)
                 lg = self.rm.logs.get((t, p))
@@ -512,8 +538,9 @@ class KafkaApis:
                     part, _lg = self.rm.leader_partition(t.name, p.partition_index)
                     offs = self.rm.offsets(t.name, p.partition_index)
                     ts = int(p.timestamp)
-                    if ts == -2:
-                        entry["offset"] = offs["log_start_offset"]
+                    if ts == -2:   # a tiered partition's log start is the remote one
+                        entry["offset"] = (await tiering.offsets_doc(self.ctx, t.name, p.partition_index,
+                                                                     offs))["log_start_offset"]
                     elif ts in (-1, -3):
                         entry["offset"] = offs["high_watermark"]
                         lg = self.rm.logs.get((t.name, p.partition_index))
@@ -521,6 +548,7 @@ class KafkaApis:
                             entry["offset"] = lg.last_stable_offset(offs["high_watermark"])
                     else:
                         found = self.rm.offset_for_timestamp(t.name, p.partition_index, ts)
+                        found = await tiering.offset_for_timestamp(self.ctx, t.name, p.partition_index, ts, found)
                         if found < offs["high_watermark"]:
                             entry["offset"], entry["timestamp"] = found, ts
                     entry["leader_epoch"] = part.leader_epoch

@@ -172,6 +172,21 @@ def test_tiered_topic_keeps_a_local_tail_reads_from_zero_and_deletes_from_the_st
             t0 = time.monotonic()
             assert read_all(url, topic, end) == list(range(end))
             read_s = time.monotonic() - t0
+            # an unmodified Kafka client reads it all from the earliest offset too (the Kafka
+            # listener's Fetch and ListOffsets go to the store below the local log start)
+            from kafka import KafkaConsumer, TopicPartition
+            c = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap, enable_auto_commit=False,
+                              auto_offset_reset="earliest", consumer_timeout_ms=5000, fetch_max_bytes=4 << 20)
+            try:
+                c.assign([TopicPartition(topic, 0)])
+                c.seek_to_beginning()
+                kafka_values, deadline = [], time.monotonic() + 120
+                while len(kafka_values) < end and time.monotonic() < deadline:
+                    for batch in c.poll(timeout_ms=1000, max_records=50_000).values():
+                        kafka_values.extend(int(m.value[:10]) for m in batch)
+            finally:
+                c.close()
+            assert kafka_values == list(range(end))
             assert metric(url, "kraftlog_remote_copy_bytes_total") >= PRODUCE_MB * 0.8 * (1 << 20)
             assert metric(url, "kraftlog_remote_fetch_requests_total") > 0
             assert metric(url, "kraftlog_remote_fetch_errors_total") == 0
