@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from http_api.broker.reassignments import OPENAPI_PATHS as REASSIGNMENT_PATHS
 from http_api.broker.streaming import OPENAPI_PATHS as STREAMING_PATHS
+from http_api.console.pages import OPENAPI_PATHS as CONSOLE_PATHS
 from http_api.rest_proxy.openapi import OPENAPI_PATHS as REST_PROXY_PATHS
 
 
@@ -384,6 +385,7 @@ def openapi_document(server_url: str) -> dict:
             **REASSIGNMENT_PATHS,   # http_api/broker/reassignments.py
             **STREAMING_PATHS,      # SSE: http_api/broker/streaming.py
             **REST_PROXY_PATHS,     # Confluent REST Proxy v2: http_api/rest_proxy/
+            **CONSOLE_PATHS,        # web console: http_api/console/
             "/healthz": {"get": {"summary": "Liveness (open even with security on)",
                                  "responses": {"200": _obj("{status: ok, ...}"),
                                                "503": _obj("{status: starting, ...}: not ready yet")}}},

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["LOG_DIRS_PATH", "PAGE_ROUTES", "STATIC_PATHS", "install_console"]
+__all__ = ["LOG_DIRS_PATH", "OPENAPI_PATHS", "PAGE_ROUTES", "STATIC_PATHS", "install_console"]
 
 STATIC_DIR = Path(__file__).with_name("static")
 _ASSETS = {"console.js": "application/javascript", "console.css": "text/css"}
@@ -96,6 +96,39 @@ _METRICS = """
 </section>
 <section><h2>Gauges</h2><table id="gauges"></table></section>
 """
+
+
+def _page(summary: str, *params: str) -> dict:
+    return {"get": {"summary": summary, "parameters": [
+        {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params],
+        "responses": {"200": {"description": "the page (HTML); its script reads the JSON routes",
+                              "content": {"text/html": {"schema": {"type": "string"}}}}}}}
+
+
+def _asset_doc(content_type: str) -> dict:
+    return {"get": {"summary": "web console asset (open)", "responses": {"200": {
+        "description": "static file", "content": {content_type: {"schema": {"type": "string"}}}}}}}
+
+
+OPENAPI_PATHS = {   # merged into the broker's /openapi.json (http_api/broker/openapi.py)
+    "/ui": {"get": {"summary": "web console: redirect to /ui/",
+                    "responses": {"302": {"description": "Location: /ui/"},
+                                  "200": {"description": "/ui/ (redirect followed)",
+                                          "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+    "/ui/": _page("web console: cluster overview"),
+    "/ui/topics/{topic}": _page("web console: a topic (partitions, configs, live tail, produce form)", "topic"),
+    "/ui/groups": _page("web console: consumer groups"),
+    "/ui/groups/{group}": _page("web console: a consumer group (members, offsets, lag chart)", "group"),
+    "/ui/metrics": _page("web console: live charts from /metrics"),
+    LOG_DIRS_PATH: {"get": {"summary": "this broker's log dirs (disk use) and local replica sizes "
+                                       "(Kafka's DescribeLogDirs; DESCRIBE on the cluster)",
+                            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {
+                                "type": "object", "required": ["broker_id", "log_dirs", "partitions", "size_bytes"],
+                                "properties": {"broker_id": {"type": "integer"}, "log_dirs": {"type": "array"},
+                                               "partitions": {"type": "array"},
+                                               "size_bytes": {"type": "integer"}}}}}}}}},
+    **{f"/ui/static/{name}": _asset_doc(ct) for name, ct in _ASSETS.items()},
+}
 
 
 class ConsoleRoutes:
