@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from http_api.broker.authorization import OPEN_ROUTES
 from http_api.console.pages import PAGE_ROUTES, STATIC_PATHS
 
 
@@ -33,6 +34,7 @@ async def test_pages_are_shells_that_escape_names_and_load_only_local_assets(bro
         text = await r.text()
         assert not re.search(r"https?://", text), f"{path} references another origin"
     assert (await c.get("/ui/static/console.js")).content_type == "application/javascript"
+    assert STATIC_PATHS <= OPEN_ROUTES        # the assets load before the browser has credentials
 
 
 async def test_log_dirs_report_disk_use_and_local_replica_sizes(broker):
