@@ -54,9 +54,11 @@ async def test_a_long_poll_answered_at_its_wait_and_a_slow_steady_answer_are_not
             for i in range(0, len(wire), len(wire) // 6 + 1):
                 writer.write(wire[i:i + len(wire) // 6 + 1])
                 await writer.drain()
-                await asyncio.sleep(0.12)     # 7 pieces: ~0.8 s in all, 0.12 s apart
+                await asyncio.sleep(0.2)      # 7 pieces: ~1.4 s in all, 0.2 s apart
     async with RawLeader(script) as leader:
-        t = ReplicaTransport(request_timeout_ms=30_000, read_timeout_ms=300)
+        # the read bound (1 s) is below the answer's whole time, far above its pauses (a
+        # stalled test process delays the leader's pieces and the bound's timer alike)
+        t = ReplicaTransport(request_timeout_ms=30_000, read_timeout_ms=1000)
         parts = await _fetch(t, leader.url, max_wait_ms=400)
         assert b"".join(bytes(p.records) for p in parts) == body[-40_000:]
         parts = await _fetch(t, leader.url, max_wait_ms=400)
