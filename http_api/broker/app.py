@@ -109,8 +109,9 @@ def create_app(config: BrokerConfig, deps: BrokerDeps) -> web.Application:
     r.add_get("/v1/topics/{topic}/partitions/{partition}/records", fetch.fetch)
     r.add_get("/v1/topics/{topic}/partitions/{partition}/offsets", fetch.offsets)
     r.add_post("/v1/topics/{topic}/partitions/{partition}/delete-records", fetch.delete_records)
-    install_streaming(app, ctx)                          # SSE: .../records/stream (streaming.py)
-    install_rest_proxy(app, ctx)                         # Confluent REST Proxy v2: /topics, /consumers (rest_proxy/)
+    install_streaming(app, ctx, stream_buffer_bytes=ctx.config.stream_buffer_bytes,
+                      heartbeat_ms=ctx.config.stream_heartbeat_ms)                          # SSE: .../records/stream (streaming.py)
+    install_rest_proxy(app, ctx, consumer_instance_timeout_ms=ctx.config.consumer_instance_timeout_ms)                         # Confluent REST Proxy v2: /topics, /consumers (rest_proxy/)
     install_group_routes(app, ctx, deps.clock)           # consumer groups: /v1/groups...
     install_transaction_routes(app, ctx, deps.clock)     # transactions: /v1/transactions/{txid}/...
     r.add_post("/v1/producer-ids", produce.init_producer_id)

@@ -144,6 +144,13 @@ class RequestLimits(_Group):
     connections_max: int = 10_000
     connections_max_per_ip: int = 1_000
     rejected_request_logs_per_second: int = 10
+    # SSE consume (http_api/broker/streaming.py): unsent answer bytes one stream may hold,
+    # and the comment line sent while idle
+    stream_buffer_bytes: int = 1 * MiB
+    stream_heartbeat_ms: int = 15_000
+    # Confluent REST Proxy v2 consumer instances idle this long are closed (Confluent's
+    # consumer.instance.timeout.ms)
+    consumer_instance_timeout_ms: int = 300_000
 
     def validate(self) -> None:
         _non_negative(self, "request_header_timeout_ms", "request_body_timeout_ms", "connections_max",
@@ -155,6 +162,8 @@ class RequestLimits(_Group):
         _non_negative(self, "controller_retry_backoff_ms", "controller_leader_check_after_ms")
         _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms", "kafka_connections_max_idle_ms",
                       "metadata_lag_max_ms")
+        _positive(self, "stream_heartbeat_ms", "consumer_instance_timeout_ms")
+        _check(self.stream_buffer_bytes >= 2, "stream_buffer_bytes", ">= 2", self.stream_buffer_bytes)
 
 
 @dataclass(frozen=True)
