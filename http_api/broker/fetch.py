@@ -56,7 +56,11 @@ class FetchRoutes(Routes):
             lso = lg.last_stable_offset(res.high_watermark)
             if isolation != txn.READ_COMMITTED:
                 break
-            data, fetched_next = txn.filter_read_committed(data, offset, lso, lg.aborted_transactions(offset, lso))
+            aborted = lg.aborted_transactions(offset, lso)
+            if remote:   # records the store served: the aborted transactions its indexes hold too
+                aborted = tiering.merge_aborted(aborted, await tiering.remote_aborted_transactions(
+                    self.ctx, name, partition, offset, min(lso, res.next_offset)))
+            data, fetched_next = txn.filter_read_committed(data, offset, lso, aborted)
             remaining_ms = int((deadline - loop.time()) * 1000)
             if data or fetched_next > offset or remote or remaining_ms <= 0 or self.rm.closing:
                 break

@@ -163,8 +163,11 @@ class StreamRoutes(Routes):
             lg = self.rm.logs.get((name, partition))
             if lg is not None and getattr(lg, "transactions", None) is not None:
                 lso = lg.last_stable_offset(res.high_watermark)
-                data, fetched_next = txn.filter_read_committed(data, offset, lso,
-                                                               lg.aborted_transactions(offset, lso))
+                aborted = lg.aborted_transactions(offset, lso)
+                if isinstance(res, tiering.RemoteFetchResult):   # served by the store: its indexes too
+                    aborted = tiering.merge_aborted(aborted, await tiering.remote_aborted_transactions(
+                        self.ctx, name, partition, offset, min(lso, res.next_offset)))
+                data, fetched_next = txn.filter_read_committed(data, offset, lso, aborted)
             records, nxt = codecs.decode_fetched(data, offset, binary=False)
             return records, max(nxt, fetched_next), len(res.records)
         records, nxt = codecs.decode_fetched(data, offset, binary=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +39,7 @@ class RemoteFetchResult:
     log_start_offset: int
     log_end_offset: int
     next_offset: int
+    aborted: list = field(default_factory=list)   # read_committed: the store's aborted transactions
 
 
 def remote_log_manager(ctx: Any):
@@ -216,6 +217,28 @@ async def offsets_doc(ctx: Any, topic: str, partition: int, doc: dict) -> dict:
     return doc
 
 
+async def remote_aborted_transactions(ctx: Any, topic: str, partition: int, start: int, end: int) -> list:
+    """The aborted transactions with records in [start, end) that only the remote segments'
+    transaction indexes hold (read_committed over data served from the store); [] when the
+    partition is not tiered."""
+    rlm = remote_log_manager(ctx)
+    if rlm is None or _tiered(ctx, topic, partition) is None or end <= start:
+        return []
+    from partitions.log.remote.storage import RemoteStorageError
+    try:
+        return await _in_pool(rlm, rlm.cfg.remote_fetch_max_wait_ms / 1000, rlm.aborted_transactions, topic,
+                              partition, start, end)
+    except RemoteStorageError as exc:
+        raise KraftlogError(ErrorCode.KAFKA_STORAGE_ERROR,
+                            f"reading the transaction index of {topic}-{partition} from the remote store failed "
+                            f"({exc}); retry the fetch") from None
+
+
+def merge_aborted(*lists) -> list:
+    """Aborted transactions from both tiers, each once, ordered by marker offset."""
+    return sorted({a for lst in lists for a in lst}, key=lambda a: (a.last_offset, a.producer_id))
+
+
 async def offset_for_timestamp(ctx: Any, topic: str, partition: int, timestamp_ms: int, local: int) -> int:
     """ListOffsets by time over both tiers: EARLIEST (-2) is the remote log start; a time
     earlier than the local records is looked up in the remote segments. `local` is the
@@ -273,4 +296,5 @@ async def delete_records(ctx: Any, topic: str, partition: int, before_offset: in
 
 
 __all__ = ["install_tiered_storage", "remote_fetch", "offsets_doc", "offset_for_timestamp", "delete_records",
+           "remote_aborted_transactions", "merge_aborted",
            "RemoteLogCollector"]

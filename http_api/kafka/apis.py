@@ -431,7 +431,7 @@ class KafkaApis:
         wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, getattr(p, "current_leader_epoch", -1))
                   for t in req.topics for p in t.partitions]
         denied = {t for t, *_ in wanted if not self._may(header, Op.READ, RT.TOPIC, t)}
-        remote = await self._remote_reads(wanted, denied)
+        remote = await self._remote_reads(wanted, denied, committed)
         results = self._read_all(wanted, total_max, committed, denied, remote)
         size = sum(len(r[1]) for r in results if r[0] is None)
         if size < min_bytes and max_wait_ms > 0 and not self.rm.closing:
@@ -466,7 +466,7 @@ class KafkaApis:
         return {"throttle_time": 0, "error_code": K.none, "session_id": 0,
                 "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]}
 
-    async def _remote_reads(self, wanted: list, denied) -> dict:
+    async def _remote_reads(self, wanted: list, denied, committed: bool = False) -> dict:
         """Partition index -> the remote store's answer (or its error) for fetch offsets below
         the local log start of a tiered partition (docs/TIERED_STORAGE.md); empty without
         tiered storage."""
@@ -482,6 +482,12 @@ class KafkaApis:
                 out[i] = e
                 continue
             if res is not None:
+                if committed:   # read_committed: the aborted transactions the store's indexes hold
+                    try:
+                        res.aborted = await tiering.remote_aborted_transactions(self.ctx, t, p, off, res.next_offset)
+                    except KraftlogError as e:
+                        out[i] = e
+                        continue
                 out[i] = res
         return out
 
@@ -514,8 +520,10 @@ class KafkaApis:
                 aborted = None
                 if committed:
                     data, upper = batches_below(data, stable)
-                    aborted = [{"producer_id": a.producer_id, "first_offset": a.first_offset}
-                               for a in (lg.aborted_transactions(off, upper) if lg is not None and data else ())]
+                    found = lg.aborted_transactions(off, upper) if lg is not None and data else []
+                    if data and getattr(res, "aborted", None):   # served by the store (_remote_reads)
+                        found = tiering.merge_aborted(found, [a for a in res.aborted if a.first_offset < upper])
+                    aborted = [{"producer_id": a.producer_id, "first_offset": a.first_offset} for a in found]
                 left -= len(data)
                 out.append((None, data, res.high_watermark, res.log_start_offset, stable, raw, aborted))
             except KraftlogError as e:

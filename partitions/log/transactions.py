@@ -209,6 +209,11 @@ class TransactionIndex:
         fuo = self.first_unstable_offset
         return high_watermark if fuo is None else min(high_watermark, fuo)
 
+    def aborted_in_segment(self, base: int) -> list[AbortedTxn]:
+        """The aborted transactions whose ABORT marker is in the segment at `base` (what its
+        `.txnindex` holds; tiered storage uploads it with the segment)."""
+        return [a for a, b in zip(self.aborted, self._segment_of) if b == base]
+
     def aborted_in_range(self, start: int, end: int) -> list[AbortedTxn]:
         """Aborted transactions with records in [start, end)."""
         i = bisect_left([a.last_offset for a in self.aborted], start)

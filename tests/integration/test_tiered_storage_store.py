@@ -189,6 +189,36 @@ def test_list_offsets_by_time_finds_records_that_only_the_store_holds(tmp_path, 
         lg.close()
 
 
+def test_read_committed_over_remote_data_drops_a_transaction_aborted_in_a_remote_segment(tmp_path, store):
+    """The transaction index goes to the store with its segment: once local retention removed
+    the segment (and the local index forgot the abort), a read_committed read of the remote
+    records still drops the aborted ones."""
+    from partitions.log import transactions as txn
+    lg, rlm, _ = _make(tmp_path, store, "txnidx", log_config=TIERED, prefix="txnidx")
+    pid = 4242
+    try:
+        _produce(lg, 5)   # offsets 0-99
+        lg.append_as_leader(txn.build_transactional_batch([Record(None, b"aborted-%d" % i) for i in range(20)],
+                                                          pid, 0), leader_epoch=0)   # 100-119
+        lg.append_as_leader(txn.build_marker_batch(pid, 0, False), leader_epoch=0)   # ABORT at 120
+        _produce(lg, 55, start=1000)
+        lg.update_high_watermark(lg.log_end_offset)
+        _settle(rlm, lg)
+        lg.apply_retention()
+        assert lg.log_start_offset > 121 and lg.aborted_transactions(0, 200) == []
+        aborted = rlm.aborted_transactions(lg.topic, lg.partition, 0, 200)
+        assert [(a.producer_id, a.first_offset, a.last_offset) for a in aborted] == [(pid, 100, 120)]
+        assert rlm.aborted_transactions(lg.topic, lg.partition, 121, 200) == []
+        got = rlm.read(lg.topic, lg.partition, 90, 64 * 1024)
+        data, _ = txn.filter_read_committed(got.records, 90, lg.high_watermark, aborted)
+        values = [r.value for r in decode_batches(data, skip_control=True)]
+        assert values and not any(v.startswith(b"aborted") for v in values)
+        assert any(v.startswith(b"aborted") for v in (r.value for r in decode_batches(got.records)))
+    finally:
+        rlm.stop()
+        lg.close()
+
+
 def test_new_leader_lists_remote_and_cleans_a_dead_leaders_orphan(tmp_path, store):
     lg, rlm, state = _make(tmp_path, store, "orphan", log_config=TIERED, prefix="orphan")
     try:

@@ -52,7 +52,9 @@ from .metadata import (
     next_segments_to_copy,
     remote_segments_to_delete,
 )
-from .storage import OFFSET_INDEX, PRODUCER_SNAPSHOT, SEGMENT, TIME_INDEX, LogSegmentData, RemoteStorageError
+from ..transactions import AbortedTxn, decode_txn_index, encode_txn_index
+from .storage import (OFFSET_INDEX, PRODUCER_SNAPSHOT, SEGMENT, TIME_INDEX, TXN_INDEX, LogSegmentData,
+                      RemoteResourceNotFoundError, RemoteStorageError)
 
 log = logging.getLogger(__name__)
 
@@ -378,9 +380,13 @@ class RemoteLogManager:
         tindex = tindex[: len(tindex) // TIME_ENTRY_SIZE * TIME_ENTRY_SIZE]
         epochs = [(e, o) for e, o in lg.leader_epoch_cache.entries if o < next_offset]
         checkpoint = "\n".join(["0", str(len(epochs))] + [f"{e} {o}" for e, o in epochs]) + "\n"
+        txn = getattr(lg, "transactions", None)
+        with lg.lock:
+            aborted = txn.aborted_in_segment(seg.base_offset) if txn is not None else []
         return LogSegmentData(segment=segment, offset_index=index, time_index=tindex,
                               leader_epoch_checkpoint=checkpoint.encode(),
-                              producer_snapshot=self._producer_snapshot(lg, next_offset))
+                              producer_snapshot=self._producer_snapshot(lg, next_offset),
+                              transaction_index=encode_txn_index(aborted))
 
     @staticmethod
     def _segment_epochs(lg: Any, base: int, next_offset: int) -> tuple[tuple[int, int], ...]:
@@ -431,6 +437,7 @@ class RemoteLogManager:
         self.cache.evict_segment(md.segment_id)
         with self._index_lock:
             self._index_cache.pop(md.segment_id, None)
+            self._index_cache.pop(md.segment_id + "/txn", None)
         self.metrics.add(deleted_segments_total=1)
 
     def _delete_doomed_topics(self) -> None:
@@ -499,6 +506,41 @@ class RemoteLogManager:
         log.info("%s-%d: %d idempotent producers restored from the remote segment [%d, %d] below the local "
                  "log start %d", topic, partition, added, md.base_offset, md.end_offset, start_offset)
         return added
+
+    def _txn_index(self, md: RemoteLogSegmentMetadata) -> list[AbortedTxn]:
+        key = md.segment_id + "/txn"
+        with self._index_lock:
+            hit = self._index_cache.get(key)
+            if hit is not None:
+                self._index_cache.move_to_end(key)
+                return hit
+        try:
+            entries = decode_txn_index(self.storage.fetch(md, TXN_INDEX, 0))
+        except RemoteResourceNotFoundError:
+            entries = []   # copied before transaction indexes were uploaded
+        with self._index_lock:
+            self._index_cache[key] = entries
+            while len(self._index_cache) > self.cfg.remote_index_cache_entries:
+                self._index_cache.popitem(last=False)
+        return entries
+
+    def aborted_transactions(self, topic: str, partition: int, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in [start, end) that the remote segments' transaction
+        indexes hold (a read_committed read of remote data drops their records). An entry sits
+        with its ABORT marker, which may be in a later segment than its records: later segments
+        are searched until an entry completed with a last stable offset past `end` (Kafka's
+        rule: no transaction open before `end` can be aborted after it)."""
+        st = self._states.get((topic, partition))
+        out: list[AbortedTxn] = []
+        for md in (st.segments.readable() if st is not None else []):
+            if md.end_offset < start:
+                continue
+            for a in self._txn_index(md):
+                if a.last_offset >= start and a.first_offset < end:
+                    out.append(a)
+                if a.last_stable_offset > end:
+                    return out
+        return out
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """First remote offset whose record timestamp >= `timestamp_ms` (Kafka's ListOffsets by

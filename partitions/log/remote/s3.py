@@ -187,6 +187,8 @@ class S3RemoteStorage:
         return total
 
     def fetch(self, md: RemoteLogSegmentMetadata, kind: str, start: int, end_inclusive: int | None = None) -> bytes:
+        if start == 0 and end_inclusive is None:   # the whole object (a Range on an empty one is a 416)
+            return self._get(self.data_key(md, kind))
         rng = f"bytes={start}-" if end_inclusive is None else f"bytes={start}-{end_inclusive}"
         return self._get(self.data_key(md, kind), rng)
 

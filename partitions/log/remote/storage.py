@@ -32,23 +32,27 @@ OFFSET_INDEX = "index"
 TIME_INDEX = "timeindex"
 LEADER_EPOCH = "leader-epoch-checkpoint"
 PRODUCER_SNAPSHOT = "snapshot"
-SEGMENT_FILES = (SEGMENT, OFFSET_INDEX, TIME_INDEX, LEADER_EPOCH, PRODUCER_SNAPSHOT)
+TXN_INDEX = "txnindex"   # aborted transactions whose ABORT marker is in the segment (may be empty)
+SEGMENT_FILES = (SEGMENT, OFFSET_INDEX, TIME_INDEX, LEADER_EPOCH, PRODUCER_SNAPSHOT, TXN_INDEX)
 
 
 @dataclass(frozen=True)
 class LogSegmentData:
     """What one copy uploads: the segment bytes (exactly its valid length), its two
-    indexes, the leader epoch entries up to its end and the producer state snapshot."""
+    indexes, the leader epoch entries up to its end, the producer state snapshot and the
+    transaction index (read_committed reads of remote data, KIP-405's TRANSACTION index)."""
 
     segment: bytes
     offset_index: bytes
     time_index: bytes
     leader_epoch_checkpoint: bytes
     producer_snapshot: bytes
+    transaction_index: bytes = b""
 
     def files(self) -> dict[str, bytes]:
         return {SEGMENT: self.segment, OFFSET_INDEX: self.offset_index, TIME_INDEX: self.time_index,
-                LEADER_EPOCH: self.leader_epoch_checkpoint, PRODUCER_SNAPSHOT: self.producer_snapshot}
+                LEADER_EPOCH: self.leader_epoch_checkpoint, PRODUCER_SNAPSHOT: self.producer_snapshot,
+                TXN_INDEX: self.transaction_index}
 
 
 class RemoteStorageManager(Protocol):
@@ -89,4 +93,4 @@ class RemoteLogMetadataManager(Protocol):
 
 __all__ = ["RemoteStorageManager", "RemoteLogMetadataManager", "LogSegmentData", "RemoteStorageError",
            "RemoteResourceNotFoundError", "SEGMENT", "OFFSET_INDEX", "TIME_INDEX", "LEADER_EPOCH",
-           "PRODUCER_SNAPSHOT", "SEGMENT_FILES"]
+           "PRODUCER_SNAPSHOT", "TXN_INDEX", "SEGMENT_FILES"]
