@@ -7,7 +7,7 @@ One background thread ("remote-log-manager") runs a pass every
   partition's remote segments (`RemoteLogMetadataManager`), deletes the orphans of a dead
   leader (COPY_SEGMENT_STARTED, or a second finished copy of the same offsets), then copies
   every closed segment wholly below the high watermark, oldest first (COPY_SEGMENT_STARTED,
-  the five files, COPY_SEGMENT_FINISHED); then it applies total retention
+  the six files, COPY_SEGMENT_FINISHED); then it applies total retention
   (retention.ms / retention.bytes over both tiers) by deleting the oldest remote segments
   (DELETE_SEGMENT_STARTED, the files, DELETE_SEGMENT_FINISHED);
 - follower: it refreshes the remote segment list now and then (never copies), so that its
