@@ -49,7 +49,7 @@ def writable(url: str, topic: str, partitions: list, deadline_s: float) -> float
             return time.monotonic() - t0
         if time.monotonic() - t0 > deadline_s:
             raise RuntimeError(f"{topic} not writable after {deadline_s} s: {status} {str(doc)[:300]}")
-        time.sleep(0.1)
+        time.sleep(1.0)   # each try is a request for every partition: do not flood the broker
 
 
 async def per_partition_writable(url: str, topic: str, partitions: list, since: float,
