@@ -451,8 +451,18 @@ class RestProxyRoutes:
         async with inst.lock:
             recs = await inst.poll(timeout_ms, min(max(1, max_bytes), CONSUMER_REQUEST_MAX_BYTES))
             inst.touch()
-        out = [{"topic": r.topic, "key": _render(inst.format, r.key), "value": _render(inst.format, r.value),
-                "partition": r.partition, "offset": r.offset} for r in recs]
+            try:
+                out = [{"topic": r.topic, "key": _render(inst.format, r.key), "value": _render(inst.format, r.value),
+                        "partition": r.partition, "offset": r.offset} for r in recs]
+            except rpe.RestProxyError:
+                # nothing was returned: the position goes back to the first polled record of
+                # each partition, so no record is skipped (every poll answers the error until
+                # the client seeks past it or reads with a binary instance)
+                first: dict[tuple[str, int], int] = {}
+                for r in recs:
+                    first[(r.topic, r.partition)] = min(r.offset, first.get((r.topic, r.partition), r.offset))
+                await inst.seek([(t, p, off) for (t, p), off in first.items()])
+                raise
         return _answer(out, 200, f"application/vnd.kafka.{inst.format}.v2+json")
 
     @confluent

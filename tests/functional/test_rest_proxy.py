@@ -201,3 +201,37 @@ async def test_idle_consumer_instances_expire(broker):
     assert ("gx", "busy") in instances.instances
     doc = await call(c, "GET", "/consumers/gx/instances/idle/subscription", status=404)
     assert doc["error_code"] == 40403
+
+
+async def test_a_json_instance_polling_a_record_that_is_not_json_skips_nothing(broker):
+    """A json consumer instance cannot render a non-JSON record (50002): the poll answers the
+    error and the position stays at that record, so a seek past it (or a binary instance)
+    still gets every later record; before, the records polled with it were skipped."""
+    c = broker.client
+    await create(c, "mixed")
+    r = await c.post("/v1/topics/mixed/records", json={"records": [{"value": "plain text"}]})
+    assert r.status == 200
+    await call(c, "POST", "/topics/mixed", {"records": [{"value": {"a": 1}}, {"value": {"b": 2}}]}, ctype=V2_JSON)
+    await call(c, "POST", "/consumers/gm", {"name": "m1", "format": "json", "auto.offset.reset": "earliest"})
+    await call(c, "POST", "/consumers/gm/instances/m1/subscription", {"topics": ["mixed"]}, status=204)
+    errors = 0
+    for _ in range(20):
+        headers = {"Accept": V2_JSON}
+        r = await c.get("/consumers/gm/instances/m1/records?timeout=200", headers=headers)
+        body = await r.json()
+        if r.status == 500:
+            assert body["error_code"] == 50002
+            errors += 1
+            if errors >= 2:
+                break
+        else:
+            assert body == [], body   # nothing was fetched yet (the group is still joining)
+    assert errors >= 2          # the error repeats: the record was not skipped silently
+    await call(c, "POST", "/consumers/gm/instances/m1/positions",
+               {"offsets": [{"topic": "mixed", "partition": 0, "offset": 1}]}, status=204)
+    got = []
+    for _ in range(20):
+        got += await call(c, "GET", "/consumers/gm/instances/m1/records?timeout=200", accept=V2_JSON)
+        if len(got) >= 2:
+            break
+    assert [(g["offset"], g["value"]) for g in got] == [(1, {"a": 1}), (2, {"b": 2})]
