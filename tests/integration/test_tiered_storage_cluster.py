@@ -8,6 +8,7 @@ issue's 30 s halved). The issue's full figures run with
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -190,6 +191,8 @@ def test_tiered_topic_keeps_a_local_tail_reads_from_zero_and_deletes_from_the_st
             finally:
                 c.close()
             assert kafka_values == list(range(end))
+            # and the project's Python client (http_api.client) from the earliest offset
+            assert asyncio.run(python_client_values(url, topic, end)) == list(range(end))
             assert metric(url, "kraftlog_remote_copy_bytes_total") >= PRODUCE_MB * 0.8 * (1 << 20)
             assert metric(url, "kraftlog_remote_fetch_requests_total") > 0
             assert metric(url, "kraftlog_remote_fetch_errors_total") == 0
@@ -236,6 +239,17 @@ def test_tiered_topic_keeps_a_local_tail_reads_from_zero_and_deletes_from_the_st
                              interval=0.5)
         finally:
             cluster.close()
+
+
+async def python_client_values(url: str, topic: str, end: int) -> list[int]:
+    from http_api.client import Consumer
+    values: list[int] = []
+    async with Consumer(url, auto_offset_reset="earliest", max_wait_ms=200) as consumer:
+        consumer.assign([(topic, 0)])
+        deadline = time.monotonic() + 120
+        while len(values) < end and time.monotonic() < deadline:
+            values.extend(int(r.value[:10]) for r in await consumer.poll(1000))
+    return values
 
 
 def read_all_from(url: str, topic: str, start: int, end: int) -> bool:
