@@ -33,6 +33,7 @@ from partitions.errors import ErrorCode, KraftlogError
 TopicPartition = tuple[str, int]
 BYTES_TOLERANCE = 0.10       # soft goal: every broker's bytes within 10% of the mean
 MAX_ROUNDS = 100_000         # a bound on improving steps (each strictly lowers a potential)
+FIXED_POINT_ROUNDS = 10      # rounds of the soft goals until one changes nothing
 
 MODES = ("add-brokers", "remove-brokers", "rebalance")
 
@@ -182,10 +183,17 @@ def plan_assignment(assignment: Mapping[TopicPartition, Sequence[int]], brokers:
                        ErrorCode.INVALID_REPLICATION_FACTOR)
     st = _State(assignment, by_id, eligible, sizes or {})
     _repair(st, movable, holders)
-    _balance_replicas(st, movable)
-    if any(st.size(tp) for tp in movable):
-        _balance_bytes(st, movable)
-    _balance_leaders(st, movable)
+    # the soft goals, again until a round changes nothing: a bytes move can leave a replica
+    # move worth making, so the plan is a fixed point (planning the planned cluster proposes
+    # nothing, a property test checks it)
+    for _ in range(FIXED_POINT_ROUNDS):
+        before = {tp: list(r) for tp, r in st.assignment.items()}
+        _balance_replicas(st, movable)
+        if any(st.size(tp) for tp in movable):
+            _balance_bytes(st, movable)
+        _balance_leaders(st, movable)
+        if st.assignment == before:
+            break
     return st.assignment
 
 
