@@ -3,41 +3,14 @@
 controller stops by itself, metadata writes go on, `cluster down` stops the added one."""
 import json
 import os
-import random
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 from deploy.cluster import CONTROLLER_PORT_OFFSET, RAFT_PORT_OFFSET, alive, load_state
-from deploy.local_node import ROOT
+from tests.integration.test_cli_cluster import free_base_port, kraftlog  # the local-cluster tests' CLI runner and port picker
 
 pytestmark = pytest.mark.integration
-
-
-def kraftlog(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "deploy.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=timeout, cwd=ROOT)
-
-
-def _bindable(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_base_port(n, offsets=(0, CONTROLLER_PORT_OFFSET, RAFT_PORT_OFFSET)):
-    """A base port whose derived ports of n nodes are free, below the ephemeral range."""
-    for _ in range(200):
-        base = random.randrange(20000, 32768 - max(offsets) - n)
-        if all(_bindable(base + off + i) for off in offsets for i in range(n)):
-            return base
-    raise RuntimeError("no free base port")
 
 
 def _wait_dead(pid: int, timeout_s: float) -> bool:
