@@ -84,7 +84,8 @@ def cleaned_logs_on_disk(cluster) -> dict:
 async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fault_count: Optional[int] = None,
                     kinds: Optional[list] = None, partitions: int = 3, hold_s=(2.0, 5.0), quiet_s=(2.0, 4.0),
                     warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print,
-                    log_level: str = "WARNING", secure: bool = False) -> tuple[dict, object]:
+                    log_level: str = "WARNING", secure: bool = False,
+                    transactions: bool = False) -> tuple[dict, object]:
     """`secure`: TLS, authentication and ACLs on (ClusterSettings.secure; the workload is the
     super user admin)."""
     kinds = kinds or list(ALL_NEMESES)
@@ -109,7 +110,7 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
         anonymous = cluster.anonymous_status(cluster.ids[0])
         log(f"{cluster.scheme}; a request without credentials: HTTP {anonymous}")
         sampler.start()
-        async with Workload(cluster, history, partitions=partitions, seed=seed) as wl:
+        async with Workload(cluster, history, partitions=partitions, seed=seed, transactions=transactions) as wl:
             await wl.create_topic()
             await wl.configure_offsets_topic()
             wl.start()
@@ -155,7 +156,7 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
     result = check(history)
     meta = {"seed": seed, "minutes": minutes, "fault_count": fault_count, "kinds": kinds,
             "partitions": partitions, "duration_s": round(time.monotonic() - t0, 1), "root": root,
-            "secure": secure}
+            "secure": secure, "transactions": transactions}
     if out_dir:
         figs = write_report(out_dir, history, result, schedule.faults, meta, log_cleaner=cleaner)
     else:
@@ -189,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--log-level", default="WARNING", help="of the cluster processes (INFO shows replication)")
     p.add_argument("--secure", action="store_true",
                    help="TLS, authentication and ACLs on, as `kraftlog cluster up --secure` (clients: admin)")
+    p.add_argument("--transactions", action="store_true",
+                   help="add the transactional workload (harness/txn_workload.py; issue 18)")
     p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
     args = p.parse_args(argv)
     if args.per_kind is not None:
@@ -205,7 +208,8 @@ def main(argv=None) -> int:
     figs, result = asyncio.run(run_chaos(root, seed, minutes=args.minutes, fault_count=args.faults, kinds=kinds,
                                          partitions=args.partitions, out_dir=args.report, log_level=args.log_level,
                                          hold_s=_range(args.hold), quiet_s=_range(args.quiet),
-                                         log=lambda m: print(m, flush=True), secure=args.secure))
+                                         log=lambda m: print(m, flush=True), secure=args.secure,
+                                         transactions=args.transactions))
     figs.pop("_faults", None)
     print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))
     print(result.summary(limit=20))
