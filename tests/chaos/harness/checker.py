@@ -37,6 +37,11 @@ latest write there was a tombstone (acknowledged, or of unknown outcome) sent at
 delete.retention.ms before the final read began. Reads must still return each write id
 at one offset only, with its own key and value (`phantom-read` otherwise).
 
+Transactions (`txn` ops and read_committed fetches marked `txn`, see
+`check_transactions`): `aborted-read`, `half-visible-transaction`, `lost-transaction`,
+`read-above-lso` (TXN_ANOMALY_KINDS); phantom, duplicate and non-monotonic reads there
+reuse the names above.
+
 Values are unique per produce invocation; a retry after an unknown outcome re-sends the
 same value (for idempotent producers) and is recorded as another invocation carrying it.
 Non-idempotent producers never resend a value, so their unknown-outcome writes may or may
@@ -55,6 +60,7 @@ ANOMALY_KINDS = (
     "phantom-read", "failed-write-read", "read-above-hw", "committed-offset-regression", "no-final-read",
     "lost-latest-value", "tombstone-removed-early", "final-committed-offset",
 )
+TXN_ANOMALY_KINDS = ("aborted-read", "half-visible-transaction", "lost-transaction", "read-above-lso")
 
 
 @dataclass
@@ -109,7 +115,7 @@ def check(history: History, anomaly_limit_per_kind: int = 50) -> CheckResult:
     for op in history.ops:
         if op.f == "produce":
             produces[op.key].append(op)
-        elif op.f == "fetch" and op.type == OK:
+        elif op.f == "fetch" and op.type == OK and not op.value.get("txn"):
             fetches[op.key].append(op)
 
     stats = defaultdict(int)
@@ -119,6 +125,7 @@ def check(history: History, anomaly_limit_per_kind: int = 50) -> CheckResult:
     for key in sorted(set(produces) | set(fetches), key=lambda k: (str(k[0]), k[1] if k[1] is not None else -1)):
         _check_partition(key, produces.get(key, []), fetches.get(key, []), report, stats)
     _check_group_offsets(history, report)
+    check_transactions(history, report, stats)
     stats = dict(stats)
     stats["anomalies_total"] = sum(counts.values())
     return CheckResult(anomalies, stats)
@@ -370,3 +377,123 @@ def unavailability_windows(history: History, min_gap_s: float = 1.0, f: str = "p
     end = max(done) if done else max(op.invoke_time for op in ops)
     points = [start] + oks + [end]
     return [(a, b) for a, b in zip(points, points[1:]) if b - a > min_gap_s]
+
+
+def check_transactions(history: History, report, stats) -> None:
+    """Atomic visibility of transactions to read_committed readers.
+
+    A `txn` op (value: txid, records [[topic, partition, value]], intent) is committed when ok
+    with `committed` true, aborted when ok with `committed` false or `fail` (no commit was
+    ever sent), unknown otherwise (`info`, or pending when the workload stopped).
+    - every record a read_committed fetch returns belongs to a transaction that wrote it to
+      that partition (`phantom-read`), not an aborted one (`aborted-read`), lies below the
+      last stable offset the answer reported (`read-above-lso`), and each value is read at one
+      offset only (`value-at-two-offsets`); offsets rise within an answer;
+    - the final read (healed, nothing open, LSO = HW) holds every record of a committed
+      transaction, once, at its acknowledged offset (`lost-transaction` when none is there,
+      `half-visible-transaction` when some are), all or none of an unknown one
+      (`half-visible-transaction`);
+    - a read_committed reader sees what the final read sees: a fetch answering
+      [offset, next_offset) returned exactly the final read's records in that range (a
+      committed record passed over, or a record read that the final read lacks, means the
+      reader saw part of a transaction: `half-visible-transaction`)."""
+    import bisect
+    txns = [op for op in history.ops if op.f == "txn"]
+    fetches = [op for op in history.ops if op.f == "fetch" and op.type == OK and op.value.get("txn")]
+    if not txns and not fetches:
+        return
+    owner: dict[tuple, tuple] = {}                       # (topic, partition, value) -> txn op
+    for op in txns:
+        for t, p, v in op.value.get("records", []):
+            owner[(t, p, v)] = op
+
+    def status(op: Op) -> str:
+        if op.type == OK:
+            return "committed" if op.result.get("committed") else "aborted"
+        return "aborted" if op.type == FAIL else "unknown"
+
+    for op in txns:
+        stats[f"transactions_{status(op)}"] += 1
+    final_by_tp: dict[tuple, dict[int, str]] = defaultdict(dict)
+    finals: dict[tuple, list[Op]] = defaultdict(list)
+    seen_at: dict[tuple, set] = defaultdict(set)          # (topic, partition, value) -> offsets read
+    for op in fetches:
+        key = op.key
+        lso = op.result.get("last_stable_offset")
+        prev = None
+        for off, v in op.result.get("records") or []:
+            if prev is not None and off <= prev:
+                report("non-monotonic-read", key, f"offset {off} after {prev} in one read_committed fetch", [op])
+            prev = off
+            if lso is not None and off >= lso:
+                report("read-above-lso", key, f"record {v!r} at offset {off} returned with last stable offset "
+                                              f"{lso}", [op])
+            txn = owner.get((key[0], key[1], v))
+            if txn is None:
+                report("phantom-read", key, f"value {v!r} at offset {off} was never written to this partition "
+                                            "by a transaction", [op])
+                continue
+            if status(txn) == "aborted":
+                report("aborted-read", key, f"value {v!r} at offset {off} belongs to an aborted transaction",
+                       [txn, op])
+            seen_at[(key[0], key[1], v)].add(off)
+            if op.value.get("final"):
+                final_by_tp[key].setdefault(off, v)
+        if op.value.get("final"):
+            finals[key].append(op)
+        stats["txn_records_read"] += len(op.result.get("records") or [])
+    for (t, p, v), offs in seen_at.items():
+        if len(offs) > 1:
+            report("value-at-two-offsets", (t, p), f"transactional value {v!r} at offsets {sorted(offs)}",
+                   [owner[(t, p, v)]])
+
+    final_values = {(tp[0], tp[1], v): off for tp, m in final_by_tp.items() for off, v in m.items()}
+    for op in txns:
+        st = status(op)
+        records = op.value.get("records", [])
+        if st == "aborted" or not records:
+            continue
+        tps = {(t, p) for t, p, _ in records}
+        if any(tp not in finals for tp in tps):
+            if st == "committed":
+                report("no-final-read", (records[0][0], records[0][1]),
+                       f"committed transaction {op.value.get('txid')} op {op.id} was never verified", [op])
+            continue
+        present = [r for r in records if (r[0], r[1], r[2]) in final_values]
+        if st == "committed":
+            stats["txn_committed_records_checked"] += len(records)
+            acked = {(t, p, v): o for (t, p, v), (_, _, o) in zip(records, op.result.get("offsets") or [])}
+            moved = [(r[2], acked.get(tuple(r)), final_values[tuple(r)]) for r in present
+                     if acked.get(tuple(r)) not in (None, final_values[tuple(r)])]
+            if not present:
+                report("lost-transaction", (records[0][0], records[0][1]),
+                       f"committed transaction {op.value.get('txid')} op {op.id}: none of its {len(records)} "
+                       "records is in the final read_committed read", [op])
+            elif len(present) < len(records) or moved:
+                missing = [r for r in records if r not in present]
+                report("half-visible-transaction", (records[0][0], records[0][1]),
+                       f"committed transaction {op.value.get('txid')} op {op.id}: final read lacks {missing}"
+                       f"{'; at other offsets than acknowledged: ' + str(moved) if moved else ''}", [op])
+        elif 0 < len(present) < len(records):
+            missing = [r for r in records if r not in present]
+            report("half-visible-transaction", (records[0][0], records[0][1]),
+                   f"transaction {op.value.get('txid')} op {op.id} of unknown outcome: the final read holds "
+                   f"{len(present)} of its {len(records)} records, not {missing}", [op])
+
+    # live readers against the final read, range by range
+    final_offsets = {tp: sorted(m) for tp, m in final_by_tp.items()}
+    for op in fetches:
+        key = op.key
+        if op.value.get("final") or key not in finals or op.result.get("next_offset") is None:
+            continue
+        lo, hi = op.value.get("offset", 0), op.result["next_offset"]
+        offs = final_offsets.get(key, [])
+        expected = {o: final_by_tp[key][o] for o in offs[bisect.bisect_left(offs, lo):bisect.bisect_left(offs, hi)]}
+        got = {off: v for off, v in op.result.get("records") or []}
+        if expected != got:
+            skipped = sorted(set(expected) - set(got))[:5]
+            extra = sorted(set(got) - set(expected))[:5]
+            report("half-visible-transaction", key,
+                   f"read_committed fetch of [{lo}, {hi}) differs from the final read there: passed over "
+                   f"{[(o, expected[o]) for o in skipped]}, read {[(o, got[o]) for o in extra]} the final read "
+                   "lacks", [op] + finals[key][:1])

@@ -16,6 +16,11 @@ Operation kinds (`f`) and their fields:
              `final` marks the read-everything pass done after the faults healed.
 - `commit`   value: {"group", "topic", "partition", "offset"}
 - `read_committed` value: {"group", "topic", "partition"}; ok result: {"offset": int or None}
+- `txn`      value: {"txid", "records": [[topic, partition, value], ...], "intent": "commit"|"abort",
+             "txn": true}; ok result: {"committed": bool, "offsets": [[topic, partition, offset]]};
+             `fail` = no commit was ever sent (certainly not committed); `info` = commit unknown
+- `fetch` with "txn": true (and "isolation_level": "read_committed") reads a transactional
+             topic; ok result adds "next_offset" and "last_stable_offset"
 
 Events are plain dicts so a history is saved as JSON lines and replayed into the checker.
 The history is not thread-safe: record from one thread (one asyncio loop).

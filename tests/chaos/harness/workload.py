@@ -16,6 +16,8 @@
 - `configure_offsets_topic()`: `__consumer_offsets` (compacted, created by the first group
   call) gets small segments and a low dirty ratio, so the committed offsets are compacted
   while coordinators move;
+- `transactions=True`: the transactional workload of `txn_workload.py` next to it
+  (transactional producers over two more topics, read_committed consumers);
 - `final_reads()` once the faults are healed: every partition read from 0 to its HW;
   `final_committed_reads()`: a fresh fetch of the group's committed offsets.
 
@@ -58,7 +60,7 @@ class Workload:
                  group: str = "chaos-group", compacted_topic: Optional[str] = "chaos-compacted",
                  compacted_partitions: int = 2, compacted_keys: int = 8, tombstone_probability: float = 0.2,
                  topic_configs: Optional[dict] = None, compacted_topic_configs: Optional[dict] = None,
-                 offsets_topic_configs: Optional[dict] = None):
+                 offsets_topic_configs: Optional[dict] = None, transactions: bool = False):
         self.c = cluster
         self.h = history
         self.topic = topic
@@ -86,6 +88,10 @@ class Workload:
         self.stop_event = asyncio.Event()
         self.session: Optional[aiohttp.ClientSession] = None
         self.tasks: list[asyncio.Task] = []
+        self.txn = None
+        if transactions:
+            from tests.chaos.harness.txn_workload import TxnWorkload
+            self.txn = TxnWorkload(self, seed=seed)
 
     # ---- plumbing ----------------------------------------------------------------------
 
@@ -113,7 +119,7 @@ class Workload:
         """Per partition, the answer with the highest leader epoch wins: a cut-off or lagging
         broker's stale view never hides a newer leader."""
         for t in (doc or {}).get("topics", []):
-            if t["name"] in (self.topic, self.compacted_topic):
+            if t["name"] in (self.topic, self.compacted_topic) or (self.txn and t["name"] in self.txn.topic_names()):
                 for p in t["partitions"]:
                     key = (t["name"], p["partition"])
                     epoch = p.get("leader_epoch", -1)
@@ -182,6 +188,9 @@ class Workload:
         if self.compacted_topic:
             await self._create(self.compacted_topic, self.compacted_partitions, self.compacted_topic_configs, end)
         wanted = self.topic_partitions()
+        if self.txn:
+            await self.txn.create_topics(end)
+            wanted += self.txn.topic_partitions()
         while any(self.leaders.get(tp, -1) < 0 for tp in wanted):
             if time.monotonic() > end:
                 raise RuntimeError(f"partitions without a leader: {[tp for tp in wanted if self.leaders.get(tp, -1) < 0]}")
@@ -451,9 +460,13 @@ class Workload:
         for p in range(self.compacted_partitions):
             self.tasks.append(asyncio.create_task(self.compacted_producer(p)))
             self.tasks.append(asyncio.create_task(self.consumer(p, self.compacted_topic)))
+        if self.txn:
+            self.txn.start()
 
     async def stop(self) -> None:
         self.stop_event.set()
+        if self.txn:
+            await self.txn.stop()
         if self.tasks:
             await asyncio.wait(self.tasks, timeout=15)
             for t in self.tasks:
@@ -490,6 +503,8 @@ class Workload:
                     break
                 offset = doc["next_offset"]
             out[f"{topic}-{p}"] = n
+        if self.txn:
+            out.update(await self.txn.final_reads(deadline_s))
         return out
 
     async def final_committed_reads(self, deadline_s: float = 60.0) -> dict:
