@@ -18,6 +18,16 @@ connection as it is accepted) into a
   corruption) before dropping the connection as pysyncobj does: `stats.auth_failures` + 1;
 - logs both, at most once a second per kind per SyncObj.
 
+It also closes a reconnect race of pysyncobj's handshake (issue 24: raft frames failing
+authentication on live links, the link dropped and redialled 0.5 s later, elections lost
+meanwhile). With a password, an outgoing connection is CONNECTED as soon as TCP connects and
+it has sent its random key, but the peer's key arrives one round trip later; a message sent
+in between (`transport.send` only checks CONNECTED) goes out without the peer's key, the
+peer fails to unwrap it and drops the connection. pysyncobj's own AppendEntries wait for the
+handshake (they go to connected nodes only), but RequestVote, pre-vote and our pings do not.
+The guarded `transport.send` answers False (not sent, as for a dead link) until the key
+exchange of that connection is complete (`key_exchange_pending`).
+
 Legitimate frames are small: pysyncobj splits entries and snapshots into
 appendEntriesBatchSizeBytes (64 KiB) parts, so the default cap (16 MiB) is far above them.
 It relies on pysyncobj's private TcpConnection members (name-mangled `_TcpConnection__*`);
@@ -86,6 +96,12 @@ class GuardedTcpConnection(TcpConnection):
         return message
 
 
+def key_exchange_pending(conn) -> bool:
+    """True while `conn` (pysyncobj TcpConnection) encrypts but has not received the peer's
+    random key: a message sent now would go out unkeyed and the peer would drop the link."""
+    return getattr(conn, "encryptor", None) is not None and not getattr(conn, "sendRandKey", None)
+
+
 def guard_connection(conn: TcpConnection, frame_max_bytes: int, stats: RaftPeerStats) -> None:
     """Make `conn` a GuardedTcpConnection (same state; checks from its next read on)."""
     if type(conn) is TcpConnection:
@@ -124,4 +140,13 @@ def install_frame_guard(syncobj, frame_max_bytes: int, stats: RaftPeerStats) -> 
             guard_connection(conn, frame_max_bytes, stats)
 
     transport.addNode = guarded_add_node
+    send = transport.send
+
+    def send_after_key_exchange(node, message):   # see the module docstring (handshake race)
+        conn = connections.get(node)
+        if conn is not None and key_exchange_pending(conn):
+            return False
+        return send(node, message)
+
+    transport.send = send_after_key_exchange
     return True
