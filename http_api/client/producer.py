@@ -1,6 +1,7 @@
 """`Producer`: accumulates records per partition into record batches (`batch_size_bytes`,
-`linger_ms`), sends them as raw batches straight to each partition's leader, one request
-in flight per partition (ordering), retries retriable errors after refreshing metadata
+`linger_ms`), sends them as raw batches straight to each partition's leader, up to
+`max_in_flight_requests_per_connection` (Kafka's max.in.flight.requests.per.connection,
+default 5) requests in flight per partition, retries retriable errors after refreshing metadata
 (NOT_LEADER_OR_FOLLOWER, connection errors), optional per-batch compression. Metadata older
 than `metadata_max_age_ms` (Kafka's metadata.max.age.ms, 5 min) is refreshed before the next
 record is partitioned, so records without a partition spread onto partitions added since.
@@ -10,6 +11,20 @@ Idempotent by default with acks=all (`enable_idempotence`): a producer id from
 batch (timeout, leader change) is never written twice — the leader answers a duplicate
 with its original offsets. A batch that fails for good makes the producer take a new
 producer id (its outcome is unknown; later batches must not be matched against it).
+
+Ordering with several requests in flight (as Kafka's idempotent producer): sequence
+numbers are given when a batch is sent, so batch n+1 carries sequence(n) + count(n). When
+batch n must be retried (leader moved, connection lost), batch n+1 may reach the leader
+first; the leader refuses it with OUT_OF_ORDER_SEQUENCE_NUMBER, and the producer waits for
+batch n to be written, then resends n+1 (a batch already written is answered as a
+duplicate with its original offsets: the leader remembers each producer's last 5
+batches, hence at most 5 in flight with idempotence). Futures resolve in send order.
+Without idempotence (acks=0/1), a retried batch can land after a later one, as in Kafka.
+
+High-rate path: `send_batch(topic, values)` queues a whole column of values (optionally
+keys) as one record batch with one future for the batch; it is encoded without a Python
+call per record (lengths and bytes joined as columns) and keeps its place in the
+partition's order relative to `send()`.
 
 Following a moved leader (docs/AVAILABILITY.md part E): an attempt unanswered for
 `request_attempt_timeout_ms` makes the producer mark that leader suspect and ask the other
@@ -34,11 +49,13 @@ import asyncio
 import base64
 import json
 import random
+import struct
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import aiohttp
+from crc32c import crc32c
 
 from http_api.client.transport import (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_METADATA_MAX_AGE_MS,
                                        DEFAULT_REQUEST_ATTEMPT_TIMEOUT_MS, MetadataCache, Transport)
@@ -60,6 +77,67 @@ class _Batch:
     futures: list = field(default_factory=list)
     size: int = 0
     created: float = field(default_factory=time.monotonic)
+    # send_batch(): (values, keys or None, timestamp ms or None) instead of records; one future
+    columns: tuple | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.columns[0]) if self.columns is not None else len(self.records)
+
+
+# the fixed batch header (partitions/log/record_batch.py's layout) and the columnar records
+# section's keys flag: `columns_batch` writes the same bytes as rb.build_batch
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_U32 = struct.Struct(">I")
+_F_KEYS = 0x04
+
+
+def _lengths(items: Sequence) -> tuple[bytes, bytes]:
+    """(little-endian int32 lengths, joined bytes) of a column; None (-1) only costs a
+    second pass when present."""
+    try:
+        return struct.pack(f"<{len(items)}i", *map(len, items)), b"".join(items)
+    except TypeError:   # a None (tombstone / no key) among them
+        lens = [-1 if v is None else len(v) for v in items]
+        return struct.pack(f"<{len(items)}i", *lens), b"".join([v for v in items if v is not None])
+
+
+def columns_batch(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None, *,
+                  timestamp_ms: int | None = None, producer_id: int = -1, producer_epoch: int = -1,
+                  base_sequence: int = -1, compression=rb.Compression.NONE) -> bytes:
+    """One record batch of `values` (and `keys`), all with one timestamp, without headers:
+    the bytes `rb.build_batch` writes for the same records, built from the columns (lengths
+    array + joined bytes) with no Python call per record. Compressed batches go through
+    `rb.build_batch`."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("a batch needs at least one record")
+    if keys is not None and len(keys) != n:
+        raise ValueError(f"{len(keys)} keys for {n} values: give one key per value (or none)")
+    ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+    codec = rb.Compression(compression)
+    if codec != rb.Compression.NONE:
+        ks = keys if keys is not None else [None] * n
+        return rb.build_batch(list(map(rb.Record, ks, values, [()] * n, [ts] * n)), compression=codec,
+                              producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence)
+    flags = 0
+    parts = [b""]
+    key_data = b""
+    if keys is not None and any(k is not None for k in keys):
+        flags |= _F_KEYS
+        key_lens, key_data = _lengths(keys)
+        parts.append(key_lens)
+    value_lens, value_data = _lengths(values)
+    parts[0] = bytes((flags,))
+    parts += (value_lens, key_data, value_data)
+    section = b"".join(parts)
+    attributes = getattr(rb, "COLUMNAR_MASK", 0)   # the columnar layout's bit, where the format has one
+    buf = bytearray(rb.HEADER_SIZE + len(section))
+    _HEADER.pack_into(buf, 0, 0, rb.HEADER_SIZE - rb.LOG_OVERHEAD + len(section), -1, rb.MAGIC, 0, attributes,
+                      n - 1, ts, ts, producer_id, producer_epoch, base_sequence, n)
+    buf[rb.HEADER_SIZE:] = section
+    _U32.pack_into(buf, rb.CRC_OFFSET, crc32c(memoryview(buf)[rb.ATTRIBUTES_OFFSET:]))
+    return bytes(buf)
 
 
 class Producer:
@@ -76,7 +154,10 @@ class Producer:
                  user: str | None = None, password: str | None = None, token: str | None = None,
                  ca_file: str | None = None, transactional_id: str | None = None,
                  transaction_timeout_ms: int = 60_000,
-                 metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS) -> None:
+                 metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
+                 max_in_flight_requests_per_connection: int = 5) -> None:
+        if max_in_flight_requests_per_connection < 1:
+            raise ValueError("max_in_flight_requests_per_connection must be >= 1")
         self.transactional_id = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
         self._in_transaction = False
@@ -101,6 +182,10 @@ class Producer:
         self.buffer_memory_bytes = buffer_memory_bytes
         # idempotence needs acks=all (as in Kafka); an explicit producer_id is used as given
         self.enable_idempotence = enable_idempotence and self.acks == "all"
+        if self.enable_idempotence and max_in_flight_requests_per_connection > 5:
+            raise ValueError("max_in_flight_requests_per_connection must be <= 5 with idempotence (the leader "
+                             "recognises a resent batch among a producer's last 5), as in Kafka")
+        self.max_in_flight = max_in_flight_requests_per_connection
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}   # tp -> (producer id, next sequence)
@@ -175,6 +260,56 @@ class Producer:
             self._seal(tp)
         return fut
 
+    async def send_batch(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
+                         partition: int | None = None, timestamp: int | None = None) -> asyncio.Future:
+        """Queue `values` (bytes; None is a tombstone) with optional `keys` as ONE record batch
+        to one partition (`partition`, else the topic's sticky partition; with keys, give
+        the partition). Await the returned future for the RecordMetadata of the first
+        record: the others follow at consecutive offsets. Ordered with `send()` to the same
+        partition. The whole column is one request: keep it below the broker's request size
+        limit (a few MiB)."""
+        if self._closed:
+            raise RuntimeError("producer is closed; create a new one")
+        if self.transactional_id is not None:
+            raise RuntimeError("send_batch() is not transactional: use send() inside a transaction")
+        if not isinstance(values, (list, tuple)):
+            values = list(values)
+        if not values:
+            raise ValueError("send_batch needs at least one value")
+        if keys is not None:
+            if not isinstance(keys, (list, tuple)):
+                keys = list(keys)
+            if len(keys) != len(values):
+                raise ValueError(f"{len(keys)} keys for {len(values)} values: give one key per value (or none)")
+            if partition is None:
+                raise ValueError("send_batch with keys writes one partition: give partition= (records with "
+                                 "different keys belong to different partitions; use send() per record)")
+        p = await self._partition_for(topic, None, partition)
+        try:
+            size = 24 * len(values) + sum(map(len, values)) + (sum(map(len, keys)) if keys is not None else 0)
+        except TypeError:   # None among them
+            size = 24 * len(values) + sum(len(v) for v in values if v is not None) + sum(
+                len(k) for k in (keys or ()) if k is not None)
+        while self._buffered + size > self.buffer_memory_bytes and self._buffered > 0:
+            self._space.clear()
+            await self._space.wait()
+        tp = (topic, p)
+        if tp in self._open:
+            self._seal(tp)   # records sent before this column go first
+        fut = asyncio.get_running_loop().create_future()
+        self._buffered += size
+        self._enqueue(tp, _Batch(futures=[fut], size=size, columns=(values, keys, timestamp)))
+        if self._sticky.get(topic) == p and partition is None:
+            self._sticky.pop(topic, None)
+        return fut
+
+    def _enqueue(self, tp, batch: _Batch) -> None:
+        q = self._queues.get(tp)
+        if q is None:
+            q = self._queues[tp] = asyncio.Queue()
+            self._senders[tp] = asyncio.ensure_future(self._sender(tp, q))
+        q.put_nowait(batch)
+
     def _seal(self, tp) -> None:
         batch = self._open.pop(tp, None)
         h = self._lingers.pop(tp, None)
@@ -184,33 +319,65 @@ class Producer:
             return
         if self._sticky.get(tp[0]) == tp[1]:
             self._sticky.pop(tp[0], None)  # next keyless batch goes elsewhere
-        q = self._queues.get(tp)
-        if q is None:
-            q = self._queues[tp] = asyncio.Queue()
-            self._senders[tp] = asyncio.ensure_future(self._sender(tp, q))
-        q.put_nowait(batch)
+        self._enqueue(tp, batch)
 
     async def _sender(self, tp, q: asyncio.Queue) -> None:
-        """One request in flight per partition, in order."""
+        """Up to `max_in_flight` requests in flight for this partition, sent in queue order;
+        each batch's futures resolve after those of the batches before it."""
+        window = asyncio.Semaphore(self.max_in_flight)
+        prev: asyncio.Task | None = None
         while True:
-            batch: _Batch = await q.get()
-            try:
-                if batch is None:
-                    return
-                try:
-                    base = await self._send_batch(tp, batch)
-                    for i, fut in enumerate(batch.futures):
-                        if not fut.done():
-                            fut.set_result(RecordMetadata(tp[0], tp[1], base + i if base >= 0 else -1))
-                except Exception as e:  # noqa: BLE001 - delivered to each record's future
-                    for fut in batch.futures:
-                        if not fut.done():
-                            fut.set_exception(e)
-            finally:
-                if batch is not None:
-                    self._buffered -= batch.size
-                    self._space.set()
+            batch: _Batch | None = await q.get()
+            if batch is None:
+                if prev is not None:
+                    await asyncio.gather(prev, return_exceptions=True)
                 q.task_done()
+                return
+            await window.acquire()
+            try:
+                pid, seq, payload = await self._prepare(tp, batch)
+            except Exception as e:  # noqa: BLE001 - no producer id: delivered to the batch's futures
+                if prev is not None:
+                    await asyncio.gather(prev, return_exceptions=True)
+                self._complete(batch, tp, None, e)
+                window.release()
+                q.task_done()
+                continue
+            prev = asyncio.ensure_future(self._deliver(tp, batch, pid, seq, payload, prev, window, q))
+
+    async def _deliver(self, tp, batch: _Batch, pid: int, seq: int, payload: bytes,
+                       prev: asyncio.Task | None, window: asyncio.Semaphore, q: asyncio.Queue) -> bool:
+        """Send one prepared batch (retrying), then resolve its futures once `prev` (the
+        batch sent before it on this partition) has resolved its own. -> written?"""
+        base, err = -1, None
+        try:
+            base = await self._send_payload(tp, payload, prev)
+        except Exception as e:  # noqa: BLE001 - delivered to each record's future
+            err = e
+            self._failed(tp, batch, pid, seq)
+        finally:
+            window.release()
+        if prev is not None:
+            await asyncio.gather(prev, return_exceptions=True)
+        self._complete(batch, tp, base, err)
+        q.task_done()
+        return err is None
+
+    def _complete(self, batch: _Batch, tp, base: int | None, err: BaseException | None) -> None:
+        if err is not None:
+            for fut in batch.futures:
+                if not fut.done():
+                    fut.set_exception(err)
+        elif batch.columns is not None:
+            fut = batch.futures[0]
+            if not fut.done():
+                fut.set_result(RecordMetadata(tp[0], tp[1], base))
+        else:
+            for i, fut in enumerate(batch.futures):
+                if not fut.done():
+                    fut.set_result(RecordMetadata(tp[0], tp[1], base + i if base >= 0 else -1))
+        self._buffered -= batch.size
+        self._space.set()
 
     async def _init_producer_id(self) -> None:
         """A fresh producer id from a broker (sequences restart at 0 for it)."""
@@ -220,28 +387,42 @@ class Producer:
             _, doc = await self.t.bootstrap_json("POST", "/v1/producer-ids", json_body={})
             self.producer_id, self.producer_epoch = int(doc["producer_id"]), int(doc.get("producer_epoch", 0))
 
-    async def _send_batch(self, tp, batch: _Batch) -> int:
-        topic, p = tp
+    async def _prepare(self, tp, batch: _Batch) -> tuple[int, int, bytes]:
+        """-> (producer id, base sequence, encoded batch). The sequence is taken when the
+        batch is sent, so batches in flight carry consecutive sequences."""
         if self.enable_idempotence and self.producer_id < 0:
             await self._init_producer_id()
         pid, seq = self.producer_id, -1
+        n = batch.count
         if pid >= 0:
             owner, nxt = self._sequences.get(tp, (pid, 0))
             seq = nxt if owner == pid else 0
-        payload = rb.build_batch(batch.records, compression=self.compression, producer_id=pid,
-                                 producer_epoch=self.producer_epoch, base_sequence=seq)
-        try:
-            base = await self._send_payload(tp, payload)
-        except Exception:
-            if pid >= 0 and self.enable_idempotence and self.producer_id == pid:
-                # unknown outcome: the next batch must not reuse (or follow) this sequence
-                self.producer_id = -1
-            raise
-        if pid >= 0:  # (a producer id replaced meanwhile makes the next batch start at 0 anyway)
-            self._sequences[tp] = (pid, seq + len(batch.records))
-        return base
+            self._sequences[tp] = (pid, seq + n)
+        if batch.columns is not None:
+            values, keys, ts = batch.columns
+            payload = columns_batch(values, keys, timestamp_ms=ts, producer_id=pid,
+                                    producer_epoch=self.producer_epoch, base_sequence=seq,
+                                    compression=self.compression)
+        else:
+            payload = rb.build_batch(batch.records, compression=self.compression, producer_id=pid,
+                                     producer_epoch=self.producer_epoch, base_sequence=seq)
+        return pid, seq, payload
 
-    async def _send_payload(self, tp, payload: bytes) -> int:
+    def _failed(self, tp, batch: _Batch, pid: int, seq: int) -> None:
+        """A batch failed for good: its outcome is unknown."""
+        if pid < 0:
+            return
+        if self.enable_idempotence:
+            if self.producer_id == pid:
+                # the next batch must not reuse (or follow) this sequence: a new producer id
+                self.producer_id = -1
+        elif self._sequences.get(tp) == (pid, seq + batch.count):
+            self._sequences[tp] = (pid, seq)   # a given producer id: the next batch takes this sequence
+
+    async def _send_payload(self, tp, payload: bytes, prev: asyncio.Future | None = None) -> int:
+        """Send `payload` to the partition's leader until it is acknowledged, retrying
+        retriable errors. OUT_OF_ORDER_SEQUENCE_NUMBER while `prev` (the batch sent before
+        it) is unresolved means this one overtook a retried one: wait for `prev`, resend."""
         topic, p = tp
         attempt = 0
         refresh = False
@@ -254,6 +435,13 @@ class Producer:
                     return -1
                 return int(json.loads(body)["offsets"][0]["offset"])
             except KraftlogError as e:
+                if (e.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and prev is not None
+                        and not prev.done()):
+                    written = await asyncio.gather(prev, return_exceptions=True)
+                    if written[0] is True and time.monotonic() < deadline:
+                        refresh = False
+                        continue   # the batch before it is written now: resend in order
+                    raise
                 attempt += 1
                 if not e.code.retriable or attempt > self.retries or time.monotonic() >= deadline:
                     raise

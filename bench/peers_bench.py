@@ -1,0 +1,399 @@
+"""kraftlog vs NATS JetStream vs Redis streams, one run, same record size (issue 21, goal 5).
+
+Each system with its own Python client (http_api.client / nats-py / redis-py), 100 B records,
+medians of `--rounds` interleaved rounds (round r runs every system before round r+1 starts):
+
+- async produce, 1 node: kraftlog Producer.send() per record (acks=1 and acks=all) and
+  Producer.send_batch() (columns, one future per batch); JetStream publish_async (file
+  storage); Redis XADD pipelined 1000 at a time;
+- one record at a time, 1 node: p50 of awaiting each acknowledgement before the next send;
+- async produce / one at a time at 3 nodes RF=3 (kraftlog only: a 3-node JetStream cluster
+  is not started here);
+- consume catch-up, 1 node: Consumer.poll() / JetStream pull fetch(1000) / XREAD COUNT 10000;
+- produce -> consume p50 / p99 at RF=3 (kraftlog).
+
+A server that is not installed is skipped with how to install it (Debian: `apt-get install
+nats-server redis-server`; Python: `pip install -e '.[bench]'`). Figures are printed, never
+asserted.
+
+    python -m bench.peers_bench [--records N] [--rounds R] [--samples S] [--no-rf3]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from deploy.local_node import LocalNode, free_port  # noqa: E402
+from tests.rigs.cluster import ReplicatedCluster, http  # noqa: E402
+
+RECORD_BYTES = 100
+VALUE = b"x" * RECORD_BYTES
+SEND_BATCH_RECORDS = 1000
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _wait_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
+
+
+# ---- kraftlog -------------------------------------------------------------------------
+
+async def kl_async_produce(url: str, topic: str, n: int, acks: str, batch: bool) -> float:
+    from http_api.client import Producer
+    async with Producer(url, acks=acks, linger_ms=5, batch_size_bytes=256 * 1024) as p:
+        t0 = time.perf_counter()
+        if batch:
+            values = [VALUE] * SEND_BATCH_RECORDS
+            futs = [await p.send_batch(topic, values, partition=0) for _ in range(n // SEND_BATCH_RECORDS)]
+            await p.flush()
+            assert all(f.result().offset >= 0 for f in futs)
+        else:
+            futs = [await p.send(topic, VALUE, partition=0) for _ in range(n)]
+            await p.flush()
+            assert futs[-1].result().offset >= 0
+        return n / (time.perf_counter() - t0)
+
+
+async def kl_one_at_a_time(url: str, topic: str, samples: int, acks: str) -> list[float]:
+    from http_api.client import Producer
+    out = []
+    async with Producer(url, acks=acks, linger_ms=0) as p:
+        await (await p.send(topic, VALUE, partition=0))   # connection + producer id
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            await (await p.send(topic, VALUE, partition=0))
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+async def kl_consume(url: str, topic: str, n: int) -> float:
+    from http_api.client import Consumer
+    async with Consumer(url, auto_offset_reset="earliest", max_bytes=4 << 20, max_wait_ms=100) as c:
+        c.assign([(topic, 0)])
+        await c.seek_to_beginning((topic, 0))
+        got = 0
+        t0 = time.perf_counter()
+        while got < n:
+            got += len(await c.poll(timeout_ms=1000))
+        return got / (time.perf_counter() - t0)
+
+
+async def kl_e2e(url: str, topic: str, samples: int) -> list[float]:
+    """ms from Producer.send (acks=all) to a long-polling Consumer.poll returning it."""
+    from http_api.client import Consumer, Producer
+    out: list[float] = []
+    async with Producer(url, acks="all", linger_ms=0) as p, \
+            Consumer(url, auto_offset_reset="latest", max_wait_ms=2000) as c:
+        c.assign([(topic, 0)])
+        await c.seek_to_end((topic, 0))
+        done = asyncio.Event()
+
+        async def consume():
+            while len(out) < samples:
+                for r in await c.poll(timeout_ms=2000):
+                    out.append(time.perf_counter() - float(r.value))
+            done.set()
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.2)   # the first long poll is parked at the end
+        for _ in range(samples):
+            await (await p.send(topic, repr(time.perf_counter()).encode(), partition=0))
+            await asyncio.sleep(0.002)
+        await asyncio.wait_for(done.wait(), 60)
+        await task
+    return out[:samples]
+
+
+def _create(url: str, name: str, rf: int) -> None:
+    status, body = http("POST", url + "/v1/topics", {"name": name, "partitions": 1, "replication_factor": rf})
+    if status != 201:
+        raise RuntimeError(f"cannot create {name}: {status} {body}")
+
+
+# ---- NATS JetStream -------------------------------------------------------------------
+
+class NatsServer:
+    def __init__(self, tmp: str) -> None:
+        self.port = free_port()
+        self.dir = os.path.join(tmp, "nats")
+        self.proc = subprocess.Popen(["nats-server", "-js", "-sd", self.dir, "-a", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+async def nats_round(port: int, stream: str, n: int, samples: int) -> dict:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, StorageType
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[stream], storage=StorageType.FILE)
+        out: dict = {}
+        await js.publish(stream, VALUE)
+        lat = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            await js.publish(stream, VALUE)
+            lat.append(time.perf_counter() - t0)
+        out["one"] = lat
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await js.publish_async(stream, VALUE)
+        await js.publish_async_completed()
+        out["async"] = n / (time.perf_counter() - t0)
+        sub = await js.pull_subscribe(stream, durable=None, config=ConsumerConfig(ack_policy=AckPolicy.NONE))
+        total = n + samples + 1
+        got = 0
+        t0 = time.perf_counter()
+        while got < total:
+            msgs = await sub.fetch(1000, timeout=5)
+            got += len(msgs)
+        out["consume"] = got / (time.perf_counter() - t0)
+        await js.delete_stream(stream)
+        return out
+    finally:
+        await nc.close()
+
+
+# ---- Redis streams --------------------------------------------------------------------
+
+class RedisServer:
+    def __init__(self, tmp: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no", "--dir", tmp],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+async def redis_round(port: int, key: str, n: int, samples: int) -> dict:
+    import redis.asyncio as aredis
+    r = aredis.Redis(host="127.0.0.1", port=port)
+    try:
+        out: dict = {}
+        await r.xadd(key, {"v": VALUE})
+        lat = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            await r.xadd(key, {"v": VALUE})
+            lat.append(time.perf_counter() - t0)
+        out["one"] = lat
+        t0 = time.perf_counter()
+        for i in range(0, n, 1000):
+            pipe = r.pipeline(transaction=False)
+            for _ in range(min(1000, n - i)):
+                pipe.xadd(key, {"v": VALUE})
+            await pipe.execute()
+        out["async"] = n / (time.perf_counter() - t0)
+        last = "0"
+        got = 0
+        t0 = time.perf_counter()
+        while True:
+            res = await r.xread({key: last}, count=10000)
+            if not res:
+                break
+            entries = res[0][1]
+            got += len(entries)
+            last = entries[-1][0]
+        out["consume"] = got / (time.perf_counter() - t0)
+        await r.delete(key)
+        return out
+    finally:
+        await r.aclose()
+
+
+# ---- the run ----------------------------------------------------------------------------
+
+def _missing() -> dict[str, str]:
+    """system -> how to install what is missing."""
+    out = {}
+    try:
+        import nats  # noqa: F401
+        nats_py = True
+    except ImportError:
+        nats_py = False
+    if shutil.which("nats-server") is None or not nats_py:
+        out["nats"] = ("NATS JetStream skipped: needs `nats-server` (Debian: apt-get install nats-server) "
+                       "and nats-py (pip install -e '.[bench]')")
+    try:
+        import redis  # noqa: F401
+        redis_py = True
+    except ImportError:
+        redis_py = False
+    if shutil.which("redis-server") is None or not redis_py:
+        out["redis"] = ("Redis skipped: needs `redis-server` (Debian: apt-get install redis-server) "
+                        "and redis-py (pip install -e '.[bench]')")
+    return out
+
+
+async def run(n: int, rounds: int, samples: int, rf3: bool) -> tuple[dict, dict]:
+    missing = _missing()
+    tmp = tempfile.mkdtemp(prefix="kraftlog-peers-")
+    res: dict[str, list] = {}
+
+    def add(key, value):
+        res.setdefault(key, []).append(value)
+
+    node = cluster = nats_srv = redis_srv = None
+    try:
+        node = LocalNode(os.path.join(tmp, "kl1"), extra_args=["--log-level", "WARNING"]).start()
+        if rf3:
+            cluster = ReplicatedCluster(os.path.join(tmp, "kl3"), brokers=3).start()
+        if "nats" not in missing:
+            nats_srv = NatsServer(tmp)
+        if "redis" not in missing:
+            redis_srv = RedisServer(tmp)
+        for r in range(rounds):
+            # kraftlog, 1 node
+            for name in (f"a1-{r}", f"aa-{r}", f"b1-{r}", f"ba-{r}", f"s-{r}"):
+                _create(node.url, name, 1)
+            add("kl.async.acks1", await kl_async_produce(node.url, f"a1-{r}", n, "1", batch=False))
+            add("kl.async.acksall", await kl_async_produce(node.url, f"aa-{r}", n, "all", batch=False))
+            add("kl.batch.acks1", await kl_async_produce(node.url, f"b1-{r}", n, "1", batch=True))
+            add("kl.batch.acksall", await kl_async_produce(node.url, f"ba-{r}", n, "all", batch=True))
+            add("kl.one", await kl_one_at_a_time(node.url, f"s-{r}", samples, "all"))
+            add("kl.consume", await kl_consume(node.url, f"b1-{r}", n))
+            if cluster is not None:
+                for name in (f"r3a-{r}", f"r3b-{r}", f"r3s-{r}", f"r3e-{r}"):
+                    cluster.create_topic(name, partitions=1, replication_factor=3)
+                leader = cluster.url(cluster.partition(f"r3a-{r}")["leader"])
+                add("kl3.async", await kl_async_produce(cluster.urls[0] if False else leader, f"r3a-{r}", n, "all",
+                                                        batch=False))
+                leader = cluster.url(cluster.partition(f"r3b-{r}")["leader"])
+                add("kl3.batch", await kl_async_produce(leader, f"r3b-{r}", n, "all", batch=True))
+                add("kl3.one", await kl_one_at_a_time(",".join(cluster.urls), f"r3s-{r}", samples, "all"))
+                add("kl3.e2e", await kl_e2e(",".join(cluster.urls), f"r3e-{r}", samples))
+            if nats_srv is not None:
+                o = await nats_round(nats_srv.port, f"S{r}", n, samples)
+                for k, v in o.items():
+                    add(f"nats.{k}", v)
+            if redis_srv is not None:
+                o = await redis_round(redis_srv.port, f"s{r}", n, samples)
+                for k, v in o.items():
+                    add(f"redis.{k}", v)
+    finally:
+        for srv in (redis_srv, nats_srv):
+            if srv is not None:
+                srv.stop()
+        if cluster is not None:
+            cluster.close()
+        if node is not None:
+            node.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return res, missing
+
+
+def summarize(res: dict) -> dict[str, float]:
+    """Medians over rounds; latency lists: the median of each round's p50 / p99 (seconds)."""
+    out: dict[str, float] = {}
+    for k, vs in res.items():
+        if isinstance(vs[0], list):
+            out[k + ".p50"] = statistics.median(pct(v, 0.5) for v in vs)
+            out[k + ".p99"] = statistics.median(pct(v, 0.99) for v in vs)
+        else:
+            out[k] = statistics.median(vs)
+    return out
+
+
+def table(m: dict[str, float]) -> list[tuple[str, str, str, str]]:
+    def rate(k):
+        return f"{m[k] / 1000:,.0f}k/s" if k in m else "-"
+
+    def us(k):
+        return f"{m[k] * 1e6:,.0f} us" if k in m else "-"
+
+    def ratio(a, b, lower_better=False):
+        if a not in m or b not in m:
+            return ""
+        x = m[b] / m[a] if lower_better else m[a] / m[b]
+        return f" ({x:.2f}x)"
+
+    rows = [
+        ("async produce, 1 node, send() per record",
+         f"{rate('kl.async.acks1')} (acks=1), {rate('kl.async.acksall')} (acks=all)",
+         rate("nats.async") + ratio("kl.async.acksall", "nats.async"),
+         rate("redis.async") + ratio("kl.async.acks1", "redis.async") + " XADD pipelined"),
+        ("async produce, 1 node, send_batch() of 1000",
+         f"{rate('kl.batch.acks1')} (acks=1), {rate('kl.batch.acksall')} (acks=all)",
+         ratio("kl.batch.acksall", "nats.async").strip(), ratio("kl.batch.acks1", "redis.async").strip()),
+        ("one record at a time, 1 node, p50 (acks=all)",
+         f"{us('kl.one.p50')} (p99 {us('kl.one.p99')})",
+         us("nats.one.p50") + ratio("kl.one.p50", "nats.one.p50", lower_better=True),
+         us("redis.one.p50") + ratio("kl.one.p50", "redis.one.p50", lower_better=True)),
+        ("async produce, 3 nodes RF=3, send() / send_batch()",
+         f"{rate('kl3.async')} / {rate('kl3.batch')}", "-", "-"),
+        ("one record at a time, RF=3, p50 / p99",
+         f"{us('kl3.one.p50')} / {us('kl3.one.p99')}", "-", "-"),
+        ("consume catch-up, 1 node",
+         rate("kl.consume"),
+         rate("nats.consume") + ratio("kl.consume", "nats.consume"),
+         rate("redis.consume") + ratio("kl.consume", "redis.consume") + " XREAD"),
+        ("produce -> consume p50 / p99, RF=3",
+         f"{us('kl3.e2e.p50')} / {us('kl3.e2e.p99')}", "-", "-"),
+    ]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.peers_bench")
+    ap.add_argument("--records", type=int, default=100_000, help="records per throughput phase")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=300, help="one-at-a-time writes per round")
+    ap.add_argument("--no-rf3", action="store_true", help="skip the 3-broker kraftlog cluster")
+    args = ap.parse_args(argv)
+    res, missing = asyncio.run(run(args.records, args.rounds, args.samples, not args.no_rf3))
+    for why in missing.values():
+        print(why)
+    rows = table(summarize(res))
+    head = ("figure", "kraftlog (http_api.client)", "NATS JetStream (nats-py)", "Redis streams (redis-py)")
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
+    print(f"\npeers benchmark: {RECORD_BYTES} B records, {args.records:,} per throughput phase, medians of "
+          f"{args.rounds} interleaved rounds; (x) = kraftlog / peer (latency: peer / kraftlog; > 1 is kraftlog ahead)")
+    for r in [head] + rows:
+        print(" | ".join(c.ljust(w) for c, w in zip(r, widths)))
+    print()
+
+
+if __name__ == "__main__":
+    main()
