@@ -165,3 +165,55 @@ class BackgroundConsumer(_BackgroundClient):
                         self.records.append((r.offset, r.value.decode()))
                 except Exception:  # noqa: BLE001 - leader gone: the consumer refreshes metadata
                     await asyncio.sleep(0.05)
+
+
+class BackgroundGroupConsumer(_BackgroundClient):
+    """A group member (the Python Consumer, subscribed to `topics`, from the earliest offset)
+    polling until `stop()`; `values` = every record value it received (retriable errors
+    during a move or a failover are recorded in `errors` and polling goes on)."""
+
+    def __init__(self, url: str | list[str], group_id: str, topics: list[str]) -> None:
+        super().__init__()
+        self.url, self.group_id, self.topics = url, group_id, topics
+        self.values: set[str] = set()
+        self.errors: list[BaseException] = []
+
+    async def _main(self) -> None:
+        from http_api.client import Consumer
+        consumer = Consumer(self.url, group_id=self.group_id, auto_offset_reset="earliest", max_wait_ms=200,
+                            session_timeout_ms=10_000, metadata_max_age_ms=2_000)
+        try:
+            await consumer.subscribe(self.topics)
+            while not self._stop.is_set():
+                try:
+                    for rec in await consumer.poll(200):
+                        v = rec.value
+                        self.values.add(v.decode() if isinstance(v, bytes) else v)
+                except Exception as e:  # noqa: BLE001 - a move or failover answers retriable errors
+                    self.errors.append(e)
+                    await asyncio.sleep(0.2)
+        finally:
+            await consumer.close()
+
+    def wait_consumed(self, producers: list[BackgroundProducer], timeout: float) -> None:
+        """Every value the producers had acknowledged is consumed (0 lost to the group)."""
+        want = {v for prod in producers for acked in prod.acked.values() for _, v, _ in acked}
+        deadline = time.monotonic() + timeout
+        while not want <= self.values:
+            assert time.monotonic() < deadline, (f"{len(want - self.values)} acknowledged records never consumed "
+                                                 f"by group {self.group_id} (errors {self.errors[-3:]})")
+            time.sleep(0.2)
+
+
+def longest_gaps_s(prod: BackgroundProducer, since: float | None = None,
+                   until: float | None = None) -> dict[int, float]:
+    """Per partition, the longest time without an acknowledged write within [since, until]
+    (default: from the producer's start to its last acknowledgement): issue 17's
+    unavailability figure."""
+    out = {}
+    for p, acked in prod.acked.items():
+        lo = prod.started_at if since is None else since
+        times = [t for _, _, t in acked if t >= lo and (until is None or t <= until)]
+        edges = [lo] + times + ([until] if until is not None else [])
+        out[p] = round(max((b - a for a, b in zip(edges, edges[1:])), default=0.0), 2)
+    return out

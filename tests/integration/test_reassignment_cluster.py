@@ -1,5 +1,7 @@
-"""Partition reassignment (KIP-455) and broker decommission with real processes, an
-idempotent acks=all producer writing throughout, checked for zero loss and no duplicates:
+"""Partition reassignment (KIP-455) and broker decommission with real processes (issue 17,
+tests 2-4), an idempotent acks=all producer writing and a group consumer reading throughout,
+checked for zero loss and no duplicates; each scenario prints the longest time without an
+acknowledged write per partition (the unavailability figure of docs/REASSIGNMENT.md):
 
 - a move off the leader's broker under a replication throttle completes although the active
   controller is killed -9 in the middle; leadership moves to the first target replica and
@@ -12,9 +14,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
-from replication_helpers import BackgroundProducer, assert_acked_exactly_once_in_order
+from replication_helpers import (BackgroundGroupConsumer, BackgroundProducer, assert_acked_exactly_once_in_order,
+                                 longest_gaps_s)
 
 from tests.rigs.cluster import ReplicatedCluster, http
 from tests.rigs.controllers import ROOT
@@ -64,6 +68,7 @@ def test_move_completes_across_a_controller_kill_and_the_leader_moves(tmp_path):
         c.create_topic("mv", partitions=1, replication_factor=2)
         preload(c, "mv")
         prod = BackgroundProducer(c.urls, "mv", [0]).start()
+        group = BackgroundGroupConsumer(c.urls, "mv-g", ["mv"]).start()
         prod.wait_acked(30, 30)
         before = c.partition("mv")
         old_leader = before["leader"]
@@ -83,6 +88,7 @@ def test_move_completes_across_a_controller_kill_and_the_leader_moves(tmp_path):
             "version": 1, "partitions": [{"topic": "mv", "partition": 0, "replicas": target}],
             "throttle": 1024 * 1024})
         assert status == 202, doc
+        move_started = time.monotonic()
         assert doc["reassignments"][0]["adding_replicas"] == [spare]
         assert doc["reassignments"][0]["removing_replicas"] == [old_leader]
         # mid-move: the leader reports bytes still to copy
@@ -98,22 +104,29 @@ def test_move_completes_across_a_controller_kill_and_the_leader_moves(tmp_path):
         assert moving(c, kept) == []
         c.wait_for(lambda: not has_log(c, old_leader, "mv", 0), 30, f"broker {old_leader} to delete mv-0")
         prod.wait_acked(prod.count() + 30, 30)
+        print(f"\nlongest gap between acknowledged writes per partition, move across a controller kill -9 (s): "
+              f"{longest_gaps_s(prod, since=move_started, until=time.monotonic())}")
         prod.stop()
         check_no_loss(c, prod, "mv")
+        group.wait_consumed([prod], 90)
+        group.stop()
 
 
 def test_cancel_after_the_destination_died_and_decommission_of_a_leader(tmp_path):
-    with ReplicatedCluster(str(tmp_path), brokers=3) as c:
+    # the group's __consumer_offsets at RF 2, so that one of 3 brokers can be decommissioned
+    with ReplicatedCluster(str(tmp_path), brokers=3, broker_config={"offsets_topic_replication_factor": 2}) as c:
         c.create_topic("cx", partitions=1, replication_factor=2)
         c.create_topic("dc", partitions=3, replication_factor=2)
         preload(c, "cx")
         prod = BackgroundProducer(c.urls, "dc", [0, 1, 2]).start()
         cx_prod = BackgroundProducer(c.urls, "cx", [0]).start()
+        group = BackgroundGroupConsumer(c.urls, "dc-g", ["cx", "dc"]).start()
         prod.wait_acked(30, 30)
         before = c.partition("cx")
         dest = next(b for b in (1, 2, 3) if b not in before["replicas"])
         target = [before["leader"], dest]
         plan = json.dumps({"version": 1, "partitions": [{"topic": "cx", "partition": 0, "replicas": target}]})
+        move_started = time.monotonic()
         r = kraftlog(c, "reassign", "execute", "-", "--throttle", str(256 * 1024), stdin=plan)
         assert r.returncode == 0 and "Started the reassignment of 1 partition" in r.stdout, r.stderr
         c.wait_for(lambda: has_log(c, dest, "cx", 0), 20, f"broker {dest} to start copying cx-0")
@@ -132,8 +145,12 @@ def test_cancel_after_the_destination_died_and_decommission_of_a_leader(tmp_path
         assert sorted(after["isr"]) == sorted(before["replicas"]) and after["leader"] == before["leader"]
         c.start_broker(dest)
         c.wait_for(lambda: not has_log(c, dest, "cx", 0), 30, f"broker {dest} to delete its partial cx-0")
+        cx_prod.wait_acked(cx_prod.count() + 10, 30)
+        print(f"\nlongest gap between acknowledged writes per partition, destination killed + cancel (s): "
+              f"{longest_gaps_s(cx_prod, since=move_started, until=time.monotonic())}")
         # decommission a broker that leads partitions of dc
         victim = c.partition("dc", 0)["leader"]
+        decommission_started = time.monotonic()
         status, doc = http("POST", c.url(victim) + f"/v1/brokers/{victim}/decommission")
         assert status == 200 and doc["state"] == "draining", doc
         waiter = subprocess.Popen([sys.executable, "-m", "deploy.cli", "broker", "decommission", str(victim),
@@ -167,7 +184,11 @@ def test_cancel_after_the_destination_died_and_decommission_of_a_leader(tmp_path
         assert status == 400 and doc["error_code"] == "POLICY_VIOLATION" and "replication factor 2" in doc["message"]
         c.kill(victim)   # decommissioned: its process may go
         prod.wait_acked(prod.count() + 30, 30)
+        print(f"\nlongest gap between acknowledged writes per partition, decommission of a leader (s): "
+              f"{longest_gaps_s(prod, since=decommission_started, until=time.monotonic())}")
         prod.stop()
         cx_prod.stop()
         check_no_loss(c, prod, "dc")
         check_no_loss(c, cx_prod, "cx")
+        group.wait_consumed([prod, cx_prod], 90)
+        group.stop()
