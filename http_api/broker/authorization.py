@@ -263,6 +263,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/internal/v1/epoch-end-offsets"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
     ("GET", "/internal/v1/groups"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
     ("POST", "/internal/v1/txn-markers"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
+    ("POST", "/internal/v1/transactions/{txid}/verify"): Rule((Need(Op.CLUSTER_ACTION, RT.CLUSTER),)),
 }
 # every route under these prefixes: reads DESCRIBE the cluster, changes ALTER it (Kafka's
 # DescribeAcls/CreateAcls and the SCRAM credential APIs); /internal/: CLUSTER_ACTION

@@ -14,6 +14,7 @@ import aiohttp
 
 from http_api.broker.context import Routes, json_response, partition_param
 from http_api.broker.producer_ids import ProducerIdAllocator
+from http_api.broker import txn_verification
 from http_api.wire import codecs
 from http_api.wire.auth import forwarding_headers
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
@@ -153,7 +154,8 @@ class ProduceRoutes(Routes):
         try:
             # the leader authorizes the client, not this broker (auth.forwarding_headers)
             async with session.post(url, data=payload, headers={"Content-Type": RAW_BATCH, "Accept": JSON,
-                                                                **forwarding_headers()},
+                                                                **forwarding_headers(),
+                                                                **txn_verification.forward_headers()},
                                     timeout=aiohttp.ClientTimeout(
                                         total=self.config.request_timeout_ms / 1000 + 5)) as resp:
                 body = await resp.read()
@@ -213,6 +215,8 @@ class ProduceRoutes(Routes):
             payload = b"".join(codecs.build_batches(records, max_message_bytes=max_msg))
         if name not in self.image.topics:
             await self.ctx.ensure_topic(name)
+        if headers is not None:  # KIP-890: a transactional batch only in its ongoing transaction
+            await txn_verification.verify_http_produce(request, name, partition, headers)
         res = await self.rm.append(name, partition, payload, acks=acks, timeout_ms=self.config.request_timeout_ms)
         self.metrics.produce_bytes.inc(len(body))
         self.metrics.produce_records.inc(n_records)

@@ -25,6 +25,9 @@ Routes (API.md, Transactions):
   POST /v1/transactions/{txid}/commit   {"producer_id", "producer_epoch"}
   POST /v1/transactions/{txid}/abort    {"producer_id", "producer_epoch"}
   POST /internal/v1/txn-markers         (brokers) write markers on the partitions led here
+  POST /internal/v1/transactions/{txid}/verify  (partition leaders, KIP-890 part 1) are these
+                                         partitions in the producer's ongoing transaction?
+                                         (txn_verification.py)
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from http_api.broker.group_offsets import validate_group_id
 from http_api.broker.groups import FORWARDED_HEADER
 from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
 from http_api.broker.produce import ProduceRoutes
+from http_api.broker.txn_verification import FORWARDING_TRANSACTIONAL_ID, VERIFIER_KEY, TransactionVerifier
 from http_api.broker.producer_ids import ProducerIdAllocator
 from http_api.wire import codecs
 from http_api.wire.auth import forwarding_headers
@@ -111,6 +115,8 @@ class TransactionCoordinator:
         self.produce = ProduceRoutes(ctx)
         token = ctx.internal_token
         self._internal_headers = {INTERNAL_TOKEN_HEADER: token} if token else {}
+        self.internal_headers = self._internal_headers
+        self.verifier = TransactionVerifier(self)
         self.loaded: dict[int, _Loaded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completing: dict[str, asyncio.Task] = {}
@@ -590,11 +596,15 @@ class TransactionCoordinator:
             md = ld.state.add_partitions(txid, pid, epoch, list(placed), self.clock.now_ms())
             if md is not None:
                 await self._write(ld, md)  # the partitions join before any record is written
-            results = await asyncio.gather(*(
-                self.produce._append_anywhere(t, p, [ptxn.build_transactional_batch(
-                    [rb.Record(parsed[i].key, parsed[i].value, tuple(parsed[i].headers), parsed[i].timestamp)
-                     for i in idx], pid, epoch)], ACKS_ALL)
-                for (t, p), idx in placed.items()))
+            token = FORWARDING_TRANSACTIONAL_ID.set(txid)   # remote leaders verify with it (KIP-890)
+            try:
+                results = await asyncio.gather(*(
+                    self.produce._append_anywhere(t, p, [ptxn.build_transactional_batch(
+                        [rb.Record(parsed[i].key, parsed[i].value, tuple(parsed[i].headers), parsed[i].timestamp)
+                         for i in idx], pid, epoch)], ACKS_ALL)
+                    for (t, p), idx in placed.items()))
+            finally:
+                FORWARDING_TRANSACTIONAL_ID.reset(token)
             offsets: list[dict | None] = [None] * len(parsed)
             for ((t, p), idx), res in zip(placed.items(), results):
                 if isinstance(res, KraftlogError):
@@ -654,6 +664,39 @@ class TransactionCoordinator:
     async def abort(self, request: web.Request) -> web.Response:
         return await self._end(request, False)
 
+    async def verify_local(self, txid: str, pid: int, epoch: int,
+                           tps: list[tuple[str, int]]) -> dict[tuple[str, int], ErrorCode | None]:
+        """KIP-890 verifyOnly on this broker, the coordinator of `txid`: per partition None
+        if it is in the producer's ongoing transaction, else INVALID_TXN_STATE. No lock:
+        the records route holds `txid`'s lock while the leaders it writes to ask this."""
+        _check_txid(txid)
+        p, leader, _url = await self.coordinator_of(txid)
+        ld = self.loaded.get(p) if leader == self.config.broker_id else None
+        if ld is None:
+            raise KraftlogError(ErrorCode.NOT_COORDINATOR,
+                                f"broker {self.config.broker_id} is not the coordinator of transactional id "
+                                f"{txid!r} (broker {leader} is); retry")
+        try:
+            await asyncio.wait_for(asyncio.shield(ld.ready), COORDINATOR_WAIT_MS / 1000)
+        except asyncio.TimeoutError:
+            raise KraftlogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                f"transaction state of {TXN_TOPIC}-{p} is still loading; retry") from None
+        return ld.state.verify_partitions(txid, pid, epoch, tps)
+
+    async def internal_verify(self, request: web.Request) -> web.Response:
+        """AddPartitionsToTxn verifyOnly for partition leaders (txn_verification.py)."""
+        txid = request.match_info["txid"]
+        doc = await self.ctx.read_document(request)
+        try:
+            pid, epoch = int(doc["producer_id"]), int(doc["producer_epoch"])
+            tps = [(str(x["topic"]), int(x["partition"])) for x in doc["partitions"]]
+        except (KeyError, TypeError, ValueError):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "body: {producer_id, producer_epoch, "
+                                                           "partitions: [{topic, partition}]}") from None
+        errors = await self.verify_local(txid, pid, epoch, tps)
+        return _json({"results": [{"topic": t, "partition": p, "error_code": e.name if e is not None else None}
+                                  for (t, p), e in errors.items()]})
+
     async def internal_markers(self, request: web.Request) -> web.Response:
         """WriteTxnMarkers: a COMMIT/ABORT marker on each listed partition led here."""
         doc = await self.ctx.read_document(request)
@@ -679,6 +722,7 @@ def install_transaction_routes(app: web.Application, ctx: BrokerContext,
                                clock: Clock = SYSTEM_CLOCK) -> TransactionCoordinator:
     tc_ = TransactionCoordinator(ctx, clock)
     app[SERVICE_KEY] = tc_
+    app[VERIFIER_KEY] = tc_.verifier
     r = app.router
     r.add_post("/v1/transactions/{txid}/init", tc_.init)
     r.add_post("/v1/transactions/{txid}/records", tc_.records)
@@ -686,6 +730,7 @@ def install_transaction_routes(app: web.Application, ctx: BrokerContext,
     r.add_post("/v1/transactions/{txid}/commit", tc_.commit)
     r.add_post("/v1/transactions/{txid}/abort", tc_.abort)
     r.add_post("/internal/v1/txn-markers", tc_.internal_markers)
+    r.add_post("/internal/v1/transactions/{txid}/verify", tc_.internal_verify)
 
     async def _run(app: web.Application):
         tc_.start()

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from kio.schema.errors import ErrorCode as K
 
-from http_api.broker import tiering
+from http_api.broker import tiering, txn_verification
 from http_api.broker.context import BrokerContext, validate_topic_name
 from http_api.broker.group_offsets import validate_group_id
 from http_api.broker.topics import TopicRoutes
@@ -347,8 +347,8 @@ class KafkaApis:
         for t in req.topic_data:
             for p in t.partition_data:
                 jobs.append((t.name, p.index, p.records))
-        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms, transactional, header)
-                                         for t, p, r in jobs))
+        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms, transactional, header,
+                                                                 req.transactional_id) for t, p, r in jobs))
         if acks == ACKS_NONE:
             return NO_RESPONSE
         by_topic: dict[str, list] = {}
@@ -358,7 +358,7 @@ class KafkaApis:
                 "throttle_time": 0}
 
     async def _produce_partition(self, topic: str, partition: int, records, acks: int, timeout_ms: int,
-                                 transactional: bool = False, header=None) -> dict:
+                                 transactional: bool = False, header=None, transactional_id: str | None = None) -> dict:
         try:
             if header is not None:
                 self._require(header, Op.WRITE, RT.TOPIC, topic)
@@ -371,6 +371,8 @@ class KafkaApis:
             for _stored, h in converted:
                 check_client_batch(h, transactional)
             stored = [c[0] for c in converted]
+            if transactional:   # KIP-890: only into the producer's ongoing transaction
+                await txn_verification.verify_kafka_produce(self.txn, transactional_id, topic, partition, stored)
             res = await self.rm.append(topic, partition, stored[0] if len(stored) == 1 else b"".join(stored),
                                        acks=ACKS_ALL if acks == -1 else acks, timeout_ms=timeout_ms)
             m = self.ctx.metrics

@@ -196,6 +196,8 @@ class TransactionIndex:
         self.aborted: list[AbortedTxn] = []    # ordered by last_offset (the marker's offset)
         self._segment_of: list[int] = []       # segment base holding each aborted entry's marker
         self.rewritten_files = 0               # index files rebuilt by the last rebuild (tests, logs)
+        self.markers_seen = 0                  # control batches applied to this index object
+        self.last_marker: dict[int, int] = {}  # producer id -> markers_seen at its latest marker
         self.loaded_from_snapshot = False
 
     # ------------------------------------------------------------------ queries
@@ -218,6 +220,12 @@ class TransactionIndex:
         """Aborted transactions with records in [start, end)."""
         i = bisect_left([a.last_offset for a in self.aborted], start)
         return [a for a in self.aborted[i:] if a.first_offset < end]
+
+    def marker_token(self, producer_id: int) -> int:
+        """Changes whenever a marker of `producer_id` is applied to this index object
+        (transaction verification, partitions/transactions/verification.py: a marker
+        between a verification and its append makes the verification stale)."""
+        return self.last_marker.get(producer_id, 0)
 
     def clean_bound(self, first_dirty: int) -> int | None:
         """The log cleaner stays below this offset: the first unstable offset and the first
@@ -262,6 +270,8 @@ class TransactionIndex:
         if attrs & _TXN_CONTROL != _TXN_CONTROL:
             self.ongoing.setdefault(pid, base)
             return
+        self.markers_seen += 1
+        self.last_marker[pid] = self.markers_seen
         first = self.ongoing.pop(pid, None)
         if first is None:
             return  # a marker with nothing open here (a retried marker): nothing to end

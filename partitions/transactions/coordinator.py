@@ -175,6 +175,17 @@ class TransactionCoordinatorState:
             raise KraftlogError(ErrorCode.CONCURRENT_TRANSACTIONS,
                                 f"transaction of {md.transactional_id!r} is completing ({md.state.value}); retry")
 
+    def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                          partitions: list[tuple[str, int]]) -> dict[tuple[str, int], ErrorCode | None]:
+        """KIP-890 part 1 (AddPartitionsToTxn verifyOnly): per partition None if it is in the
+        producer's ongoing transaction, else INVALID_TXN_STATE. Fencing and unknown ids
+        raise (PRODUCER_FENCED, INVALID_PRODUCER_ID_MAPPING); a transaction completing
+        raises CONCURRENT_TRANSACTIONS (its markers come next: the write is too late or early)."""
+        md = self.current(transactional_id, producer_id, producer_epoch)
+        self._not_while_completing(md)
+        have = set(md.partitions) if md.state is TxnState.ONGOING else set()
+        return {tp: (None if tp in have else ErrorCode.INVALID_TXN_STATE) for tp in partitions}
+
     # ------------------------------------------------------------------ transitions
 
     def init(self, transactional_id: str, timeout_ms: int, new_producer_id: int, now_ms: int) -> TxnMetadata:

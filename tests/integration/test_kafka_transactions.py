@@ -281,3 +281,108 @@ def test_exactly_once_consume_transform_produce_with_a_worker_dying_mid_transact
     # the aborted outputs of the dead worker are in the log, invisible to read_committed only
     raw = _confluent_read(cluster, [(dst, 0), (dst, 1)], "read_uncommitted", lambda rs: len(rs) > n)
     assert len(raw) > n
+
+
+# ---- KIP-890 part 1: a transactional write only into the producer's ongoing transaction ------
+
+def _kafka_txn_produce(cluster, broker: int, txid: str, topic: str, pid: int, epoch: int, value: bytes) -> str:
+    """One Produce v11 with `txid` and a transactional batch, sent to `broker` over a raw
+    socket (no AddPartitionsToTxn first, unlike a real client); the partition's error name."""
+    import datetime
+    import socket
+
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.produce.v11.request import PartitionProduceData, ProduceRequest, TopicProduceData
+    from kio.schema.produce.v11.response import ProduceResponse
+    from kio.serial import entity_reader
+
+    from tests.integration.test_kafka_clients import _kafka_request, _read_answer
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=pid,
+                                  producer_epoch=epoch, base_sequence=0, batch_size=1 << 20)
+    b.append(0, timestamp=int(time.time() * 1000), key=None, value=value, headers=[])
+    req = ProduceRequest(transactional_id=txid, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(
+        TopicProduceData(name=topic, partition_data=(PartitionProduceData(index=0, records=bytes(b.build())),)),))
+    host, port = cluster.kafka_address(broker).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=POLL_S) as s:
+        s.sendall(_kafka_request(0, 11, 9, req))
+        answer = _read_answer(s)
+    assert answer is not None
+    resp, _ = entity_reader(ProduceResponse)(answer[5:], 0)
+    return resp.responses[0].partition_responses[0].error_code.name
+
+
+def _http_txn_produce(cluster, broker: int, txid: str | None, topic: str, pid: int, epoch: int,
+                      value: bytes) -> tuple[int, dict]:
+    """A raw transactional batch to the partition route of `broker` (what the coordinator
+    forwards to leaders), with `txid` in X-Kraftlog-Transactional-Id."""
+    import urllib.request
+    import json as _json
+
+    from partitions.log.record_batch import Record
+    from partitions.log.transactions import build_transactional_batch
+    headers = {"Content-Type": "application/vnd.kraftlog.batch", "Accept": "application/json"}
+    if txid is not None:
+        headers["X-Kraftlog-Transactional-Id"] = txid
+    req = urllib.request.Request(f"{cluster.url(broker)}/v1/topics/{topic}/partitions/0/records?acks=all",
+                                 method="POST", data=build_transactional_batch([Record(None, value)], pid, epoch),
+                                 headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=POLL_S) as r:
+            return r.status, _json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, _json.loads(e.read())
+
+
+def _offsets(cluster, topic: str) -> tuple[int, int]:
+    """(high watermark, last stable offset) of partition 0 on its leader (acks=all writes:
+    the high watermark is the log end)."""
+    leader = cluster.partition(topic)["leader"]
+    status, doc = http("GET", f"{cluster.url(leader)}/v1/topics/{topic}/partitions/0/offsets")
+    assert status == 200, doc
+    return doc["high_watermark"], doc.get("last_stable_offset", doc["high_watermark"])
+
+
+def test_transactional_write_to_a_partition_not_in_the_transaction_is_refused(cluster):
+    """KIP-890 part 1: the leader verifies with the transaction coordinator before the first
+    transactional batch of a producer's transaction; a partition never added to it is
+    refused (INVALID_TXN_STATE over the Kafka listener and HTTP) and nothing is appended, so
+    no transaction hangs. A partition in the transaction takes the same raw write; once the
+    transaction commits, the next unadded write is refused again."""
+    topic, other = _topic(cluster), _topic(cluster)
+    leader = cluster.partition(topic)["leader"]
+    txid = _txid()
+    status, ids = http("POST", f"{cluster.url(1)}/v1/transactions/{txid}/init", {})
+    assert status == 200, ids
+    pid, epoch = ids["producer_id"], ids["producer_epoch"]
+    assert _kafka_txn_produce(cluster, leader, txid, topic, pid, epoch, b"hanging-k") == "invalid_txn_state"
+    status, doc = _http_txn_produce(cluster, leader, txid, topic, pid, epoch, b"hanging-h")
+    assert (status, doc["error_code"]) == (409, "INVALID_TXN_STATE"), doc
+    status, doc = _http_txn_produce(cluster, leader, None, topic, pid, epoch, b"no-id")
+    assert (status, doc["error_code"]) == (400, "INVALID_RECORD"), doc
+    assert _offsets(cluster, topic) == (0, 0)                 # nothing appended, nothing open
+
+    # an ongoing transaction on another partition does not let the producer write here either
+    status, doc = http("POST", f"{cluster.url(2)}/v1/transactions/{txid}/records",
+                       {"producer_id": pid, "producer_epoch": epoch, "records": [{"topic": other, "value": "o"}]})
+    assert status == 200, doc
+    assert _kafka_txn_produce(cluster, leader, txid, topic, pid, epoch, b"hanging-k2") == "invalid_txn_state"
+    assert _offsets(cluster, topic) == (0, 0)
+    # added to the transaction (the records route): the same raw writes are accepted
+    status, doc = http("POST", f"{cluster.url(3)}/v1/transactions/{txid}/records",
+                       {"producer_id": pid, "producer_epoch": epoch, "records": [{"topic": topic, "value": "r"}]})
+    assert status == 200, doc
+    status, doc = _http_txn_produce(cluster, leader, txid, topic, pid, epoch, b"raw-in-txn")
+    assert status == 200, doc
+    assert _kafka_txn_produce(cluster, leader, txid, topic, pid, epoch, b"kafka-in-txn") == "none"
+    status, doc = http("POST", f"{cluster.url(1)}/v1/transactions/{txid}/commit",
+                       {"producer_id": pid, "producer_epoch": epoch})
+    assert status == 200 and doc["state"] == "CompleteCommit", doc
+    cluster.wait_for(lambda: _http_committed_values(cluster, topic, 0) == ["r", "raw-in-txn", "kafka-in-txn"],
+                     POLL_S, "the committed records")
+    # the transaction ended with its marker: a new write there must be verified again
+    end = _offsets(cluster, topic)
+    assert end[0] == end[1] == 4
+    status, doc = _http_txn_produce(cluster, leader, txid, topic, pid, epoch, b"after-commit")
+    assert (status, doc["error_code"]) == (409, "INVALID_TXN_STATE"), doc
+    assert _kafka_txn_produce(cluster, leader, txid, topic, pid, epoch, b"after-commit") == "invalid_txn_state"
+    assert _offsets(cluster, topic) == end
