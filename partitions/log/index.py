@@ -10,6 +10,13 @@ an append-only file of fixed-width big-endian entries, like Kafka's `.index` and
   largest timestamp seen in the segment up to and including the batch at that offset;
   entries are appended only when that maximum grows, so both columns increase.
 
+No file descriptor is held: new entries wait in memory (`_pending`, at most
+`INDEX_PENDING_BYTES_MAX`) and are appended to the file by `flush`/`close` (or when that
+buffer fills), each time through a short-lived descriptor. A broker with 100,000 partition
+replicas would otherwise hold two descriptors per segment for its indexes alone (issue 25:
+a process has 20,000). Entries not yet written are what a buffered file lost in a crash
+before: nothing, since an index is rebuilt or checked against the log on open.
+
 Invariants: keys strictly increasing, positions strictly increasing (checked on every
 append with `partitions.invariants.invariant`, which survives `python -O`). `open` checks them
 (plus the file length) and reports `corrupt` instead of trusting the file: the segment
@@ -28,10 +35,12 @@ _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
 OFFSET_ENTRY_SIZE = _OFFSET_ENTRY.size
 TIME_ENTRY_SIZE = _TIME_ENTRY.size
+INDEX_PENDING_BYTES_MAX = 4096   # entries kept in memory before they are appended to the file
 
 
 class _AppendOnlyIndex:
-    """Common machinery: two parallel int lists and an append-only file."""
+    """Common machinery: two parallel int lists and an append-only file (entries not yet
+    in the file wait in `_pending`; no descriptor is kept open between calls)."""
 
     entry: struct.Struct
 
@@ -40,7 +49,7 @@ class _AppendOnlyIndex:
         self.max_entries = max(1, max_entries)
         self._keys: list[int] = []
         self._values: list[int] = []
-        self._file = None
+        self._pending = bytearray()   # entries not yet appended to the file
         self._dirty = False  # entries written since the last fsync
         self.corrupt_reason: str | None = None
 
@@ -79,16 +88,13 @@ class _AppendOnlyIndex:
     def _monotonic(keys: list[int], values: list[int]) -> bool:
         return all(x < y for x, y in zip(keys, keys[1:])) and all(x < y for x, y in zip(values, values[1:]))
 
-    def open_for_append(self) -> None:
-        if self._file is None:
-            self._file = open(self.path, "ab")
-
     def reset(self) -> None:
         """Drop every entry (before a rebuild)."""
         self._keys, self._values = [], []
-        self.close()
+        self._pending.clear()
         with open(self.path, "wb"):
             pass
+        self._dirty = False
         self.corrupt_reason = None
 
     # -- state
@@ -104,37 +110,41 @@ class _AppendOnlyIndex:
         return len(self._keys) * self.entry.size
 
     def _write(self, a: int, b: int) -> None:
-        if self._file is None:
-            self.open_for_append()
-        self._file.write(self.entry.pack(a, b))
-        self._dirty = True
+        self._pending += self.entry.pack(a, b)
+        if len(self._pending) >= INDEX_PENDING_BYTES_MAX:
+            self.flush(fsync=False)
 
     def _truncate_entries(self, n: int) -> None:
         if n >= len(self._keys):
             return
         del self._keys[n:]
         del self._values[n:]
-        self.close()
+        self.flush(fsync=False)
         with open(self.path, "r+b") as f:
             f.truncate(n * self.entry.size)
 
     def flush(self, fsync: bool = True) -> None:
-        """Write buffered entries; with fsync=True also fsync them (only if any were added)."""
-        if self._file is not None:
-            self._file.flush()
+        """Append the pending entries to the file; with fsync=True also fsync them (only if
+        any were added since the last fsync)."""
+        pending = self._pending
+        if not pending and not (fsync and self._dirty):
+            return
+        with open(self.path, "ab") as f:
+            if pending:
+                f.write(pending)
+                pending.clear()
+                self._dirty = True
             if fsync and self._dirty:
-                os.fsync(self._file.fileno())
+                f.flush()
+                os.fsync(f.fileno())
                 self._dirty = False
 
     def close(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            finally:
-                self._file = None
+        """Append the pending entries (no fsync); nothing else is held open."""
+        self.flush(fsync=False)
 
     def delete(self) -> None:
-        self.close()
+        self._pending.clear()
         try:
             self.path.unlink()
         except FileNotFoundError:

@@ -18,13 +18,26 @@ CPU per appended byte; bench/log_bench.py shows the log's append with and withou
 length, so recovery and readers are unchanged; the reserve is released (ftruncate to the
 length) when the segment is rolled, truncated or closed. Best effort: a filesystem without
 fallocate, or a failing one (ENOSPC), just appends as before.
+
+Open files (`SegmentFiles`, issue 25): a segment's `.log` descriptor is opened when the
+segment is used and kept in one process-wide LRU of at most `open_segment_files_max`
+descriptors (default: half of RLIMIT_NOFILE); the least recently used segment not in use
+is closed when another one opens (its reserved blocks are released first). A broker can
+host more partition replicas than it may open files (100,000 replicas, 20,000 descriptors
+here; Kafka instead asks for a ulimit above the segment count). A segment is pinned while
+it is used (an append, a read, a scan until its generator ends), so a descriptor is never
+closed under a caller. Unsynced writes survive the close in the page cache; `flush`
+reopens the file to fdatasync it (`_unsynced`).
 """
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
+import resource
 import struct
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -65,6 +78,90 @@ _fdatasync = getattr(os, "fdatasync", os.fsync)
 SEGMENT_PREALLOCATE_BYTES_MIN = 64 << 10
 SEGMENT_PREALLOCATE_BYTES_MAX = 4 << 20   # 1-4 MiB ahead gave all of the gain (bench: raw writes); at most this per written partition
 _FALLOC_FL_KEEP_SIZE = 1
+
+
+def _default_open_segment_files_max() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 32768
+    return max(64, soft // 2)
+
+
+class SegmentFiles:
+    """The process's open segment descriptors: at most `open_max`, least recently used
+    closed first (see module docstring). Invariant: a segment with pins > 0 keeps its
+    descriptor; every open pooled descriptor is in `_lru`. All under `_lock`."""
+
+    def __init__(self, open_max: int) -> None:
+        self.open_max = max(1, open_max)
+        self._lock = threading.Lock()
+        self._lru: OrderedDict = OrderedDict()   # LogSegment -> None, oldest first
+        self.opens = 0        # descriptors opened (re-opens after eviction included)
+        self.evictions = 0
+
+    @property
+    def open_count(self) -> int:
+        return len(self._lru)
+
+    def acquire(self, seg: "LogSegment", flags: int = 0) -> int:
+        """Pin `seg` and return its descriptor, opening it (O_RDWR | O_APPEND | `flags`) if
+        it was closed to stay under `open_max`. Raises LogClosedError for a closed segment."""
+        with self._lock:
+            fd = seg._fd
+            if fd is None:
+                if seg.closed:
+                    raise LogClosedError(f"segment {seg.log_path} is closed")
+                fd = seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_APPEND | flags, 0o644)
+                self.opens += 1
+                self._lru[seg] = None
+                seg._pins += 1   # before evicting: never the segment being opened
+                if len(self._lru) > self.open_max:
+                    self._evict()
+                return fd
+            if seg in self._lru:
+                self._lru.move_to_end(seg)
+            seg._pins += 1
+            return fd
+
+    def release(self, seg: "LogSegment") -> None:
+        with self._lock:
+            seg._pins -= 1
+
+    def forget(self, seg: "LogSegment") -> None:
+        """`seg` closes its descriptor itself (close, delete)."""
+        with self._lock:
+            self._lru.pop(seg, None)
+
+    def _evict(self) -> None:
+        over = len(self._lru) - self.open_max
+        victims = []
+        for seg in self._lru:
+            if over <= 0:
+                break
+            if seg._pins == 0:
+                victims.append(seg)
+                over -= 1
+        for seg in victims:
+            del self._lru[seg]
+            fd, seg._fd = seg._fd, None
+            try:
+                if seg._reserved_end > seg.size:
+                    os.ftruncate(fd, seg.size)
+                    seg._reserved_end = 0
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            self.evictions += 1
+
+
+SEGMENT_FILES = SegmentFiles(_default_open_segment_files_max())
+
+
+def set_open_segment_files_max(open_max: int) -> None:
+    """Bound the process's open segment descriptors (`open_segment_files_max`); lowering it
+    closes the least recently used ones not in use at the next open."""
+    SEGMENT_FILES.open_max = max(1, int(open_max))
 
 
 def _load_fallocate():
@@ -110,6 +207,9 @@ class LogSegment:
             config.segment_index_bytes // TIME_ENTRY_SIZE,
         )
         self._fd: int | None = None
+        self._pins = 0            # callers using _fd now (SegmentFiles never closes it then)
+        self._pooled = True       # False: a private read-only descriptor (open_read_only)
+        self._unsynced = False    # written since the last fdatasync (flush reopens if evicted)
         self.size = 0
         self.next_offset = base_offset
         self.largest_timestamp = -1
@@ -130,7 +230,8 @@ class LogSegment:
         """A new empty segment (existing files with the same base are replaced). `suffix`
         (e.g. ".cleaned") is appended to every file name: a segment under construction."""
         seg = cls(directory, base_offset, config, now_ms, suffix)
-        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+        SEGMENT_FILES.acquire(seg, os.O_CREAT | os.O_TRUNC)
+        SEGMENT_FILES.release(seg)
         seg.offset_index.reset()
         seg.time_index.reset()
         return seg
@@ -153,20 +254,23 @@ class LogSegment:
         `on_batch` gets each batch's raw header tuple (record_batch.H_*). Returns
         (segment, bytes truncated)."""
         seg = cls(directory, base_offset, config, now_ms)
-        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        seg.size = os.fstat(seg._fd).st_size
-        if recover:
-            return seg, seg.recover(on_batch, contiguous=contiguous)
-        problem = seg._load_indexes()
-        if problem is None:
-            try:
-                seg._load_tail_state()
-            except CorruptRecordError as exc:
-                problem = f"tail does not parse ({exc})"
-        if problem is not None:
-            log.warning("segment %s: %s; rebuilding it from the log", seg.log_path, problem)
-            return seg, seg.recover(on_batch, contiguous=contiguous)
-        return seg, 0
+        fd = SEGMENT_FILES.acquire(seg, os.O_CREAT)
+        try:
+            seg.size = os.fstat(fd).st_size
+            if recover:
+                return seg, seg.recover(on_batch, contiguous=contiguous)
+            problem = seg._load_indexes()
+            if problem is None:
+                try:
+                    seg._load_tail_state()
+                except CorruptRecordError as exc:
+                    problem = f"tail does not parse ({exc})"
+            if problem is not None:
+                log.warning("segment %s: %s; rebuilding it from the log", seg.log_path, problem)
+                return seg, seg.recover(on_batch, contiguous=contiguous)
+            return seg, 0
+        finally:
+            SEGMENT_FILES.release(seg)
 
     @classmethod
     def open_read_only(
@@ -177,6 +281,7 @@ class LogSegment:
         run in another process). Only scan_batches/scan_raw/read_bytes/close are meant
         for it; a file truncated underneath makes the scan raise CorruptRecordError."""
         seg = cls(directory, base_offset, config, 0)
+        seg._pooled = False
         seg._fd = os.open(seg.log_path, os.O_RDONLY)
         seg.size = size
         seg.next_offset = next_offset
@@ -225,7 +330,11 @@ class LogSegment:
         self.rolling_timestamp = None
         if self.size >= HEADER_SIZE:
             try:
-                self.rolling_timestamp = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+                fd = self._acquire()
+                try:
+                    self.rolling_timestamp = BatchHeader.parse(os.pread(fd, HEADER_SIZE, 0)).max_timestamp
+                finally:
+                    self._release()
             except CorruptRecordError:
                 pass
 
@@ -249,8 +358,15 @@ class LogSegment:
         self, start_position: int = 0, *, validate: bool = False, contiguous: bool = False
     ) -> Iterator[tuple[int, tuple]]:
         """`scan_batches` yielding raw header tuples (see record_batch.H_*): the fast path
-        used by recovery."""
-        fd = self._require_open()
+        used by recovery. The segment stays pinned until the generator ends."""
+        fd = self._acquire()
+        try:
+            yield from self._scan_raw(fd, start_position, validate, contiguous)
+        finally:
+            self._release()
+
+    def _scan_raw(self, fd: int, start_position: int, validate: bool, contiguous: bool
+                  ) -> Iterator[tuple[int, tuple]]:
         end = self.size
         pos = start_position
         buf = b""
@@ -334,8 +450,13 @@ class LogSegment:
             )
         truncated = self.size - valid_end
         if truncated:
-            os.ftruncate(self._fd, valid_end)
+            fd = self._acquire()
+            try:
+                os.ftruncate(fd, valid_end)
+            finally:
+                self._release()
             self.size = valid_end
+            self._unsynced = True
         self.largest_timestamp = self._max_timestamp_so_far
         self._load_rolling_timestamp()
         return truncated
@@ -360,7 +481,13 @@ class LogSegment:
         """Append validated, offset-stamped batches: `data` is one buffer, or a list of
         buffers written with writev. `batches` has one entry per batch, in order (its
         position is within `data`)."""
-        fd = self._require_open()
+        fd = self._acquire()
+        try:
+            self._append(fd, data, batches)
+        finally:
+            self._release()
+
+    def _append(self, fd: int, data, batches: list[BatchEntry]) -> None:
         start = self.size
         first, last = batches[0], batches[-1]
         if not (self.next_offset <= first.base_offset < last.next_offset
@@ -385,6 +512,7 @@ class LogSegment:
             written = os.write(fd, view)
             while written < total:
                 written += os.write(fd, view[written:])
+        self._unsynced = True
         if self._bytes_since_last_index_entry + total > self.config.index_interval_bytes or start == 0:
             for rel_pos, base, _, size, max_ts in batches:
                 self._index_batch(start + rel_pos, base, size, max_ts)
@@ -412,12 +540,20 @@ class LogSegment:
         self._reserved_end = new_end
 
     def release_reserve(self) -> None:
-        """Give back blocks reserved past the end of the file (on roll, truncation, close)."""
+        """Give back blocks reserved past the end of the file (on roll, truncation, close;
+        an evicted descriptor released them when it was closed)."""
         if self._reserved_end > self.size and self._fd is not None:
             try:
-                os.ftruncate(self._fd, self.size)
-            except OSError as exc:  # read-only descriptor or filesystem: the blocks stay reserved
-                log.debug("segment %s: could not release preallocated blocks: %s", self.log_path, exc)
+                fd = self._acquire()
+            except LogClosedError:
+                fd = None
+            if fd is not None:
+                try:
+                    os.ftruncate(fd, self.size)
+                except OSError as exc:  # read-only descriptor or filesystem: the blocks stay reserved
+                    log.debug("segment %s: could not release preallocated blocks: %s", self.log_path, exc)
+                finally:
+                    self._release()
         self._reserved_end = 0
 
     def should_roll(self, append_bytes: int, max_timestamp: int, last_offset: int, now_ms: int) -> bool:
@@ -463,7 +599,14 @@ class LogSegment:
         position, first = found
         if max_offset is not None and first.base_offset >= max_offset:
             return b"", first.base_offset, start_offset
-        fd = self._require_open()
+        fd = self._acquire()
+        try:
+            return self._read_from(fd, position, first, start_offset, max_bytes, max_offset, min_one_message)
+        finally:
+            self._release()
+
+    def _read_from(self, fd: int, position: int, first: BatchHeader, start_offset: int, max_bytes: int,
+                   max_offset: int | None, min_one_message: bool) -> tuple[bytes, int, int]:
         available = self.size - position
         buf = os.pread(fd, max(min(max_bytes, available), 0), position) if max_bytes > 0 else b""
         end = 0
@@ -483,7 +626,11 @@ class LogSegment:
         return (buf if end == n else buf[:end]), first.base_offset, next_offset
 
     def read_bytes(self, position: int, size: int) -> bytes:
-        return os.pread(self._require_open(), size, position)
+        fd = self._acquire()
+        try:
+            return os.pread(fd, size, position)
+        finally:
+            self._release()
 
     def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> int | None:
         """First offset >= start_offset whose record timestamp >= `timestamp`, or None."""
@@ -520,24 +667,42 @@ class LogSegment:
         removed = self.size - position
         self.offset_index.truncate_to_position(position)
         self.time_index.truncate_to_offset(first_removed.base_offset - self.base_offset)
-        os.ftruncate(self._require_open(), position)  # also frees any preallocated blocks
+        fd = self._acquire()
+        try:
+            os.ftruncate(fd, position)  # also frees any preallocated blocks
+        finally:
+            self._release()
+        self._unsynced = True
         self.size = position
         self._reserved_end = 0
         self._load_tail_state()
         return removed
 
     def flush(self) -> None:
-        """fsync the log and both indexes."""
-        fd = self._fd
-        if fd is None:
+        """fsync the log and both indexes (re-opening an evicted log file only if it has
+        writes not synced yet)."""
+        if self.closed or (self._fd is None and not self._unsynced):
             return
-        _fdatasync(fd)
+        self._unsynced = False
+        try:
+            fd = self._acquire()
+        except LogClosedError:
+            return
+        try:
+            _fdatasync(fd)
+        except BaseException:
+            self._unsynced = True
+            raise
+        finally:
+            self._release()
         self.offset_index.flush()
         self.time_index.flush()
 
     def close(self) -> None:
-        self.closed = True
         self.release_reserve()
+        self.closed = True
+        if self._pooled:
+            SEGMENT_FILES.forget(self)
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -558,10 +723,17 @@ class LogSegment:
             except FileNotFoundError:
                 pass
 
-    def _require_open(self) -> int:
-        if self._fd is None:
-            raise LogClosedError(f"segment {self.log_path} is closed")
-        return self._fd
+    def _acquire(self) -> int:
+        """This segment's descriptor, pinned until `_release` (opened again if evicted)."""
+        if not self._pooled:
+            if self._fd is None:
+                raise LogClosedError(f"segment {self.log_path} is closed")
+            return self._fd
+        return SEGMENT_FILES.acquire(self)
+
+    def _release(self) -> None:
+        if self._pooled:
+            SEGMENT_FILES.release(self)
 
     @property
     def is_empty(self) -> bool:

@@ -9,7 +9,6 @@ from partitions.log.index import OffsetIndex, TimeIndex
 
 def test_offset_index_lookup_is_greatest_entry_at_or_below(tmp_path):
     idx = OffsetIndex(tmp_path / "0.index", 100)
-    idx.open_for_append()
     for rel, pos in [(0, 0), (10, 4096), (25, 8200)]:
         idx.append(rel, pos)
     assert idx.lookup(-5) == (-1, 0)
