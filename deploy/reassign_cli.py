@@ -3,7 +3,7 @@ broker decommission, through any broker's /v1/reassignments and /v1/brokers rout
 (http_api/broker/reassignments.py; API.md, section Scale-out).
 
     kraftlog reassign execute FILE|- [--throttle BYTES_PER_S]   Kafka's reassignment JSON
-    kraftlog reassign status [--wait] [--output json]           running moves, bytes remaining
+    kraftlog reassign status [--wait] [--output json]           running moves, bytes moved and remaining
     kraftlog reassign cancel                                    the original replicas come back
     kraftlog reassign plan ...                                  deploy/reassign_planner_cli.py
     kraftlog broker decommission ID [--wait]                    cordon, move every replica away, unregister
@@ -94,10 +94,11 @@ def format_reassignments(doc: dict) -> str:
         return "No reassignment is running."
     lines = []
     for m in rows:
-        remaining = m.get("bytes_remaining")
+        remaining, moved = m.get("bytes_remaining"), m.get("bytes_moved")
         left = "?" if remaining is None else f"{remaining} bytes"
+        done = "?" if moved is None else f"{moved} bytes"
         lines.append(f"{m['topic']}-{m['partition']}\treplicas {m['replicas']}\tadding {m['adding_replicas']}"
-                     f"\tremoving {m['removing_replicas']}\tremaining {left}")
+                     f"\tremoving {m['removing_replicas']}\tmoved {done}\tremaining {left}")
     return "\n".join(lines)
 
 

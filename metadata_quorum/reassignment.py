@@ -162,14 +162,3 @@ def drain_targets(image: MetadataImage, broker_id: int) -> list[tuple[str, int, 
             load[chosen] += 1
             out.append((name, part, tuple(chosen if r == broker_id else r for r in base)))
     return out
-
-
-def bytes_remaining_estimate(size_bytes: int, log_start_offset: int, log_end_offset: int, fetch_offset: int) -> int:
-    """Bytes a replica at `fetch_offset` still has to copy from a leader whose log holds
-    `size_bytes` over [log_start_offset, log_end_offset): the average bytes per offset times
-    the offsets missing (exact when batches are uniform; 0 once caught up)."""
-    span = log_end_offset - log_start_offset
-    missing = log_end_offset - max(fetch_offset, log_start_offset)
-    if span <= 0 or missing <= 0:
-        return 0
-    return size_bytes * missing // span

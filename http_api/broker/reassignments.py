@@ -3,16 +3,19 @@
     POST   /v1/reassignments    Kafka's reassignment JSON {"version": 1, "partitions": [{topic,
                                 partition, replicas}], "throttle"?: bytes/s} -> 202 {reassignments}
     GET    /v1/reassignments    -> {"reassignments": [{topic, partition, replicas, adding_replicas,
-                                removing_replicas, bytes_remaining}]}
+                                removing_replicas, bytes_remaining, bytes_moved}]}
     DELETE /v1/reassignments    cancels every move -> 200 {cancelled, reassignments}
     GET    /v1/brokers          -> {"brokers": [{id, url, rack, fenced, state}]}
     POST   /v1/brokers/{broker_id}/decommission | /recommission -> 200 {id, ..., state, replicas}
-    GET    /internal/v1/reassignment-progress -> bytes_remaining of the moving partitions led here
+    GET    /internal/v1/reassignment-progress -> bytes_remaining, bytes_moved of the moving partitions led here
 
 Changes go to the active controller (metadata_quorum/reassignment.py decides) and the answer
-waits until this broker's metadata shows them. `bytes_remaining` comes from each partition's
-leader: the bytes its adding replicas outside the ISR still have to copy (estimated from the
-leader's log size per offset and their fetch offsets).
+waits until this broker's metadata shows them. Progress comes from each partition's leader:
+`bytes_remaining` = the bytes of its log from each adding replica's fetch offset (its log end)
+to the log end, summed over the adding replicas outside the ISR; `bytes_moved` = the bytes of
+its log below those fetch offsets (each adding replica copies from the log start), summed over
+every adding replica. Both are exact byte counts of the leader's segments (the batch holding
+the fetch offset found through the offset index); `null` when the leader does not answer.
 """
 from __future__ import annotations
 
@@ -23,12 +26,27 @@ from aiohttp import web
 
 from http_api.broker.context import Routes, json_response
 from http_api.broker.internal_auth import INTERNAL_TOKEN_HEADER
-from metadata_quorum.reassignment import bytes_remaining_estimate
 from partitions.errors import ErrorCode, KraftlogError
 
 CONTROLLER_PREFIX = "/controller/v1"
 PROGRESS_PATH = "/internal/v1/reassignment-progress"
 PROGRESS_TIMEOUT_S = 5.0
+
+
+def log_bytes_from(lg, offset: int) -> int:
+    """Bytes of `lg`'s segments from the batch holding `offset` (a replica's log end, so a
+    batch boundary) to the log end: what a replica fetching from `offset` still has to copy.
+    Everything below the log start is still to copy; 0 at or past the log end."""
+    with lg.lock:
+        segments = lg.segments
+        if offset >= lg.log_end_offset:
+            return 0
+        if offset <= lg.log_start_offset:
+            return sum(s.size for s in segments)
+        i = max(k for k, s in enumerate(segments) if s.base_offset <= offset)
+        found = segments[i].translate_offset(offset)
+        rest = sum(s.size for s in segments[i + 1:])
+        return rest + (segments[i].size - found[0] if found is not None else 0)
 
 
 class ReassignmentRoutes(Routes):
@@ -60,8 +78,8 @@ class ReassignmentRoutes(Routes):
                                 f"{self.config.metadata_wait_ms} ms; check with GET /v1/reassignments in a moment")
 
     def _local_progress(self) -> dict:
-        """(topic, partition) -> bytes its adding replicas outside the ISR still miss, for
-        the moving partitions this broker leads."""
+        """(topic, partition) -> (bytes_remaining, bytes_moved) of its adding replicas (module
+        docstring), for the moving partitions this broker leads."""
         out = {}
         for name, reg in self.image.reassignments():
             key = (name, reg.partition)
@@ -69,16 +87,16 @@ class ReassignmentRoutes(Routes):
             lg = self.rm.logs.get(key)
             if part is None or lg is None or not part.is_leader:
                 continue
-            size = getattr(lg, "size_bytes", 0)
-            start, end = lg.log_start_offset, lg.log_end_offset
-            total = 0
+            size = lg.size_bytes
+            remaining = moved = 0
             for r in reg.adding_replicas:
-                if r in reg.isr:
-                    continue
                 state = part.remote_replicas.get(r)
                 fetched = state.log_end_offset if state is not None and state.log_end_offset >= 0 else 0
-                total += bytes_remaining_estimate(size, start, end, fetched)
-            out[key] = total
+                left = log_bytes_from(lg, fetched)
+                moved += max(0, size - left)
+                if r not in reg.isr:
+                    remaining += left
+            out[key] = (remaining, moved)
         return out
 
     async def _remote_progress(self, url: str) -> dict:
@@ -95,14 +113,18 @@ class ReassignmentRoutes(Routes):
                 doc = await resp.json()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             return {}
-        return {(e["topic"], e["partition"]): e["bytes_remaining"] for e in doc.get("partitions", [])
+        return {(e["topic"], e["partition"]): (e["bytes_remaining"], e.get("bytes_moved"))
+                for e in doc.get("partitions", [])
                 if isinstance(e, dict) and {"topic", "partition", "bytes_remaining"} <= set(e)}
 
     def _listing(self, progress: dict) -> list:
-        return [{"topic": name, "partition": p.partition, "replicas": list(p.replicas),
-                 "adding_replicas": list(p.adding_replicas), "removing_replicas": list(p.removing_replicas),
-                 "bytes_remaining": progress.get((name, p.partition))}
-                for name, p in self.image.reassignments()]
+        out = []
+        for name, p in self.image.reassignments():
+            remaining, moved = progress.get((name, p.partition), (None, None))
+            out.append({"topic": name, "partition": p.partition, "replicas": list(p.replicas),
+                        "adding_replicas": list(p.adding_replicas), "removing_replicas": list(p.removing_replicas),
+                        "bytes_remaining": remaining, "bytes_moved": moved})
+        return out
 
     async def _progress_everywhere(self) -> dict:
         img = self.image
@@ -153,8 +175,8 @@ class ReassignmentRoutes(Routes):
         return json_response(answer)
 
     async def progress(self, request: web.Request) -> web.Response:
-        return json_response({"partitions": [{"topic": t, "partition": p, "bytes_remaining": b}
-                                             for (t, p), b in sorted(self._local_progress().items())]})
+        return json_response({"partitions": [{"topic": t, "partition": p, "bytes_remaining": b, "bytes_moved": m}
+                                             for (t, p), (b, m) in sorted(self._local_progress().items())]})
 
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -175,7 +197,7 @@ OPENAPI_PATHS = {
                  "responses": {"202": _obj("{reassignments: [...]}"),
                                "404": dict(_ERR, description="UNKNOWN_TOPIC_OR_PARTITION")}},
         "get": {"summary": "Running moves: {reassignments: [{topic, partition, replicas, adding_replicas, "
-                           "removing_replicas, bytes_remaining}]}",
+                           "removing_replicas, bytes_remaining, bytes_moved}]}",
                 "responses": {"200": _obj("{reassignments: [...]}")}},
         "delete": {"summary": "Cancel every running move (the original replicas come back)",
                    "responses": {"200": _obj("{cancelled, reassignments}")}},
@@ -188,6 +210,7 @@ OPENAPI_PATHS = {
                    "replication factor would break)", "responses": {"200": _obj("{id, state, replicas}")}}},
     "/v1/brokers/{broker_id}/recommission": {"parameters": [_BROKER], "post": {
         "summary": "Cancel a decommission", "responses": {"200": _obj("{id, state, replicas}")}}},
-    PROGRESS_PATH: {"get": {"summary": "Broker-to-broker: bytes remaining of the moves led here",
-                            "responses": {"200": _obj("{partitions: [{topic, partition, bytes_remaining}]}")}}},
+    PROGRESS_PATH: {"get": {"summary": "Broker-to-broker: bytes remaining and moved of the moves led here",
+                            "responses": {"200": _obj("{partitions: [{topic, partition, bytes_remaining, "
+                                                      "bytes_moved}]}")}}},
 }

@@ -39,6 +39,11 @@ def preload(c: ReplicatedCluster, topic: str, partition: int = 0) -> None:
         assert status == 200, doc
 
 
+def preloaded_value_bytes() -> int:
+    """The bytes of the values `preload` writes (the leader's log holds at least these)."""
+    return PRELOAD_BYTES // (40 * VALUE_BYTES) * 40 * VALUE_BYTES
+
+
 def moving(c: ReplicatedCluster, broker: int = 1) -> list:
     status, doc = http("GET", c.url(broker) + "/v1/reassignments")
     assert status == 200, doc
@@ -91,8 +96,10 @@ def test_move_completes_across_a_controller_kill_and_the_leader_moves(tmp_path):
         move_started = time.monotonic()
         assert doc["reassignments"][0]["adding_replicas"] == [spare]
         assert doc["reassignments"][0]["removing_replicas"] == [old_leader]
-        # mid-move: the leader reports bytes still to copy
-        c.wait_for(lambda: any((m["bytes_remaining"] or 0) > 0 for m in moving(c, kept)), 20, "bytes remaining")
+        # mid-move: the leader reports bytes still to copy and copied, together its whole log
+        [m] = c.wait_for(lambda: [m for m in moving(c, kept) if (m["bytes_remaining"] or 0) > 0], 20,
+                         "bytes remaining")
+        assert m["bytes_moved"] >= 0 and m["bytes_moved"] + m["bytes_remaining"] >= preloaded_value_bytes(), m
         active = c.controllers.active()
         c.controllers.kill(active)
         assert moving(c, kept), "the move ended before the controller was killed; raise PRELOAD_BYTES"

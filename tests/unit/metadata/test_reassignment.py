@@ -7,7 +7,7 @@ import pytest
 from metadata_quorum.controller import ControllerSettings, QuorumController
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.placement import replacement_broker
-from metadata_quorum.reassignment import THROTTLE_KEYS, bytes_remaining_estimate
+from metadata_quorum.reassignment import THROTTLE_KEYS
 from metadata_quorum.records import (
     BrokerMembershipRecord, ConfigRecord, PartitionChangeRecord, PartitionRecord, TopicRecord, record_from_dict,
     record_to_dict,
@@ -318,14 +318,6 @@ def test_replacement_is_rack_aware_then_least_loaded_then_lowest_id():
     h = harness(brokers=(1, 2, 3, 4), replicas=(1, 2), racks={1: "a", 2: "b", 3: "a", 4: "b"})
     h.run(h.controller.decommission_broker(h.image, 1))
     assert h.image.partition("t", 0).adding_replicas == (3,)
-
-
-def test_bytes_remaining_estimate():
-    assert bytes_remaining_estimate(1000, 0, 100, 0) == 1000
-    assert bytes_remaining_estimate(1000, 0, 100, 75) == 250
-    assert bytes_remaining_estimate(1000, 50, 150, 0) == 1000     # below the log start: everything
-    assert bytes_remaining_estimate(1000, 0, 100, 100) == 0
-    assert bytes_remaining_estimate(0, 0, 0, 0) == 0
 
 
 def test_the_last_active_broker_cannot_be_decommissioned():
