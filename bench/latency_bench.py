@@ -1,0 +1,199 @@
+"""Where the time of one acks=all write goes (issue 21, goal 3): a per-stage breakdown at
+1 node and at 3 nodes RF=3, the Python Producer writing one 100 B record at a time.
+
+Stages (p50 of each, microseconds; the rows add up to about the total):
+
+- client send: Producer.send() until the HTTP request starts (batch encode, the
+  partition's queue, the sender task);
+- HTTP floor: the same client's round trip to a bare aiohttp server answering a small JSON
+  (client aiohttp + loopback + server aiohttp request parsing and response), measured
+  alongside;
+- broker handler, acks=1: the broker's produce handler at acks=1 (route, body checks,
+  append to the leader's log) = acks=1 round trip - HTTP floor;
+- replication, acks=all - acks=1: the leader's wait for its high watermark: the parked
+  follower fetches woken by the append, the followers' append, their next fetch that
+  carries their log end offset, the high watermark advance, the waiter answered;
+- client ack: the HTTP answer until the record's future is resolved;
+- also printed: the broker's own mean produce handler time (kraftlog_produce_latency_seconds).
+
+Each sample is an echo round trip, an acks=1 write and an acks=all write back to back, and
+the stage figures are p50s of per-sample differences, so load drifts hit all alike (on a
+shared, loaded machine the absolute figures still move a lot between runs).
+
+    python -m bench.latency_bench [--samples N] [--rounds R] [--no-rf3]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import aiohttp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench.broker_bench import start_echo  # noqa: E402
+from deploy.local_node import LocalNode  # noqa: E402
+from http_api.client import Producer  # noqa: E402
+from tests.rigs.cluster import ReplicatedCluster, http  # noqa: E402
+
+VALUE = b"x" * 100
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def _handler_mean(url: str) -> tuple[float, float]:
+    """(sum seconds, count) of the broker's produce handler histogram."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url + "/metrics") as r:
+            text = await r.text()
+    total = count = 0.0
+    for line in text.splitlines():
+        m = re.match(r"kraftlog_produce_latency_seconds_(sum|count)(?:\{[^}]*\})?\s+([0-9.eE+-]+)", line)
+        if m:
+            if m.group(1) == "sum":
+                total += float(m.group(2))
+            else:
+                count += float(m.group(2))
+    return total, count
+
+
+class TimedProducer:
+    """A Producer writing one record at a time; per write: send -> request start, the
+    request's round trip, answer -> future resolved, total."""
+
+    def __init__(self, bootstrap: str, acks: str) -> None:
+        self.p = Producer(bootstrap, acks=acks, linger_ms=0)
+        self.marks: dict[str, float] = {}
+
+    async def start(self, topic: str) -> "TimedProducer":
+        await (await self.p.send(topic, VALUE, partition=0))   # connection, producer id, metadata
+        request = self.p.t.request
+
+        async def timed_request(*a, **kw):
+            self.marks["start"] = time.perf_counter()
+            try:
+                return await request(*a, **kw)
+            finally:
+                self.marks["end"] = time.perf_counter()
+
+        self.p.t.request = timed_request
+        return self
+
+    async def write(self, topic: str) -> tuple[float, float, float, float]:
+        t0 = time.perf_counter()
+        await (await self.p.send(topic, VALUE, partition=0))
+        t1 = time.perf_counter()
+        m = self.marks
+        return m["start"] - t0, m["end"] - m["start"], t1 - m["end"], t1 - t0
+
+
+async def breakdown(bootstrap: str, leader_url: str, topic: str, echo_url: str, samples: int,
+                    rounds: int) -> list[tuple[str, float]]:
+    """Each sample is an echo round trip, an acks=1 write and an acks=all write back to
+    back, so the differences are taken under the same load; medians of per-round p50s."""
+    from http_api.client.transport import Transport
+    echo = Transport(echo_url, client_id="bench", request_timeout_ms=30_000)
+    p1 = await TimedProducer(bootstrap, "1").start(topic)
+    pa = await TimedProducer(bootstrap, "all").start(topic)
+    await echo.request("POST", echo_url + "/x", data=VALUE)
+    rows: dict[str, list[float]] = {}
+    h_sum = h_cnt = 0.0
+    try:
+        for _ in range(rounds):
+            s0, c0 = await _handler_mean(leader_url)
+            per: dict[str, list[float]] = {}
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                await echo.request("POST", echo_url + "/v1/topics/t/partitions/0/records", data=VALUE,
+                                   content_type="application/vnd.kraftlog.batch", params={"acks": "all"})
+                floor = time.perf_counter() - t0
+                _, rtt1, _, total1 = await p1.write(topic)
+                send, rtta, ack, total = await pa.write(topic)
+                for k, v in (("send", send), ("floor", floor), ("handler1", rtt1 - floor),
+                             ("replication", rtta - rtt1), ("ack", ack), ("total", total), ("total1", total1)):
+                    per.setdefault(k, []).append(v)
+            s1, c1 = await _handler_mean(leader_url)
+            h_sum += s1 - s0
+            h_cnt += c1 - c0
+            for k, v in per.items():
+                rows.setdefault(k, []).append(pct(v, 0.5))
+            rows.setdefault("p99", []).append(pct(per["total"], 0.99))
+    finally:
+        await p1.p.close()
+        await pa.p.close()
+        await echo.close()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    return [
+        ("client send (encode, queue, sender)", med["send"]),
+        ("HTTP floor (aiohttp client + loopback + aiohttp server)", med["floor"]),
+        ("broker handler, acks=1 (route, checks, append)", med["handler1"]),
+        ("replication (acks=all - acks=1: follower wake-up, fetch, HW)", med["replication"]),
+        ("client ack (answer -> future resolved)", med["ack"]),
+        ("= one acks=all write, p50", med["total"]),
+        ("  p99", med["p99"]),
+        ("  acks=1 write, p50", med["total1"]),
+        ("  broker's mean produce handler time (acks=1 and all)", h_sum / h_cnt if h_cnt else float("nan")),
+    ]
+
+
+async def run(samples: int, rounds: int, rf3: bool) -> dict[str, list[tuple[str, float]]]:
+    tmp = tempfile.mkdtemp(prefix="kraftlog-latency-")
+    echo_proc, echo_url = start_echo()
+    node = cluster = None
+    out = {}
+    try:
+        node = LocalNode(os.path.join(tmp, "kl1"), extra_args=["--log-level", "WARNING"]).start()
+        status, body = http("POST", node.url + "/v1/topics", {"name": "lat", "partitions": 1, "replication_factor": 1})
+        assert status == 201, body
+        out["1 node"] = await breakdown(node.url, node.url, "lat", echo_url, samples, rounds)
+        if rf3:
+            cluster = ReplicatedCluster(os.path.join(tmp, "kl3"), brokers=3,
+                                        broker_config={"min_insync_replicas": 2}).start()
+            cluster.create_topic("lat", partitions=1, replication_factor=3)
+            leader = cluster.url(cluster.partition("lat")["leader"])
+            out["3 nodes RF=3"] = await breakdown(",".join(cluster.urls), leader, "lat", echo_url, samples, rounds)
+    finally:
+        echo_proc.terminate()
+        echo_proc.wait(10)
+        if cluster is not None:
+            cluster.close()
+        if node is not None:
+            node.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.latency_bench")
+    ap.add_argument("--samples", type=int, default=300, help="writes per stage per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-rf3", action="store_true")
+    args = ap.parse_args(argv)
+    res = asyncio.run(run(args.samples, args.rounds, not args.no_rf3))
+    names = [k for k, _ in next(iter(res.values()))]
+    width = max(len(n) for n in names)
+    cols = list(res)
+    print(f"\none acks=all write of a 100 B record, per stage, p50 us (medians of {args.rounds} rounds x "
+          f"{args.samples} writes; the Python Producer, linger_ms=0)")
+    print(" " * width + "  " + "  ".join(f"{c:>14}" for c in cols))
+    for i, n in enumerate(names):
+        print(f"{n:<{width}}  " + "  ".join(f"{res[c][i][1] * 1e6:>14,.0f}" for c in cols))
+    print()
+
+
+if __name__ == "__main__":
+    main()
