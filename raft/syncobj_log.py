@@ -22,6 +22,10 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
 - pre-vote (raft/prevote.py, opt-in with RaftConfig.prevote): a node starts an election only
   once a majority says it would vote for it, so an isolated node keeps its term and rejoins
   without forcing elections;
+- election backoff (raft/election_backoff.py, KRaft's election backoff): a node that knows no
+  leader stretches each election timeout after a failed election (2x, 4x, ... up to
+  `election_backoff_max_s`), so votes slower than 0.3-0.6 s on a loaded machine still elect
+  a leader; the first election after a leader is lost keeps the short timeout;
 - dynamic membership (pysyncobj's single-server changes, DESIGN.md section 10): `add_voter`,
   `remove_voter` and `transfer_leadership` await the commit of the change; the leader refuses
   a second change while one is uncommitted (MembershipChangeError). A node started with
@@ -49,6 +53,7 @@ from typing import Any, Callable, Optional
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from raft.election_backoff import ELECTION_BACKOFF_MAX_S_DEFAULT, ElectionBackoff
 from raft.frame_guard import install_frame_guard
 from raft.log import (RAFT_FRAME_MAX_BYTES_DEFAULT, MembershipChangeError, NotLeaderError, OutcomeUnknownError,
                       RaftPeerStats)
@@ -83,6 +88,9 @@ class RaftConfig:
     # first writes after kill -9 in 2 of 5 failovers; neither is diagnosed yet.
     prevote: bool = False
     prevote_stale_leader_grace_s: float = 2.0
+    # the longest election timeout after failed elections (binary exponential backoff from
+    # raft_max_timeout_s; raft/election_backoff.py); raft_max_timeout_s turns it off
+    election_backoff_max_s: float = ELECTION_BACKOFF_MAX_S_DEFAULT
     # Send AppendEntries as soon as a command arrives instead of on the next period:
     # commit latency ~2 ms instead of ~50 ms for low-rate metadata writes.
     append_entries_immediately: bool = True
@@ -169,6 +177,7 @@ class SyncObjReplicatedLog:
         self._peer_stats = RaftPeerStats()
         self._waiting_to_join = False
         self._last_deadline = None
+        self._backoff: Optional[ElectionBackoff] = None
         self._leader_heard_at = 0.0   # monotonic: the last AppendEntries from a leader (or our own leadership)
         self._on_raft_thread: "collections.deque[Callable[[], None]]" = collections.deque()
 
@@ -220,6 +229,7 @@ class SyncObjReplicatedLog:
 
             if install_prevote(self._syncobj, c.raft_min_timeout_s, c.prevote_stale_leader_grace_s) is None:
                 log.warning("pre-vote not installed (unexpected pysyncobj internals): elections as before")
+        self._backoff = ElectionBackoff(c.raft_max_timeout_s, max(c.election_backoff_max_s, c.raft_max_timeout_s))
         self._syncobj.addOnTickCallback(self._on_tick)
 
     def stop(self) -> None:
@@ -425,6 +435,12 @@ class SyncObjReplicatedLog:
                 from pysyncobj.monotonic import monotonic as raft_clock
 
                 so._SyncObj__raftElectionDeadline = raft_clock() + self.config.raft_max_timeout_s
+        if self._backoff is not None and not so._SyncObj__transferInProgress:
+            stretched = self._backoff.on_tick(now, so.raftCurrentTerm, so._isLeader() or so._getLeader() is not None,
+                                              so._SyncObj__raftElectionDeadline)
+            if stretched is not None:
+                so._SyncObj__raftElectionDeadline = stretched
+                self._last_deadline = stretched
         if now - self._last_ping >= self.config.peer_ping_interval_s:
             self._last_ping = now
             transport = getattr(so, "_SyncObj__transport", None)
