@@ -9,7 +9,9 @@ writer (topic config changes through a broker) running throughout.
 2. Remove the original leader controller with `kraftlog quorum remove-controller`: it hands
    its leadership over first, is removed, and exits by itself (a removed node is never told).
 3. Metadata writes go on: a topic is created through the new quorum, and the longest gap
-   between two successful metadata writes is measured and printed.
+   between two successful metadata writes is measured and printed, with the longest time
+   without an acknowledged write per partition; a group consumer reads every acknowledged
+   record.
 4. An unknown id is 404 VOTER_NOT_FOUND.
 5. A follower controller whose data directory is wiped comes back at the same address with a
    new incarnation: it is refused (the others list its id with another incarnation) and
@@ -26,7 +28,8 @@ import threading
 import time
 
 import pytest
-from replication_helpers import BackgroundProducer, assert_acked_exactly_once_in_order
+from replication_helpers import (BackgroundGroupConsumer, BackgroundProducer, assert_acked_exactly_once_in_order,
+                                 longest_gaps_s)
 
 from metadata_quorum.controller_server import Voter
 from tests.rigs.cluster import ReplicatedCluster, http
@@ -85,13 +88,14 @@ def _describe(c: ReplicatedCluster) -> dict:
 
 def test_add_a_controller_then_remove_the_original_leader_under_load(tmp_path):
     c = ReplicatedCluster(str(tmp_path), brokers=3, controllers=3, broker_config={"min_insync_replicas": 2})
-    prod = writer = None
+    prod = writer = group = None
     try:
         c.start()
         c.create_topic("q", partitions=2, replication_factor=3)
         c.create_topic("meta", partitions=1, replication_factor=3)
         prod = BackgroundProducer(c.urls, "q", [0, 1]).start()
         writer = MetadataWriter(c.urls, "meta").start()
+        group = BackgroundGroupConsumer(c.urls, "q-g", ["q"]).start()
         prod.wait_acked(50, 60)
         leader = c.controllers.wait_active(30)
         # every controller registers itself (id, raft address, URL, incarnation)
@@ -150,7 +154,8 @@ def test_add_a_controller_then_remove_the_original_leader_under_load(tmp_path):
         gap = writer.longest_gap_s(change_started, change_ended)
         print(f"\nmetadata write gap during the quorum change (add + remove leader): {gap * 1000:.0f} ms "
               f"({len([t for t in writer.ok if change_started <= t <= change_ended])} writes ok, "
-              f"{writer.failures} failed attempts)")
+              f"{writer.failures} failed attempts); longest gap between acknowledged writes per partition (s): "
+              f"{longest_gaps_s(prod, since=change_started, until=change_ended)}")
         assert gap < 15, f"metadata writes stopped for {gap:.1f} s"
 
         # 4. bad input: unknown id, and nothing changed
@@ -177,7 +182,11 @@ def test_add_a_controller_then_remove_the_original_leader_under_load(tmp_path):
         prod.stop()
         for p in (0, 1):
             assert_acked_exactly_once_in_order(prod.acked[p], c.read_all("q", p))
+        group.wait_consumed([prod], 90)
+        group.stop()
     finally:
+        if group is not None:
+            group.stop()
         if writer is not None:
             writer.stop()
         if prod is not None:

@@ -6,7 +6,9 @@
 * `kraftlog topic alter NAME --partitions P` grows a topic while an idempotent acks=all
   producer and a group consumer run: within metadata_max_age_ms the producer's keyless
   records land in the new partitions, the group rebalances onto them without a restart,
-  and every acknowledged record is consumed (0 lost).
+  and every acknowledged record is consumed (0 lost); the longest time without an
+  acknowledged write per partition while the topic grows is printed (for a new partition:
+  from the alter to its first acknowledged write).
 """
 import asyncio
 import json
@@ -115,6 +117,7 @@ async def _grow_under_load(url: str, data: str) -> dict:
     """Produce keyless records (idempotent, acks=all) and consume them with a group while the
     topic grows from 2 to 4 partitions; -> records per partition produced and consumed."""
     acked: dict[bytes, int] = {}
+    ack_times: dict[int, list[float]] = {}
     consumed: dict[bytes, int] = {}
     stop = asyncio.Event()
     producer = Producer(url, acks="all", linger_ms=5, metadata_max_age_ms=1_000)
@@ -129,6 +132,7 @@ async def _grow_under_load(url: str, data: str) -> dict:
             for value, fut in futs:
                 md = await fut
                 acked[value] = md.partition
+                ack_times.setdefault(md.partition, []).append(time.monotonic())
             await asyncio.sleep(0.02)
 
     async def consume():
@@ -151,6 +155,7 @@ async def _grow_under_load(url: str, data: str) -> dict:
                 await asyncio.sleep(0.1)
 
         await until(lambda: len(consumed) >= 100, "the group consumes the 2 original partitions")
+        alter_started = time.monotonic()
         r = await asyncio.to_thread(kraftlog, "topic", "alter", "grow", "--partitions", "4", "--bootstrap", url)
         assert r.returncode == 0, r.stderr
         assert "4 partition(s)" in r.stdout
@@ -158,6 +163,11 @@ async def _grow_under_load(url: str, data: str) -> dict:
         await until(lambda: {2, 3} <= set(consumed.values()), "the group consumes the new partitions")
         stop.set()
         await ptask
+        ended = time.monotonic()
+        gaps = {p: round(max(b - a for a, b in zip(ts, ts[1:])), 2)
+                for p, ts in sorted(ack_times.items())
+                for ts in [[alter_started] + [t for t in ts if t >= alter_started] + [ended]]}
+        print(f"\nlongest gap between acknowledged writes per partition while growing 2 -> 4 (s): {gaps}")
         await until(lambda: set(acked) <= set(consumed), "every acknowledged record is consumed")
         lost = set(acked) - set(consumed)
         assert not lost
