@@ -79,6 +79,7 @@ class _Batch:
     created: float = field(default_factory=time.monotonic)
     # send_batch(): (values, keys or None, timestamp ms or None) instead of records; one future
     columns: tuple | None = None
+    plain: bool = True   # no record has headers or its own timestamp: encoded as columns
 
     @property
     def count(self) -> int:
@@ -138,6 +139,27 @@ def columns_batch(values: Sequence[bytes | None], keys: Sequence[bytes | None] |
     buf[rb.HEADER_SIZE:] = section
     _U32.pack_into(buf, rb.CRC_OFFSET, crc32c(memoryview(buf)[rb.ATTRIBUTES_OFFSET:]))
     return bytes(buf)
+
+
+async def _done_within(task: asyncio.Future, timeout_s: float) -> bool:
+    """Wait until `task` is done or `timeout_s` passed (asyncio.wait without its sets); -> done?"""
+    if task.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_=None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout_s, wake)
+    task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+    return task.done()
 
 
 class Producer:
@@ -250,9 +272,14 @@ class Producer:
         batch = self._open.get(tp)
         if batch is None:
             batch = self._open[tp] = _Batch()
-            self._lingers[tp] = asyncio.get_running_loop().call_later(self.linger_s, self._seal, tp)
+            loop = asyncio.get_running_loop()
+            # linger_ms=0: sealed once this loop iteration's sends are in (call_soon skips the timer heap)
+            self._lingers[tp] = (loop.call_later(self.linger_s, self._seal, tp) if self.linger_s > 0
+                                 else loop.call_soon(self._seal, tp))
         fut = asyncio.get_running_loop().create_future()
         batch.records.append(rb.Record(key, value, hdrs, timestamp))
+        if hdrs or timestamp is not None:
+            batch.plain = False
         batch.futures.append(fut)
         batch.size += size
         self._buffered += size
@@ -357,8 +384,8 @@ class Producer:
             self._failed(tp, batch, pid, seq)
         finally:
             window.release()
-        if prev is not None:
-            await asyncio.gather(prev, return_exceptions=True)
+        if prev is not None and not prev.done():
+            await asyncio.wait((prev,))
         self._complete(batch, tp, base, err)
         q.task_done()
         return err is None
@@ -398,8 +425,12 @@ class Producer:
             owner, nxt = self._sequences.get(tp, (pid, 0))
             seq = nxt if owner == pid else 0
             self._sequences[tp] = (pid, seq + n)
-        if batch.columns is not None:
-            values, keys, ts = batch.columns
+        if batch.columns is not None or batch.plain:
+            if batch.columns is not None:
+                values, keys, ts = batch.columns
+            else:
+                values, ts = [r.value for r in batch.records], None
+                keys = [r.key for r in batch.records]
             payload = columns_batch(values, keys, timestamp_ms=ts, producer_id=pid,
                                     producer_epoch=self.producer_epoch, base_sequence=seq,
                                     compression=self.compression)
@@ -463,15 +494,14 @@ class Producer:
         (`request_timeout_ms` + 5 s)."""
         topic, p = tp
         task = asyncio.ensure_future(self.t.request(
-            "POST", f"{url}/v1/topics/{topic}/partitions/{p}/records", data=payload,
-            content_type=codecs.RAW_BATCH, params={"acks": self.acks}))
+            "POST", f"{url}/v1/topics/{topic}/partitions/{p}/records?acks={self.acks}", data=payload,
+            content_type=codecs.RAW_BATCH))
         wait_s = self.t.attempt_timeout_s
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=wait_s)
-                wait_s = min(self.t.attempt_timeout_s, self.leader_check_interval_s)
-                if done:
+                if await _done_within(task, wait_s):
                     return task.result()
+                wait_s = min(self.t.attempt_timeout_s, self.leader_check_interval_s)
                 self.t.mark_suspect(url)
                 try:
                     leader = await self.meta.leader_url(topic, p, refresh=True)
