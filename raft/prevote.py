@@ -25,6 +25,12 @@ pre-vote (as pysyncobj always did), so the quorum converges on one term again.
 wires it into a SyncObj: a tick callback holds back the election timer until a pre-vote
 round succeeds, and a filter in front of the message handler answers and counts pre-votes.
 Both run on pysyncobj's tick thread, like the code they wrap.
+
+Terms: an answer carries the voter's term, and a node that learns a higher term from one
+adopts it (as from any Raft message). Otherwise a node whose term lags, because a RequestVote
+raising it was lost, asks for a term its peers have already passed and is refused for ever;
+with two live voters of which the other has the shorter log, neither could be elected (the
+lagging node is refused for its term, the other for its log).
 """
 from __future__ import annotations
 
@@ -100,6 +106,12 @@ class PreVoteRules:
             return None
         return {"type": PREVOTE_REQUEST, "term": self.round_term}
 
+    @staticmethod
+    def higher_term(my_term: int, response: dict) -> Optional[int]:
+        """The voter's term when an answer shows one above ours (adopt it), else None."""
+        voter_term = response.get("voter_term")
+        return voter_term if isinstance(voter_term, int) and voter_term > my_term else None
+
     def on_response(self, my_term: int, node: Any, response: dict) -> bool:
         """Count a pre-vote answer; True when it completes a majority for term my_term + 1."""
         term = response.get("term")
@@ -121,7 +133,7 @@ def install_prevote(syncobj, min_timeout_s: float, stale_leader_grace_s: float,
     handler = getattr(transport, "_onMessageReceivedCallback", None)
     needed = ("_SyncObj__raftState", "_SyncObj__raftElectionDeadline", "_SyncObj__otherNodes",
               "_SyncObj__raftLog", "_SyncObj__selfNode", "_SyncObj__transferInProgress",
-              "_SyncObj__generateRaftTimeout")
+              "_SyncObj__generateRaftTimeout", "_SyncObj__setCurrentTerm", "_SyncObj__setState")
     if transport is None or handler is None or not all(hasattr(so, a) for a in needed):
         return None
     # a round starts when the election timer is within `margin` of running out, so a voter
@@ -144,9 +156,15 @@ def install_prevote(syncobj, min_timeout_s: float, stale_leader_grace_s: float,
             if kind == PREVOTE_REQUEST:
                 idx, term = last_entry()
                 granted = rules.should_grant(clock(), so._SyncObj__raftState, so.raftCurrentTerm, term, idx, message)
-                transport.send(node, {"type": PREVOTE_RESPONSE, "term": message.get("term"), "granted": granted})
+                transport.send(node, {"type": PREVOTE_RESPONSE, "term": message.get("term"), "granted": granted,
+                                      "voter_term": so.raftCurrentTerm})
                 return None
             if kind == PREVOTE_RESPONSE:
+                higher = rules.higher_term(so.raftCurrentTerm, message)
+                if higher is not None and so._SyncObj__raftState != LEADER:
+                    so._SyncObj__setCurrentTerm(higher, None)   # the next round asks for higher + 1
+                    so._SyncObj__setState(FOLLOWER)
+                    return None
                 if (so._SyncObj__raftState != LEADER
                         and rules.on_response(so.raftCurrentTerm, node, message)):
                     so._SyncObj__raftElectionDeadline = 0   # pysyncobj elects on its next tick

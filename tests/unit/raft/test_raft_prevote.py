@@ -88,8 +88,15 @@ class _FakeSyncObj:
         transport.setOnMessageReceivedCallback(lambda node, message: self._pysyncobj_handles(message))
         for name, value in (("transport", transport), ("raftState", FOLLOWER), ("raftElectionDeadline", now[0] + 0.1),
                             ("otherNodes", {"b", "c"}), ("raftLog", [(b"", 1, 0)]), ("selfNode", "a"),
-                            ("transferInProgress", False), ("generateRaftTimeout", lambda: 0.4)):
+                            ("transferInProgress", False), ("generateRaftTimeout", lambda: 0.4),
+                            ("setCurrentTerm", self._set_term), ("setState", self._set_state)):
             setattr(self, "_SyncObj__" + name, value)
+
+    def _set_term(self, term, voted_for):
+        self.raftCurrentTerm = term
+
+    def _set_state(self, state):
+        self._SyncObj__raftState = state
 
     def _pysyncobj_handles(self, message):
         self.handled.append(message)
@@ -120,9 +127,9 @@ def test_election_timer_is_held_back_until_a_majority_grants_then_released():
     assert so.deadline == now[0] + 0.4
     requests = [m for _, m in so._SyncObj__transport.sent]
     assert len(requests) == 2 and all(m["type"] == PREVOTE_REQUEST and m["term"] == 1 for m in requests)
-    so.receive("b", {"type": PREVOTE_RESPONSE, "term": 1, "granted": False})
+    so.receive("b", {"type": PREVOTE_RESPONSE, "term": 1, "granted": False, "voter_term": 0})
     assert so.deadline == now[0] + 0.4
-    so.receive("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True})
+    so.receive("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True, "voter_term": 0})
     assert so.deadline == 0                             # pysyncobj elects on its next tick
     assert not any(m.get("type") == PREVOTE_RESPONSE for m in so.handled)   # pre-vote stays ours
 
@@ -139,7 +146,7 @@ def test_an_isolated_node_keeps_pushing_its_timer_and_never_elects():
 def test_a_permission_to_elect_does_not_survive_a_term_change():
     so, now = _installed()
     so.ticks[0]()
-    so.receive("b", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True})
+    so.receive("b", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True, "voter_term": 0})
     assert so.deadline == 0
     # before pysyncobj's next tick another candidate's vote request moves us to term 1 (we
     # do not grant it): without the guard pysyncobj would start term 2 at once
@@ -152,10 +159,34 @@ def test_a_follower_hearing_its_leader_answers_no():
     so.receive("b", {"type": "append_entries", "term": 0})
     now[0] += 0.05
     so.receive("c", {"type": PREVOTE_REQUEST, "term": 1, "last_log_index": 5, "last_log_term": 0})
-    assert so._SyncObj__transport.sent[-1] == ("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": False})
+    assert so._SyncObj__transport.sent[-1] == ("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": False, "voter_term": 0})
     now[0] += 1.0
     so.receive("c", {"type": PREVOTE_REQUEST, "term": 1, "last_log_index": 5, "last_log_term": 0})
-    assert so._SyncObj__transport.sent[-1] == ("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True})
+    assert so._SyncObj__transport.sent[-1] == ("c", {"type": PREVOTE_RESPONSE, "term": 1, "granted": True, "voter_term": 0})
+
+
+def test_a_node_whose_term_lags_adopts_the_voters_term_from_a_refusal():
+    # a lost RequestVote left this node at term 0 while the others are at 3: asking them for
+    # term 1 is refused for ever unless the answer's term is adopted
+    so, now = _installed()
+    now[0] = so.deadline                                   # the timer is about to run out
+    so.ticks[0]()
+    request = so._SyncObj__transport.sent[-1][1]
+    assert request["type"] == PREVOTE_REQUEST and request["term"] == 1
+    so.receive("b", {"type": PREVOTE_RESPONSE, "term": 1, "granted": False, "voter_term": 3})
+    assert so.raftCurrentTerm == 3 and so._SyncObj__raftState == FOLLOWER
+    now[0] = so.deadline
+    so.ticks[0]()
+    assert so._SyncObj__transport.sent[-1][1]["term"] == 4     # the next round asks above the voters
+    assert PreVoteRules.higher_term(3, {"voter_term": 3}) is None and PreVoteRules.higher_term(3, {}) is None
+
+
+def test_a_voter_answers_with_its_term():
+    so, now = _installed()
+    so.raftCurrentTerm = 5
+    so.receive("b", {"type": PREVOTE_REQUEST, "term": 3, "last_log_term": 0, "last_log_index": 1})
+    node, answer = so._SyncObj__transport.sent[-1]
+    assert node == "b" and answer["granted"] is False and answer["voter_term"] == 5
 
 
 # ---- a real quorum ---------------------------------------------------------------------------
