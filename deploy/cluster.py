@@ -31,6 +31,12 @@ running it just prints the broker URLs.
 same port scheme (HTTP base_port + k - 1, Kafka kafka_base_port + k - 1), data under
 DIR/node-<k>/; cluster.json remembers it (`"added_brokers"`), so `up` restarts it and
 `down` stops it. It holds no replica until partitions are placed or reassigned onto it.
+`cluster add-controller` (deploy/quorum_cli.py) likewise records `"added_controllers"`:
+`up` restarts them, with every controller the cluster has had in `--voters` (a restarted
+controller's raft journal replays the membership changes). `down` records the controllers
+the quorum has removed (`"removed_controllers"`, from the brokers' /v1/admin/quorum) and
+`up` no longer starts them. On a --secure cluster an added node gets its certificate from
+the cluster's CA (CN broker-<k>: a broker principal) like the first ones.
 """
 from __future__ import annotations
 
@@ -97,6 +103,23 @@ def alive(pid: int | None) -> bool:
         return True
 
 
+def admin_headers(state: dict) -> dict:
+    """The super user admin's HTTP Basic header on a --secure cluster (none otherwise)."""
+    if not state.get("secure"):
+        return {}
+    with open(os.path.join(state["data_dir"], ADMIN_PASSWORD_FILE)) as f:
+        token = base64.b64encode(f"{ADMIN_USER}:{f.read().strip()}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+def ensure_node_secrets(state: dict, node_id: int) -> None:
+    """Node `node_id`'s certificate (CN broker-<id>) from the cluster's CA on a --secure cluster."""
+    if state.get("secure"):
+        from deploy.certs import CertificateAuthority, ensure_node_certificate
+        ca = CertificateAuthority.load_or_create(state["data_dir"])
+        ensure_node_certificate(ca, os.path.join(state["data_dir"], f"node-{node_id}"), f"broker-{node_id}")
+
+
 def security_settings(state: dict, node_id: int) -> dict:
     """The [security] settings of node `node_id` of a --secure cluster (none otherwise)."""
     if not state.get("secure"):
@@ -143,11 +166,24 @@ def added_broker_configs(state: dict) -> list[NodeConfig]:
     return [_node_config(state, i) for i in state.get("added_brokers", [])]
 
 
+def controller_ids(state: dict) -> list[int]:
+    """Every controller the cluster has had: nodes 1..N, then those `cluster add-controller`
+    added (removed ones included: their removal is in the raft log the others replay)."""
+    return list(range(1, state["nodes"] + 1)) + [i for i in state.get("added_controllers", [])
+                                                 if i > state["nodes"]]
+
+
+def started_controller_ids(state: dict) -> list[int]:
+    """The controllers `up` starts: every controller the quorum has not removed."""
+    removed = set(state.get("removed_controllers", []))
+    return [i for i in controller_ids(state) if i not in removed]
+
+
 def _node_config(state: dict, i: int) -> NodeConfig:
     n, base = state["nodes"], state["base_port"]
     kafka_base = state.get("kafka_base_port", DEFAULT_KAFKA_BASE_PORT)
     voters = ",".join(f"{v}@127.0.0.1:{base + RAFT_PORT_OFFSET + v - 1}:{base + CONTROLLER_PORT_OFFSET + v - 1}"
-                      for v in range(1, n + 1))
+                      for v in controller_ids(state))
     return NodeConfig.from_dict(dict(
         node_id=i, data_dir=os.path.join(state["data_dir"], f"node-{i}"), http_port=base + i - 1,
         controller_port=base + CONTROLLER_PORT_OFFSET + i - 1, raft_port=base + RAFT_PORT_OFFSET + i - 1,
@@ -237,10 +273,14 @@ def up(args: argparse.Namespace) -> int:
     running = {(p["node_id"], p["role"]): p for p in state.get("processes", []) if alive(p.get("pid"))}
     cfgs = node_configs(state)
     added = added_broker_configs(state)   # `add-broker`: brokers only
-    added_ids = {c.node_id for c in added}
-    for cfg in cfgs + added:
-        ports = (("broker", cfg.http_port),) if cfg.node_id in added_ids else (
-            ("broker", cfg.http_port), ("controller", cfg.controller_port), ("controller", cfg.raft_port))
+    controllers = [_node_config(state, i) for i in started_controller_ids(state)]
+    for i in [c.node_id for c in added + controllers]:
+        ensure_node_secrets(state, i)
+    broker_ids, controller_ids_ = {c.node_id for c in cfgs + added}, {c.node_id for c in controllers}
+    for cfg in cfgs + added + [c for c in controllers if c.node_id not in broker_ids]:
+        ports = [("broker", cfg.http_port)] if cfg.node_id in broker_ids else []
+        if cfg.node_id in controller_ids_:
+            ports += [("controller", cfg.controller_port), ("controller", cfg.raft_port)]
         for role, port in ports:
             if (cfg.node_id, role) not in running and port_in_use("127.0.0.1", port):
                 sys.stderr.write(f"kraftlog: port {port} for node {cfg.node_id}'s {role} is in use; stop what "
@@ -248,7 +288,7 @@ def up(args: argparse.Namespace) -> int:
                 return 1
     procs = []
     env = {"KRAFTLOG_RAFT_PASSWORD": state["password"]}
-    for cfg in cfgs:
+    for cfg in controllers:
         os.makedirs(cfg.data_dir, exist_ok=True)
         p = running.get((cfg.node_id, "controller"))
         if p is None:
@@ -266,11 +306,7 @@ def up(args: argparse.Namespace) -> int:
     pending = [c for c in cfgs]
     tls_ctx = client_ssl_context(cfgs[0])
     admin_ready = False
-    admin_headers = {}
-    if state.get("secure"):
-        with open(os.path.join(data_dir, ADMIN_PASSWORD_FILE)) as f:
-            token = base64.b64encode(f"{ADMIN_USER}:{f.read().strip()}".encode()).decode()
-        admin_headers = {"Authorization": f"Basic {token}"}
+    admin = admin_headers(state)
     while pending and time.monotonic() < deadline:
         for p in procs:
             if not alive(p["pid"]):
@@ -282,7 +318,7 @@ def up(args: argparse.Namespace) -> int:
             # ready for the user = the super user admin authenticates on every broker (the active
             # controller creates it from the bootstrap file; brokers learn it from the metadata)
             pending = [c for c in cfgs if not http_ok(c.broker_url + "/v1/topics", ssl_context=tls_ctx,
-                                                     headers=admin_headers)]
+                                                     headers=admin)]
             admin_ready = not pending
         if pending:
             time.sleep(0.2)
@@ -338,10 +374,6 @@ def add_broker(args: argparse.Namespace) -> int:
         sys.stderr.write(f"kraftlog: no cluster in {data_dir} (no {STATE_FILE}); start one with "
                          f"`kraftlog cluster up --nodes N --data-dir {args.data_dir}` first\n")
         return 1
-    if state.get("secure"):
-        sys.stderr.write("kraftlog: add-broker does not support --secure clusters yet (every node lists the "
-                         "brokers' principals as super users); start the cluster with more --nodes instead\n")
-        return 1
     running = [p for p in state.get("processes", []) if alive(p.get("pid"))]
     if not any(p["role"] == "controller" for p in running):
         sys.stderr.write(f"kraftlog: the cluster in {data_dir} is stopped; run `kraftlog cluster up --nodes "
@@ -350,6 +382,7 @@ def add_broker(args: argparse.Namespace) -> int:
     added = list(state.get("added_brokers", []))
     node_id = next_node_id(state)
     state["data_dir"] = data_dir
+    ensure_node_secrets(state, node_id)   # --secure: its certificate makes it User:broker-<id>
     cfg = _node_config(state, node_id)
     for what, port in (("HTTP", cfg.http_port), ("Kafka", cfg.listeners.kafka_port)):
         if port_in_use("127.0.0.1", port):
@@ -380,6 +413,21 @@ def add_broker(args: argparse.Namespace) -> int:
     return 1
 
 
+def removed_controller_ids(state: dict, broker_urls: list[str]) -> list[int] | None:
+    """The controller ids the running quorum lists as removed (GET /v1/admin/quorum on some
+    broker, as admin on a --secure cluster); None when no broker answered."""
+    import urllib.request
+    tls_ctx = client_ssl_context(_node_config(state, 1)) if state.get("secure") else None
+    for url in broker_urls:
+        try:
+            req = urllib.request.Request(url + "/v1/admin/quorum", headers=admin_headers(state))
+            with urllib.request.urlopen(req, timeout=5, context=tls_ctx) as r:
+                return [int(i) for i in json.loads(r.read()).get("removed", [])]
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _stop(pids: list[int], timeout: float) -> None:
     for pid in pids:
         try:
@@ -404,6 +452,9 @@ def down(args: argparse.Namespace) -> int:
         sys.stderr.write(f"kraftlog: no cluster in {data_dir} (no {STATE_FILE}); check --data-dir\n")
         return 1
     procs = state.get("processes", [])
+    removed = removed_controller_ids(state, [p["url"] for p in procs if p["role"] == "broker" and alive(p["pid"])])
+    if removed is not None:   # `up` must not start a controller the quorum removed (it would stop at once)
+        state["removed_controllers"] = sorted(set(state.get("removed_controllers", [])) | set(removed))
     # brokers first (controlled shutdown needs the controllers), then controllers
     _stop([p["pid"] for p in procs if p["role"] == "broker" and alive(p["pid"])], STOP_TIMEOUT_S)
     _stop([p["pid"] for p in procs if p["role"] == "controller" and alive(p["pid"])], STOP_TIMEOUT_S)

@@ -46,6 +46,9 @@ class NodeConfig:
     # "id@host:raft_port:controller_port,..."; default: this node alone
     controller_quorum_voters: str | None = None
     password: str | None = None           # raft port password; default: generated in the data dir
+    # the controller joins a running quorum (kraftlog quorum add-controller): with an empty raft
+    # log it starts no election before the leader has added it (controller_server --join)
+    controller_quorum_join: bool = False
     log_level: str = "INFO"
     listeners: ListenerConfig = field(default_factory=ListenerConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)

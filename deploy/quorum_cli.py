@@ -85,14 +85,16 @@ async def _quorum(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- kraftlog cluster add-controller
-def _http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> tuple[int, dict]:
+def _http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0, ssl_context=None,
+               headers: dict | None = None) -> tuple[int, dict]:
     import urllib.error
     import urllib.request
 
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=ssl_context) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as e:
         try:
@@ -104,13 +106,14 @@ def _http_json(method: str, url: str, body: dict | None = None, timeout_s: float
 def cluster_add_controller(args: argparse.Namespace) -> int:
     """`kraftlog cluster add-controller --data-dir D`: start controller N+1 of a local cluster
     with --join, add it to the quorum through a broker, print its URL. It is recorded in
-    DATA_DIR/cluster.json (`status` lists it, `down` stops it)."""
+    DATA_DIR/cluster.json (`status` lists it, `down` stops it, `up` restarts it). On a
+    --secure cluster it gets a certificate from the cluster's CA and the CLI talks TLS as admin."""
     import os
     import time
 
     from deploy import cluster as cl
     from deploy.config import NodeConfig
-    from deploy.supervisor import controller_command, port_in_use, spawn
+    from deploy.supervisor import client_ssl_context, controller_command, port_in_use, spawn
 
     def fail(msg: str, code: int = 1) -> int:
         sys.stderr.write(f"kraftlog: {msg}\n")
@@ -120,14 +123,18 @@ def cluster_add_controller(args: argparse.Namespace) -> int:
     state = cl.load_state(data_dir)
     if state is None:
         return fail(f"no cluster in {data_dir} (no {cl.STATE_FILE}); check --data-dir")
-    if state.get("secure"):
-        return fail("cluster add-controller does not support --secure clusters yet: start the controller with "
-                    "its certificate and --join, then run kraftlog quorum add-controller --controller-url URL")
+    state["data_dir"] = data_dir
+    tls = client_ssl_context(cl._node_config(state, 1)) if state.get("secure") else None
+    auth = cl.admin_headers(state)
+
+    def call(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> tuple[int, dict]:
+        return _http_json(method, url, body, timeout_s, ssl_context=tls, headers=auth)
+
     procs = [p for p in state.get("processes", []) if cl.alive(p.get("pid"))]
     brokers = [p["url"] for p in procs if p["role"] == "broker"]
     if not brokers:
         return fail(f"the cluster in {data_dir} is not running; start it with kraftlog cluster up")
-    status, quorum = _http_json("GET", brokers[0] + ADMIN_QUORUM)
+    status, quorum = call("GET", brokers[0] + ADMIN_QUORUM)
     if status != 200:
         return fail(f"quorum describe failed: {quorum.get('error_code')}: {quorum.get('message')}")
     if quorum.get("pending_change"):
@@ -149,11 +156,13 @@ def cluster_add_controller(args: argparse.Namespace) -> int:
         voters.append(f"{v['id']}@{host}:{rport}:{v['url'].rsplit(':', 1)[1]}")
     voters.append(f"{nid}@127.0.0.1:{raft_port}:{http_port}")
     n = state["nodes"]
+    cl.ensure_node_secrets(state, nid)   # --secure: TLS on its listeners like the others
     cfg = NodeConfig.from_dict(dict(
         node_id=nid, data_dir=os.path.join(data_dir, f"node-{nid}"), http_port=base + nid - 1,
         controller_port=http_port, raft_port=raft_port, cluster_id=state["cluster_id"],
         controller_quorum_voters=",".join(voters), password=state["password"],
-        default_replication_factor=min(3, n), min_insync_replicas=2 if n >= 3 else 1, log_level="INFO"),
+        default_replication_factor=min(3, n), min_insync_replicas=2 if n >= 3 else 1, log_level="INFO",
+        **cl.security_settings(state, nid)),
         source="cluster add-controller")
     os.makedirs(cfg.data_dir, exist_ok=True)
     pr = spawn(controller_command(cfg) + ["--join"], {"KRAFTLOG_RAFT_PASSWORD": state["password"]},
@@ -169,7 +178,9 @@ def cluster_add_controller(args: argparse.Namespace) -> int:
         if not cl.alive(pr.pid):
             return fail(f"controller {nid} (pid {pr.pid}) exited; see {log_path}")
         try:
-            status, doc = _http_json("GET", cfg.controller_url + "/controller/v1/quorum/identity", timeout_s=2.0)
+            # a joining controller knows no user yet: the client certificate (a broker principal) only
+            status, doc = _http_json("GET", cfg.controller_url + "/controller/v1/quorum/identity", timeout_s=2.0,
+                                     ssl_context=tls)
             ident = doc if status == 200 else None
         except OSError:
             pass
@@ -178,7 +189,7 @@ def cluster_add_controller(args: argparse.Namespace) -> int:
     if ident is None:
         return fail(f"controller {nid} did not answer within {cl.READY_TIMEOUT_S:.0f}s; see {log_path}")
     body = {k: ident[k] for k in ("id", "raft_address", "url", "incarnation")}
-    status, doc = _http_json("POST", brokers[0] + ADMIN_QUORUM + "/voters", body, timeout_s=CHANGE_TIMEOUT_S)
+    status, doc = call("POST", brokers[0] + ADMIN_QUORUM + "/voters", body, timeout_s=CHANGE_TIMEOUT_S)
     if status != 200:
         return fail(f"adding controller {nid} failed: {doc.get('error_code')}: {doc.get('message')} (it keeps "
                     f"running, waiting to join: retry with kraftlog quorum add-controller --controller-url "

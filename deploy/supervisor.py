@@ -124,6 +124,7 @@ def controller_command(cfg: NodeConfig) -> list[str]:
             "--broker-silence-fence-ms", str(c.broker_silence_fence_ms),
             "--broker-silence-report-max-age-ms", str(c.broker_silence_report_max_age_ms)] + \
         (["--raft-bind-host", cfg.raft_bind_host] if cfg.raft_bind_host else []) + \
+        (["--join"] if cfg.controller_quorum_join else []) + \
         security_args(cfg) + http_limits_args(cfg)
 
 

@@ -1,6 +1,7 @@
 """`kraftlog cluster add-controller` and `kraftlog quorum describe|remove-controller` on a local
 2-node cluster: the added controller joins the quorum, `cluster status` lists it, a removed
-controller stops by itself, metadata writes go on, `cluster down` stops the added one."""
+controller stops by itself, metadata writes go on, `cluster down` stops the added one, and
+`cluster up` restarts it but not the removed one (cluster.json)."""
 import json
 import os
 import time
@@ -60,3 +61,19 @@ def test_cluster_add_controller_then_remove_one(tmp_path):
     assert down.returncode == 0, down.stderr
     assert not alive(pid3)
     assert os.path.exists(os.path.join(data, "node-3", "controller.log"))
+    assert load_state(data)["removed_controllers"] == [1]
+
+    r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base))
+    try:
+        assert r.returncode == 0, r.stderr
+        r = kraftlog("cluster", "status", "--data-dir", data, "--output", "json")
+        assert {(p["node_id"], p["role"]) for p in json.loads(r.stdout)} == {
+            (1, "broker"), (2, "broker"), (2, "controller"), (3, "controller")}
+        r = kraftlog("topic", "create", "after-up", "--partitions", "1", "--bootstrap", boot)
+        assert r.returncode == 0, r.stderr   # a metadata write needs the restarted controller 3
+        r = kraftlog("quorum", "describe", "--output", "json", "--bootstrap", boot)
+        assert r.returncode == 0, r.stderr
+        assert [v["id"] for v in json.loads(r.stdout)["voters"]] == [2, 3]
+    finally:
+        down = kraftlog("cluster", "down", "--data-dir", data)
+    assert down.returncode == 0, down.stderr
