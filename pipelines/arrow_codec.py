@@ -7,7 +7,9 @@ the Arrow offsets, and a zero-copy slice of the fetched buffer for the data. Enc
 Arrow is the reverse. Both paths are checked against the reference codec
 (`decode_batches` / `build_batch`) in tests/spark/test_spark_options.py.
 
-Headers (rare) are decoded record by record with the reference decoder.
+Headers (rare) are decoded record by record with the reference decoder, and so are batches
+in Kafka's varint format (attribute bit 7 clear: produced by a Kafka client and stored as
+sent): a Python loop per record, paid only on Kafka-written data.
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ def decode_batch_columns(header: rb.BatchHeader, batch: memoryview, want_headers
     n = header.record_count
     if n == 0 or header.is_control:
         return None
+    if not header.attributes & rb.COLUMNAR_MASK:
+        return _kafka_batch_columns(header, batch, want_headers)
     codec = header.attributes & rb.CODEC_MASK
     payload = batch[rb.HEADER_SIZE:rb.LOG_OVERHEAD + header.batch_length]
     if codec == 0:
@@ -118,6 +122,18 @@ def decode_batch_columns(header: rb.BatchHeader, batch: memoryview, want_headers
             headers = [()] * n
     ts_type = np.full(n, header.timestamp_type, dtype=np.int32)
     return BatchColumns(keys, values, offsets, timestamps, ts_type, headers)
+
+
+def _kafka_batch_columns(header: rb.BatchHeader, batch, want_headers: bool) -> BatchColumns:
+    """Columns of one Kafka-format batch, through the reference decoder."""
+    records = rb.decode_records(batch, validate=False)
+    n = len(records)
+    return BatchColumns(pa.array([r.key for r in records], pa.binary()),
+                        pa.array([r.value for r in records], pa.binary()),
+                        np.fromiter((r.offset for r in records), dtype=np.int64, count=n),
+                        np.fromiter((r.timestamp for r in records), dtype=np.int64, count=n),
+                        np.full(n, header.timestamp_type, dtype=np.int32),
+                        [r.headers for r in records] if want_headers else None)
 
 
 def decode_fetch(buf: bytes, start: int, end: int, want_headers: bool = False,
@@ -283,7 +299,7 @@ def encode_batch(keys, values, headers: list | None = None, *, timestamp_ms: int
     ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
     batch_length = rb.HEADER_SIZE - rb.LOG_OVERHEAD + len(payload)
     buf = bytearray(rb.HEADER_SIZE + len(payload))
-    _HEADER.pack_into(buf, 0, 0, batch_length, -1, rb.MAGIC, 0, int(codec), n - 1, ts, ts,
+    _HEADER.pack_into(buf, 0, 0, batch_length, -1, rb.MAGIC, 0, int(codec) | rb.COLUMNAR_MASK, n - 1, ts, ts,
                       producer_id, producer_epoch, base_sequence, n)
     buf[rb.HEADER_SIZE:] = payload
     from crc32c import crc32c

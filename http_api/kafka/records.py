@@ -1,20 +1,22 @@
-"""Kafka's RecordBatch v2 records section <-> kraftlog's stored batches.
+"""Kafka's record batches at the Kafka listener's edge.
 
-The stored batch header is Kafka's RecordBatch v2 header byte for byte; only the records
-section differs (kraftlog's columnar layout, `partitions/log/record_batch.py`). The Kafka
-listener converts at the edge (docs/RECORD_FORMAT.md has the measured decision):
+A stored batch is Kafka's RecordBatch v2 header byte for byte; its records section is in one
+of two formats, chosen per batch by attribute bit 7 (`record_batch.COLUMNAR_MASK`;
+docs/RECORD_FORMAT.md has the measured decision):
 
-- produce: `kafka_to_stored(batch)` checks the client's CRC-32C, decompresses, parses Kafka's
-  varint records and re-encodes them as one stored batch with the same header facts
-  (producer id/epoch, base sequence, record count, offset deltas, last offset delta,
-  timestamps, timestamp type, control/transactional bits) and the same compression codec.
-- fetch: `stored_to_kafka(batches)` decodes each stored batch and writes Kafka's records
-  section, uncompressed, under the same header facts (base offset, leader epoch, producer
-  fields) with a fresh CRC.
+- produce: `kafka_to_stored(batch)` checks the client's batch (CRC-32C, codec, bit 7 clear,
+  record framing and offset deltas, decompressing to check) and returns it unchanged: the
+  stored batch is the client's batch byte for byte (the leader stamps base offset and leader
+  epoch, which precede the CRC, as Kafka's broker does).
+- fetch: `stored_to_kafka(batches)` passes Kafka-format batches through untouched and
+  converts only columnar ones (written over HTTP, by the Python client, Spark, the log
+  cleaner or the transaction coordinator): Kafka's records section, uncompressed, under the
+  same header facts (base offset, leader epoch, producer fields) with bit 7 cleared and a
+  fresh CRC.
 
 Keys, values, null keys and values, headers (null header values too), timestamps and
-offsets are equal both ways. Kafka's snappy codec (2) is refused with
-UNSUPPORTED_COMPRESSION_TYPE (no snappy binding in the serving dependencies).
+offsets are equal both ways. Snappy (codec 2) is read with cramjam (xerial framing or a raw
+block, `record_batch._snappy_decompress`).
 """
 from __future__ import annotations
 
@@ -22,15 +24,14 @@ import struct
 
 from crc32c import crc32c as _crc32c
 
-from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import record_batch as rb
-from partitions.log.record_batch import (ATTRIBUTES_OFFSET, CODEC_MASK, CONTROL_MASK, CRC_OFFSET, HEADER_SIZE,
-                                         LOG_OVERHEAD, TIMESTAMP_TYPE_MASK, TRANSACTIONAL_MASK, LOG_APPEND_TIME,
-                                         CREATE_TIME, CorruptRecordError, Record)
+from partitions.log.record_batch import (ATTRIBUTES_OFFSET, CODEC_MASK, COLUMNAR_MASK, CONTROL_MASK, CRC_OFFSET,
+                                         HEADER_SIZE, LOG_OVERHEAD, TIMESTAMP_TYPE_MASK, TRANSACTIONAL_MASK,
+                                         CorruptRecordError, Record)
 
-SNAPPY = 2
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _UI = struct.Struct(">I")
+_LEN_ATTRS = struct.Struct(">i9xh")   # batch_length, (epoch, magic, crc skipped), attributes
 
 # zigzag varint bytes of every value in [-8192, 8192): one table lookup per small field
 _SMALL = 8192
@@ -58,18 +59,7 @@ def varint(v: int) -> bytes:
     return _encode_varint_slow(v)
 
 
-def _read_varint(buf, pos: int) -> tuple[int, int]:
-    shift = 0
-    z = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        z |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (z >> 1) ^ -(z & 1), pos
-        shift += 7
-        if shift > 63:
-            raise CorruptRecordError("varint longer than 10 bytes in a Kafka record")
+_read_varint = rb.read_varint
 
 
 # ---------------------------------------------------------------------- produce side
@@ -77,94 +67,33 @@ def _read_varint(buf, pos: int) -> tuple[int, int]:
 def parse_kafka_records(section: bytes, count: int, base_offset: int, first_timestamp: int
                         ) -> tuple[list[Record], list[int]]:
     """Kafka's uncompressed records section -> (Records with timestamps, offset deltas)."""
-    records: list[Record] = []
-    deltas: list[int] = []
-    pos = 0
-    end = len(section)
-    rv = _read_varint
-    try:
-        for _ in range(count):
-            length, pos = rv(section, pos)
-            stop = pos + length
-            if length < 0 or stop > end:
-                raise CorruptRecordError(f"Kafka record length {length} runs past the records section")
-            pos += 1  # record attributes (unused in v2)
-            ts_delta, pos = rv(section, pos)
-            off_delta, pos = rv(section, pos)
-            klen, pos = rv(section, pos)
-            if klen < 0:
-                key = None
-            else:
-                key = section[pos:pos + klen]
-                pos += klen
-            vlen, pos = rv(section, pos)
-            if vlen < 0:
-                value = None
-            else:
-                value = section[pos:pos + vlen]
-                pos += vlen
-            nh, pos = rv(section, pos)
-            headers: tuple = ()
-            if nh > 0:
-                hs = []
-                for _h in range(nh):
-                    hklen, pos = rv(section, pos)
-                    name = section[pos:pos + hklen].decode("utf-8")
-                    pos += hklen
-                    hvlen, pos = rv(section, pos)
-                    if hvlen < 0:
-                        hv = None
-                    else:
-                        hv = section[pos:pos + hvlen]
-                        pos += hvlen
-                    hs.append((name, hv))
-                headers = tuple(hs)
-            if pos != stop:
-                raise CorruptRecordError("Kafka record length does not match its fields")
-            records.append(Record(key, value, headers, first_timestamp + ts_delta))
-            deltas.append(off_delta)
-    except (IndexError, UnicodeDecodeError) as e:
-        raise CorruptRecordError(f"truncated or malformed Kafka record: {e}") from None
-    if pos != end:
-        raise CorruptRecordError(f"{end - pos} bytes after the last Kafka record of the batch")
+    deltas, ts_deltas, keys, values, headers = rb.parse_kafka_records(section, count, first_timestamp)
+    records = [Record(k, v, h, first_timestamp + t) for k, v, h, t in zip(keys, values, headers, ts_deltas)]
     return records, deltas
 
 
+check_kafka_records = rb.check_kafka_records
+
+
 def kafka_to_stored(batch, *, max_batch_bytes: int | None = None) -> tuple[bytes, tuple]:
-    """One Kafka RecordBatch v2 (as a client sent it) -> (stored batch bytes, its raw header).
-    Raises CorruptRecordError (bad CRC/framing) or KraftlogError UNSUPPORTED_COMPRESSION_TYPE."""
-    h = _validate(batch, max_batch_bytes)
-    codec = h[rb.H_ATTRIBUTES] & CODEC_MASK
-    if codec == SNAPPY:
-        raise KraftlogError(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
-                            "snappy-compressed batches are not supported; use none, gzip, lz4 or zstd "
-                            "(compression.type on the producer)")
+    """One Kafka RecordBatch v2 as a client sent it -> (the batch to store, its raw header).
+    The batch is stored as sent: checked (`check_kafka_records`), never re-encoded.
+    Raises CorruptRecordError (bad CRC, framing or offsets, attribute bit 7 set)."""
+    h = rb.validate_batch_raw(batch, 0, max_batch_bytes)
+    attrs = h[rb.H_ATTRIBUTES]
+    if attrs & COLUMNAR_MASK:
+        raise CorruptRecordError("attribute bit 7 is not Kafka's: a produced batch must leave it clear")
     count = h[rb.H_RECORD_COUNT]
     if count <= 0:
         raise CorruptRecordError("a produced batch must hold at least one record")
+    if h[rb.H_LAST_OFFSET_DELTA] != count - 1:
+        raise CorruptRecordError(f"last offset delta {h[rb.H_LAST_OFFSET_DELTA]} of a produced batch must be "
+                                 f"its record count {count} - 1")
     size = LOG_OVERHEAD + h[rb.H_BATCH_LENGTH]
-    section = rb._decompress(codec, memoryview(batch)[HEADER_SIZE:size])
-    records, deltas = parse_kafka_records(section, count, h[rb.H_BASE_OFFSET], h[rb.H_FIRST_TIMESTAMP])
-    attrs = h[rb.H_ATTRIBUTES]
-    stored = rb.build_batch(
-        records, compression=codec, base_offset=h[rb.H_BASE_OFFSET], producer_id=h[rb.H_PRODUCER_ID],
-        producer_epoch=h[rb.H_PRODUCER_EPOCH], base_sequence=h[rb.H_BASE_SEQUENCE],
-        timestamp_type=LOG_APPEND_TIME if attrs & TIMESTAMP_TYPE_MASK else CREATE_TIME,
-        is_control=bool(attrs & CONTROL_MASK), is_transactional=bool(attrs & TRANSACTIONAL_MASK),
-        partition_leader_epoch=h[rb.H_LEADER_EPOCH],
-        offset_deltas=deltas, last_offset_delta=h[rb.H_LAST_OFFSET_DELTA])
-    return stored, h
-
-
-def _validate(batch, max_batch_bytes: int | None) -> tuple:
-    """`validate_batch_raw`, but a snappy codec is left for the caller to refuse by name."""
-    try:
-        return rb.validate_batch_raw(batch, 0, max_batch_bytes)
-    except CorruptRecordError as e:
-        if len(batch) >= HEADER_SIZE and (_HEADER.unpack_from(batch, 0)[5] & CODEC_MASK) == SNAPPY \
-                and "compression codec" in str(e):
-            return _HEADER.unpack_from(batch, 0)
-        raise
+    codec = attrs & CODEC_MASK
+    section = memoryview(batch)[HEADER_SIZE:size]
+    check_kafka_records(section if codec == 0 else rb._decompress(codec, section), count)
+    return batch if type(batch) is bytes and len(batch) == size else bytes(memoryview(batch)[:size]), h
 
 
 def split_kafka_batches(buf) -> list[memoryview]:
@@ -282,10 +211,13 @@ def _columnar_to_kafka_section(h: tuple, data) -> bytes | None:
 
 
 def stored_batch_to_kafka(batch) -> bytes:
-    """One stored batch -> the same batch in Kafka's format (records uncompressed)."""
+    """One stored batch -> the same batch in Kafka's format: a Kafka-format batch untouched,
+    a columnar one converted (records uncompressed, bit 7 cleared, fresh CRC)."""
     h = _HEADER.unpack_from(batch, 0)
     (base_offset, _blen, leader_epoch, magic, _crc, attrs, last_delta, first_ts, max_ts,
      pid, pepoch, bseq, count) = h
+    if not attrs & COLUMNAR_MASK:
+        return bytes(batch)
     section = b""
     if count:
         data = rb._decompress(attrs & CODEC_MASK, memoryview(batch)[HEADER_SIZE:LOG_OVERHEAD + _blen])
@@ -299,25 +231,37 @@ def stored_batch_to_kafka(batch) -> bytes:
             section = _kafka_records_section(records, base_offset, first_ts)
     out = bytearray(HEADER_SIZE + len(section))
     _HEADER.pack_into(out, 0, base_offset, HEADER_SIZE - LOG_OVERHEAD + len(section), leader_epoch, magic, 0,
-                      attrs & ~CODEC_MASK, last_delta, first_ts, max_ts, pid, pepoch, bseq, count)
+                      attrs & ~(CODEC_MASK | COLUMNAR_MASK), last_delta, first_ts, max_ts, pid, pepoch, bseq, count)
     out[HEADER_SIZE:] = section
     _UI.pack_into(out, CRC_OFFSET, _crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return bytes(out)
 
 
 def stored_to_kafka(buf) -> bytes:
-    """Concatenated stored batches (a fetch answer) -> the same batches in Kafka's format."""
+    """Concatenated stored batches (a fetch answer) -> the same batches in Kafka's format.
+    Runs of Kafka-format batches are passed through as one slice (no copy when every batch
+    is one); only columnar batches are converted; a partial batch at the end is left out."""
     mv = memoryview(buf)
     end = len(mv)
     pos = 0
-    out: list[bytes] = []
-    while pos + LOG_OVERHEAD <= end:
-        (blen,) = struct.unpack_from(">i", mv, pos + 8)
+    run = 0            # start of the current run of Kafka-format batches
+    out: list = []
+    unpack = _LEN_ATTRS.unpack_from
+    while pos + HEADER_SIZE <= end:
+        blen, attrs = unpack(mv, pos + 8)
         size = LOG_OVERHEAD + blen
         if pos + size > end:
             break  # a partial batch at the end of a size-capped read
-        out.append(stored_batch_to_kafka(mv[pos:pos + size]))
+        if attrs & COLUMNAR_MASK:
+            if run < pos:
+                out.append(mv[run:pos])
+            out.append(stored_batch_to_kafka(mv[pos:pos + size]))
+            run = pos + size
         pos += size
+    if not out and run == 0 and pos == end:
+        return buf if type(buf) is bytes else bytes(buf)
+    if run < pos:
+        out.append(mv[run:pos])
     return b"".join(out)
 
 

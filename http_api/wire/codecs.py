@@ -222,6 +222,8 @@ def validate_raw_batches(body: bytes, *, max_message_bytes: int, max_records: in
             if header.is_control:
                 raise KraftlogError(ErrorCode.INVALID_RECORD,
                                     "control batches cannot be produced; clear the control bit")
+            if not header.attributes & rb.COLUMNAR_MASK:
+                rb.check_kafka_batch(body, pos)   # Kafka's varint records (stored as sent)
             headers.append(header)
             total += header.record_count
             pos += header.size

@@ -31,6 +31,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from .cleaner import LogCleaner
 from .config import LogConfig
 from .leader_epoch_cache import fsync_dir, write_checkpoint_file
+from .record_format import ensure_log_dir_format
 from .log import Log, parse_topic_partition
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class LogManager:
         self.log_dirs = [Path(d) for d in log_dirs]
         for d in self.log_dirs:
             d.mkdir(parents=True, exist_ok=True)
+            ensure_log_dir_format(d)  # record format version; upgrades pre-issue-20 dirs in place
         self.default_config = default_config
         self.recovery_threads = max(1, recovery_threads)
         self._clock = clock

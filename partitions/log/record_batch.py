@@ -11,7 +11,8 @@ section (compressed as a whole by the batch's codec):
     17      4     crc                      uint32  CRC-32C of bytes [21, end)
     21      2     attributes               int16   bits 0-2 codec, bit 3 timestamp type
                                                    (1 = LogAppendTime), bit 4 transactional,
-                                                   bit 5 control (transactions.py)
+                                                   bit 5 control (transactions.py), bit 7
+                                                   columnar records section (below)
     23      4     last_offset_delta        int32
     27      8     first_timestamp          int64   ms
     35      8     max_timestamp            int64   ms
@@ -23,8 +24,22 @@ section (compressed as a whole by the batch's codec):
 Base offset and leader epoch precede the CRC, so the broker stamps them in place without
 re-encoding (`stamp_batch`). The broker validates (`validate_batch`) but never decodes.
 
-Records section (uncompressed form; our own columnar layout, little-endian, chosen so
-that encoding/decoding does no per-record Python function calls for the common case):
+Two records section formats, chosen per batch by attribute bit 7 (`COLUMNAR_MASK`, inside
+the CRC; docs/RECORD_FORMAT.md):
+
+- bit 7 clear: Kafka's own varint-framed records, exactly as a Kafka client produced the
+  batch (the Kafka listener stores and serves such batches byte for byte).
+- bit 7 set: kraftlog's columnar layout below, which `build_batch` writes (the HTTP
+  routes, the Python client, Spark, the log cleaner). Control batches (transaction markers:
+  one record each) are the exception: `build_batch` writes them in Kafka's format, so Kafka
+  consumers read markers untouched too.
+
+`decode_records`, `decode_keys` and `decode_batches` read both, so callers need not care.
+Log dirs written before bit 7 existed (every batch columnar, bit 7 clear) are upgraded in
+place when opened (`upgrade_log_dir`).
+
+Columnar records section (uncompressed form; little-endian, chosen so that
+encoding/decoding does no per-record Python function calls for the common case):
 
     u8 flags:  0x01 explicit offset deltas   (else 0..n-1)
                0x02 timestamp deltas present (else all records have first_timestamp)
@@ -92,6 +107,7 @@ CODEC_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_MASK = 0x10
 CONTROL_MASK = 0x20
+COLUMNAR_MASK = 0x80  # the records section is kraftlog's columnar layout, not Kafka's varint records
 
 CREATE_TIME = 0
 LOG_APPEND_TIME = 1
@@ -110,6 +126,7 @@ __all__ = [
     "BATCH_LENGTH_OFFSET",
     "PARTITION_LEADER_EPOCH_OFFSET",
     "CRC_OFFSET",
+    "COLUMNAR_MASK",
     "ATTRIBUTES_OFFSET",
     "LAST_OFFSET_DELTA_OFFSET",
     "MAX_TIMESTAMP_OFFSET",
@@ -128,6 +145,8 @@ __all__ = [
     "decode_records",
     "decode_keys",
     "decode_batches",
+    "check_kafka_records",
+    "check_kafka_batch",
     "batch_base_offset",
     "CREATE_TIME",
     "LOG_APPEND_TIME",
@@ -139,6 +158,7 @@ class Compression(enum.IntEnum):
 
     NONE = 0
     GZIP = 1
+    SNAPPY = 2
     LZ4 = 3
     ZSTD = 4
 
@@ -156,7 +176,7 @@ class Compression(enum.IntEnum):
             return cls[key.upper()]
         except KeyError:
             raise ValueError(
-                f"unknown compression {name!r}: use one of none, gzip, lz4, zstd"
+                f"unknown compression {name!r}: use one of none, gzip, snappy, lz4, zstd"
             ) from None
 
 
@@ -225,6 +245,11 @@ class BatchHeader:
         return bool(self.attributes & TRANSACTIONAL_MASK)
 
     @property
+    def is_columnar(self) -> bool:
+        """The records section is kraftlog's columnar layout (else Kafka's varint records)."""
+        return bool(self.attributes & COLUMNAR_MASK)
+
+    @property
     def timestamp_type(self) -> int:
         """0 = CreateTime, 1 = LogAppendTime."""
         return (self.attributes >> 3) & 1
@@ -262,7 +287,60 @@ def _compress(codec: int, data: bytes) -> bytes:
         return lz4.frame.compress(data)
     if codec == Compression.GZIP:
         return zlib.compress(data, 6, 31)
-    raise ValueError(f"unsupported compression codec {codec}: use 0 none, 1 gzip, 3 lz4, 4 zstd")
+    if codec == Compression.SNAPPY:
+        return _snappy_xerial_compress(data)
+    raise ValueError(f"unsupported compression codec {codec}: use 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd")
+
+
+# Kafka's snappy (codec 2) is xerial's snappy-java stream framing (what the Java client and
+# kafka-python write): a 16-byte header (magic, version 1, compatible version 1), then blocks
+# of [int32 big-endian length][raw snappy block]. librdkafka writes one raw snappy block
+# without framing; readers accept both (as Kafka's broker does).
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+_XERIAL_BLOCK_BYTES = 32 * 1024  # snappy-java's default block size
+
+
+def _snappy_xerial_compress(data) -> bytes:
+    import cramjam
+
+    mv = memoryview(data)
+    parts = [_XERIAL_HEADER]
+    for pos in range(0, len(mv), _XERIAL_BLOCK_BYTES):
+        block = bytes(cramjam.snappy.compress_raw(mv[pos:pos + _XERIAL_BLOCK_BYTES]))
+        parts.append(_I.pack(len(block)))
+        parts.append(block)
+    return b"".join(parts)
+
+
+def _snappy_decompress(data) -> bytes:
+    import cramjam
+
+    raw = cramjam.snappy.decompress_raw
+    size_of = cramjam.snappy.decompress_raw_len
+    mv = memoryview(data)
+    if bytes(mv[:8]) != _XERIAL_MAGIC:
+        size = size_of(mv)
+        if size > MAX_RECORDS_SECTION_BYTES:
+            raise _too_big(size)
+        return bytes(raw(mv))
+    pos, end = 16, len(mv)
+    out = []
+    total = 0
+    while pos < end:
+        if end - pos < 4:
+            raise CorruptRecordError("snappy (xerial) block length is truncated")
+        (length,) = _I.unpack_from(mv, pos)
+        pos += 4
+        if length < 0 or pos + length > end:
+            raise CorruptRecordError("snappy (xerial) block runs past the records section")
+        block = mv[pos:pos + length]
+        total += size_of(block)
+        if total > MAX_RECORDS_SECTION_BYTES:
+            raise _too_big(total)
+        out.append(bytes(raw(block)))
+        pos += length
+    return b"".join(out)
 
 
 # Largest decompressed records section accepted (guards consumers against a batch that
@@ -300,6 +378,8 @@ def _decompress(codec: int, data) -> bytes:
             if not d.eof:
                 raise _too_big(len(out))
             return out
+        if codec == Compression.SNAPPY:
+            return _snappy_decompress(data)
         if codec == Compression.GZIP:
             d = zlib.decompressobj(47)
             out = d.decompress(data, MAX_RECORDS_SECTION_BYTES)
@@ -391,6 +471,46 @@ def encode_records_section(
     return b"".join(parts)
 
 
+def _varint(v: int) -> bytes:
+    z = (v << 1) ^ (v >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def encode_kafka_records_section(records: Sequence[Record], timestamps: list[int], first_timestamp: int,
+                                 offset_deltas: Sequence[int] | None) -> bytes:
+    """Kafka's varint records section (uncompressed) of `records`: the control batches'
+    format here; the Kafka listener has a table-driven encoder for its fetch conversion."""
+    out = []
+    vi = _varint
+    for i, r in enumerate(records):
+        body = [b"\x00", vi(timestamps[i] - first_timestamp), vi(i if offset_deltas is None else offset_deltas[i])]
+        for item in (r.key, r.value):
+            if item is None:
+                body.append(b"\x01")   # varint(-1)
+            else:
+                body.append(vi(len(item)))
+                body.append(bytes(item))
+        body.append(vi(len(r.headers)))
+        for name, hv in r.headers:
+            raw = name.encode("utf-8") if isinstance(name, str) else bytes(name)
+            body.append(vi(len(raw)))
+            body.append(raw)
+            if hv is None:
+                body.append(b"\x01")
+            else:
+                body.append(vi(len(hv)))
+                body.append(bytes(hv))
+        rec = b"".join(body)
+        out.append(vi(len(rec)))
+        out.append(rec)
+    return b"".join(out)
+
+
 def build_batch(
     records: Sequence[Record] | Iterable[Record],
     *,
@@ -410,7 +530,8 @@ def build_batch(
     """Encode `records` as one batch. Records without a timestamp get `now_ms` (default:
     the current time). `offset_deltas` (strictly increasing, starting anywhere >= 0) and
     `last_offset_delta` (the batch's offset span, >= the last record's delta) are for
-    rewriting compacted batches; by default records get deltas 0..n-1."""
+    rewriting compacted batches; by default records get deltas 0..n-1. The records section is
+    columnar (attribute bit 7), except for control batches (Kafka's varint records)."""
     if not isinstance(records, (list, tuple)):
         records = list(records)
     n = len(records)
@@ -437,9 +558,14 @@ def build_batch(
         if last_offset_delta < last_delta:
             raise ValueError(f"last_offset_delta {last_offset_delta} is below the last record's delta {last_delta}")
         last_delta = last_offset_delta
-    section = encode_records_section(records, timestamps, first_ts, offset_deltas)
+    if is_control:   # a transaction marker: Kafka's format, so Kafka consumers get it untouched
+        section = encode_kafka_records_section(records, timestamps, first_ts, offset_deltas)
+        attributes = int(codec)
+    else:
+        section = encode_records_section(records, timestamps, first_ts, offset_deltas)
+        attributes = int(codec) | COLUMNAR_MASK
     payload = _compress(codec, section)
-    attributes = int(codec) | (TIMESTAMP_TYPE_MASK if timestamp_type == LOG_APPEND_TIME else 0)
+    attributes |= TIMESTAMP_TYPE_MASK if timestamp_type == LOG_APPEND_TIME else 0
     if is_control:
         attributes |= CONTROL_MASK
     if is_transactional:
@@ -481,12 +607,13 @@ def build_empty_batch(
     attributes: int = 0,
 ) -> bytes:
     """A batch with no records spanning offsets [base, base + last_offset_delta]: the log
-    cleaner keeps one where it removed every record, so offsets stay accounted for."""
+    cleaner keeps one where it removed every record, so offsets stay accounted for. Always
+    columnar and uncompressed (`attributes`' codec and format bits are replaced)."""
     section = b"\x00"
     buf = bytearray(HEADER_SIZE + len(section))
     _HEADER.pack_into(
         buf, 0, base_offset, HEADER_SIZE - LOG_OVERHEAD + len(section), partition_leader_epoch, MAGIC, 0,
-        attributes & ~CODEC_MASK, last_offset_delta, first_timestamp, max_timestamp, producer_id, producer_epoch,
+        (attributes & ~CODEC_MASK) | COLUMNAR_MASK, last_offset_delta, first_timestamp, max_timestamp, producer_id, producer_epoch,
         base_sequence, 0,
     )
     buf[HEADER_SIZE:] = section
@@ -502,7 +629,7 @@ def build_empty_batch(
 H_BASE_OFFSET, H_BATCH_LENGTH, H_LEADER_EPOCH, H_MAGIC, H_CRC, H_ATTRIBUTES = 0, 1, 2, 3, 4, 5
 H_LAST_OFFSET_DELTA, H_FIRST_TIMESTAMP, H_MAX_TIMESTAMP = 6, 7, 8
 H_PRODUCER_ID, H_PRODUCER_EPOCH, H_BASE_SEQUENCE, H_RECORD_COUNT = 9, 10, 11, 12
-_VALID_CODECS = frozenset((0, 1, 3, 4))
+_VALID_CODECS = frozenset((0, 1, 2, 3, 4))
 
 
 def validate_batch_raw(buf, pos: int = 0, max_batch_bytes: int | None = None) -> tuple:
@@ -720,6 +847,155 @@ def _decode(header: BatchHeader, data: bytes) -> list[Record]:
     return list(map(Record, keys, values, headers, timestamps, offsets))
 
 
+def read_varint(buf, pos: int) -> tuple[int, int]:
+    """Kafka's zigzag varint/varlong at `pos` -> (value, position after it)."""
+    shift = 0
+    z = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (z >> 1) ^ -(z & 1), pos
+        shift += 7
+        if shift > 63:
+            raise CorruptRecordError("varint longer than 10 bytes in a Kafka record")
+
+
+def parse_kafka_records(section, count: int, first_timestamp: int, *, with_values: bool = True
+                        ) -> tuple[list[int], list[int], list, list, list]:
+    """Kafka's uncompressed varint records section -> (offset deltas, timestamp deltas, keys,
+    values, headers) with `count` entries each; with_values=False gives value lengths
+    (-1 = null) instead of values and no headers (the log cleaner's key pass).
+    Raises CorruptRecordError unless the section holds exactly `count` well-formed records."""
+    deltas: list[int] = []
+    ts_deltas: list[int] = []
+    keys: list = []
+    values: list = []
+    all_headers: list = []
+    pos = 0
+    end = len(section)
+    rv = read_varint
+    try:
+        for _ in range(count):
+            length, pos = rv(section, pos)
+            stop = pos + length
+            if length < 0 or stop > end:
+                raise CorruptRecordError(f"Kafka record length {length} runs past the records section")
+            pos += 1  # record attributes (unused in v2)
+            ts_delta, pos = rv(section, pos)
+            off_delta, pos = rv(section, pos)
+            klen, pos = rv(section, pos)
+            if klen < 0:
+                keys.append(None)
+            else:
+                keys.append(section[pos:pos + klen])
+                pos += klen
+            vlen, pos = rv(section, pos)
+            if not with_values:
+                values.append(vlen if vlen >= 0 else -1)
+                pos = stop
+            else:
+                if vlen < 0:
+                    values.append(None)
+                else:
+                    values.append(section[pos:pos + vlen])
+                    pos += vlen
+                nh, pos = rv(section, pos)
+                headers: tuple = ()
+                if nh > 0:
+                    hs = []
+                    for _h in range(nh):
+                        hklen, pos = rv(section, pos)
+                        name = bytes(section[pos:pos + hklen]).decode("utf-8")
+                        pos += hklen
+                        hvlen, pos = rv(section, pos)
+                        if hvlen < 0:
+                            hv = None
+                        else:
+                            hv = section[pos:pos + hvlen]
+                            pos += hvlen
+                        hs.append((name, hv))
+                    headers = tuple(hs)
+                all_headers.append(headers)
+            if pos != stop:
+                raise CorruptRecordError("Kafka record length does not match its fields")
+            ts_deltas.append(ts_delta)
+            deltas.append(off_delta)
+    except (IndexError, UnicodeDecodeError) as e:
+        raise CorruptRecordError(f"truncated or malformed Kafka record: {e}") from None
+    if pos != end:
+        raise CorruptRecordError(f"{end - pos} bytes after the last Kafka record of the batch")
+    return deltas, ts_deltas, keys, values, all_headers
+
+
+def check_kafka_records(section, count: int) -> None:
+    """Kafka's uncompressed records section holds exactly `count` records framed by their
+    lengths, with offset deltas 0..count-1 (what Kafka's broker checks of a produced v2
+    batch). Reads three varints per record (one-byte ones inline); keys and values are not
+    touched."""
+    if not isinstance(section, bytes):
+        section = bytes(section)   # bytes index faster than a memoryview; one memcpy
+    pos = 0
+    end = len(section)
+    rv = read_varint
+    try:
+        for i in range(count):
+            b = section[pos]
+            if b < 0x80:   # one-byte length, the common case
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                length, pos = rv(section, pos)
+            stop = pos + length
+            if length < 6 or stop > end:
+                raise CorruptRecordError(f"Kafka record {i} has length {length}, past the records section "
+                                         f"or too short")
+            p = pos + 1                      # after the record's attributes byte
+            if section[p] < 0x80:            # timestamp delta
+                p += 1
+            else:
+                p = rv(section, p)[1]
+            b = section[p]                   # offset delta
+            off_delta = (b >> 1) ^ -(b & 1) if b < 0x80 else rv(section, p)[0]
+            if off_delta != i:
+                raise CorruptRecordError(f"Kafka record {i} has offset delta {off_delta}; a produced batch "
+                                         f"numbers its records 0..{count - 1}")
+            pos = stop
+    except IndexError:
+        raise CorruptRecordError("truncated Kafka record in the batch") from None
+    if pos != end:
+        raise CorruptRecordError(f"{end - pos} bytes after the last of the batch's {count} Kafka records")
+
+
+def check_kafka_batch(buf, pos: int = 0) -> None:
+    """Check the records of the Kafka-format batch at `pos` (bit 7 clear; header already
+    validated): `check_kafka_records` over its decompressed section. What a broker checks
+    of a produced Kafka batch, so no reader ever meets a records section it cannot parse."""
+    header = BatchHeader.parse(buf, pos)
+    section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+    codec = header.attributes & CODEC_MASK
+    try:
+        check_kafka_records(section if codec == 0 else _decompress(codec, section), header.record_count)
+    except CorruptRecordError as e:
+        raise CorruptRecordError(
+            f"batch at position {pos} has attribute bit 7 clear, so its records must be Kafka's varint "
+            f"records: {e} (a kraftlog client from before Kafka-format storage writes columnar records "
+            f"without bit 7: upgrade it)") from None
+
+
+def _decode_kafka(header: BatchHeader, data: bytes) -> list[Record]:
+    n = header.record_count
+    if n == 0:
+        return []
+    deltas, ts_deltas, keys, values, headers = parse_kafka_records(data, n, header.first_timestamp)
+    if header.attributes & TIMESTAMP_TYPE_MASK:
+        timestamps = repeat(header.max_timestamp, n)
+    else:
+        timestamps = map(header.first_timestamp.__add__, ts_deltas)
+    offsets = map(header.base_offset.__add__, deltas)
+    return list(map(Record, keys, values, headers, timestamps, offsets))
+
+
 def decode_records(batch_bytes, *, validate: bool = True) -> list[Record]:
     """Decode one batch (starting at byte 0 of `batch_bytes`) into Records with absolute
     offsets and timestamps. With validate=True the CRC and bounds are checked first."""
@@ -730,6 +1006,8 @@ def decode_records(batch_bytes, *, validate: bool = True) -> list[Record]:
     mv = memoryview(batch_bytes)[HEADER_SIZE : LOG_OVERHEAD + header.batch_length]
     data = _decompress(header.attributes & CODEC_MASK, mv)
     try:
+        if not header.attributes & COLUMNAR_MASK:
+            return _decode_kafka(header, data)
         return _decode(header, data)
     except (ValueError, IndexError, struct.error) as exc:
         if isinstance(exc, CorruptRecordError):
@@ -747,6 +1025,9 @@ def decode_keys(batch_bytes) -> tuple[Sequence[int], Sequence, list[int]]:
         return (), (), []
     mv = memoryview(batch_bytes)[HEADER_SIZE : LOG_OVERHEAD + header.batch_length]
     data = _decompress(header.attributes & CODEC_MASK, mv)
+    if not header.attributes & COLUMNAR_MASK:
+        deltas, _ts, keys, value_lens, _h = parse_kafka_records(data, n, header.first_timestamp, with_values=False)
+        return list(map(header.base_offset.__add__, deltas)), keys, value_lens
     try:
         if not data:
             raise CorruptRecordError("records section is empty")

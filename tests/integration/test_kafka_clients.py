@@ -239,6 +239,75 @@ def test_records_written_over_http_read_by_kafka_and_back_are_equal(cluster):
     assert base64.b64decode(recs[6]["key_b64"]) == binary and base64.b64decode(recs[6]["value_b64"]) == binary
 
 
+# ---- Kafka clients' batches are stored as sent --------------------------------------------------
+
+def _stored_batches(cluster, topic: str, partition: int = 0) -> list[bytes]:
+    """The partition's stored batches as the leader's raw-batch fetch answers them."""
+    import urllib.request
+    from partitions.log import record_batch as rb
+    leader = cluster.partition(topic, partition)["leader"]
+    req = urllib.request.Request(f"{cluster.url(leader)}/v1/topics/{topic}/partitions/{partition}/records"
+                                 "?offset=0&max_bytes=4194304", headers={"Accept": "application/vnd.kraftlog.batch"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return [bytes(b) for _h, b in rb.iter_batches(r.read())]
+
+
+def test_kafka_batches_are_stored_byte_for_byte_and_snappy_is_accepted(cluster):
+    """Batches kafka-python's builder made (none, gzip, lz4, zstd) are stored exactly as sent
+    (after the leader's base offset and leader epoch, which precede the CRC), and fetched by
+    a Kafka client untouched; confluent-kafka's snappy batches are stored with the client's
+    codec and read back over Kafka and HTTP."""
+    import datetime
+    from confluent_kafka import Producer
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.produce.v11.request import PartitionProduceData, ProduceRequest, TopicProduceData
+    from kio.schema.produce.v11.response import ProduceResponse
+    from kio.serial import entity_reader
+    from partitions.log import record_batch as rb
+    topic = _topic(cluster)
+    host, port = cluster.kafka_address(cluster.partition(topic)["leader"]).rsplit(":", 1)
+    sent = []
+    for n, codec in enumerate((0, 1, 3, 4)):
+        b = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+                                      producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+        for i in range(50):
+            b.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % (i % 7) if i % 5 else None,
+                     value=b"v%d-" % i * 20, headers=[("c", b"%d" % codec)] if i % 2 else [])
+        sent.append(bytes(b.build()))
+        req = ProduceRequest(transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(
+            TopicProduceData(name=topic, partition_data=(PartitionProduceData(index=0, records=sent[-1]),)),))
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(_kafka_request(0, 11, n, req))
+            answer = _read_answer(s)
+        part = entity_reader(ProduceResponse)(answer[5:], 0)[0].responses[0].partition_responses[0]
+        assert part.error_code.name == "none" and part.base_offset == 50 * n
+    stored = _stored_batches(cluster, topic)
+    assert len(stored) == 4
+    for n, (got, want) in enumerate(zip(stored, sent)):
+        assert len(got) == len(want) and got[16:] == want[16:]   # magic, CRC, attributes ... records: as sent
+        assert rb.batch_base_offset(got) == 50 * n
+    # a Kafka fetch answers the same bytes
+    fetched = _raw_fetch(f"{host}:{port}", topic, -1)
+    assert bytes(fetched.records) == b"".join(stored)
+    # confluent-kafka (librdkafka) with snappy: stored with the client's codec, not converted
+    topic2 = _topic(cluster)
+    pr = Producer({"bootstrap.servers": cluster.kafka_bootstrap, "compression.type": "snappy", "linger.ms": 20,
+                   "enable.idempotence": True})
+    for i in range(300):
+        pr.produce(topic2, key=b"s%d" % i, value=b"snappy-%d " % i * 10, partition=0)
+    assert pr.flush(30) == 0
+    batches = _wait(lambda: (b := _stored_batches(cluster, topic2)) and
+                    sum(rb.BatchHeader.parse(x).record_count for x in b) == 300 and b, 30, "300 stored records")
+    for x in batches:
+        h = rb.validate_batch(x)
+        assert h.compression == rb.Compression.SNAPPY and not h.is_columnar and h.producer_id >= 0
+    msgs = _confluent_consume(cluster, topic2, 300)
+    assert [(m.key(), m.value()) for m in msgs] == [(b"s%d" % i, b"snappy-%d " % i * 10) for i in range(300)]
+    over_http = _wait(lambda: (r := _http_records(cluster, topic2)) and len(r) >= 100 and r, 30, "records over HTTP")
+    assert [(r["key"], r["value"]) for r in over_http[:100]] == [("s%d" % i, "snappy-%d " % i * 10)
+                                                                  for i in range(100)]
+
+
 # ---- consumer groups -------------------------------------------------------------------------
 
 def test_consumer_group_subscribe_commit_and_resume(cluster):
