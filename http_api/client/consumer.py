@@ -254,17 +254,23 @@ class Consumer:
             if self._positions.get(tp) != pos:
                 continue  # seeked meanwhile
             nxt = pos
+            topic, p = tp
             for header, batch in rb.iter_batches(body, validate=False):
                 nxt = max(nxt, header.next_offset)
                 if header.is_control:
                     continue
-                for r in rb.decode_records(batch, validate=False):
-                    if r.offset >= pos:
-                        out.append(ConsumerRecord(tp[0], tp[1], r.offset, r.timestamp, r.key, r.value, r.headers))
+                records = rb.decode_records(batch, validate=False)
+                if header.base_offset < pos:   # a batch that starts before the position
+                    records = [r for r in records if r.offset >= pos]
+                out.extend([ConsumerRecord(topic, p, r.offset, r.timestamp, r.key, r.value, r.headers)
+                            for r in records])
             if self.isolation_level == "read_committed" and headers is not None:
                 # the broker passed over aborted batches and markers: continue after them
                 nxt = max(nxt, int(headers.get(codecs.HEADER_NEXT_OFFSET, nxt)))
             self._positions[tp] = nxt
+            if nxt > pos and tp in self._assigned:
+                # fetch ahead: the next records travel while the application handles these
+                self._inflight[tp] = (nxt, asyncio.ensure_future(self._fetch(tp, nxt, wait_ms)))
         return out
 
     async def commit(self, offsets: dict | None = None) -> None:
