@@ -344,6 +344,17 @@ class ControllerClient:
             body["new_isr_broker_epochs"] = {str(k): v for k, v in new_isr_broker_epochs.items()}
         return await self.request("POST", PREFIX + "/alter-partition", json=body)
 
+    async def alter_partitions(self, broker_id: int, broker_epoch: int, items: list) -> list:
+        """AlterPartition for many partitions in one request (issue 25). `items`: [{topic,
+        partition, leader_epoch, partition_epoch, new_isr, new_isr_broker_epochs?}] ->
+        one entry per item, in order: the new registration, or {error_code, message}."""
+        body = {"broker_id": broker_id, "broker_epoch": broker_epoch, "request_id": uuid.uuid4().hex,
+                "partitions": [dict(it, new_isr=list(it["new_isr"]),
+                                    new_isr_broker_epochs={str(k): v for k, v in
+                                                           (it.get("new_isr_broker_epochs") or {}).items()})
+                               for it in items]}
+        return (await self.request("POST", PREFIX + "/alter-partitions", json=body))["partitions"]
+
     async def report_unreachable(self, broker_id: int, broker_epoch: int, target_id: int) -> dict:
         """Tell the controller that connections to broker `target_id` are refused; it probes
         the broker itself and fences it at once if it is gone. -> {"target_id", "fenced"}"""

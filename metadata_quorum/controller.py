@@ -59,6 +59,7 @@ from partitions.replication.partition import effective_min_insync_replicas
 
 TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
 TOPIC_NAME_LENGTH_MAX = 249
+ALTER_PARTITIONS_MAX = 2000   # partitions per batched AlterPartition request (one controller write)
 
 
 def _validate_topic_configs(configs: dict) -> None:
@@ -682,6 +683,53 @@ class QuorumController:
         fetches the leader counted; a member that has registered again since is refused
         (its new process may have lost what the old one had fetched)."""
         self._broker(image, broker_id, broker_epoch)
+        rec = self._alter_partition_change(image, broker_id, topic, partition, leader_epoch, partition_epoch,
+                                           new_isr, new_isr_broker_epochs)
+        if rec is None:
+            return []
+        return [rec] + self._throttle_cleanup(image, [rec])
+
+    def alter_partitions(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, items: Any) -> tuple:
+        """AlterPartition for many partitions of one leader in one controller write (issue 25:
+        a leader of thousands of partitions changes their ISRs in one round trip, not one
+        each). `items`: [{topic, partition, leader_epoch, partition_epoch, new_isr,
+        new_isr_broker_epochs?}], each checked as `alter_partition` checks it. Returns
+        (records, {item index: KraftlogError}): a refused item changes nothing and does not
+        stop the others; a stale broker epoch or a malformed body refuses the whole batch."""
+        self._broker(image, broker_id, broker_epoch)
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, "partitions must be a list of objects "
+                                "{topic, partition, leader_epoch, partition_epoch, new_isr}")
+        if len(items) > ALTER_PARTITIONS_MAX:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, f"at most {ALTER_PARTITIONS_MAX} partitions per "
+                                "AlterPartition request; split the batch")
+        records: list = []
+        errors: dict = {}
+        seen: set = set()
+        for i, it in enumerate(items):
+            key = (it.get("topic"), it.get("partition"))
+            try:
+                if key in seen:
+                    raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                        f"partition {key[0]}-{key[1]} is listed twice; send one ISR per partition")
+                seen.add(key)
+                rec = self._alter_partition_change(image, broker_id, it.get("topic"), it.get("partition"),
+                                                   it.get("leader_epoch"), it.get("partition_epoch"),
+                                                   it.get("new_isr"), it.get("new_isr_broker_epochs"))
+            except KraftlogError as e:
+                errors[i] = e
+                continue
+            if rec is not None:
+                records.append(rec)
+        if records:
+            records += self._throttle_cleanup(image, records)
+        return records, errors
+
+    def _alter_partition_change(self, image: MetadataImage, broker_id: Any, topic: Any, partition: Any,
+                                leader_epoch: Any, partition_epoch: Any, new_isr: Any,
+                                new_isr_broker_epochs: Any) -> Optional[PartitionChangeRecord]:
+        """The PartitionChangeRecord of one AlterPartition (None: nothing changes); the
+        leader's registration is checked by the caller."""
         t = image.topics.get(topic) if isinstance(topic, str) else None
         p = t.partitions.get(partition) if t is not None and _is_int(partition) else None
         if p is None:
@@ -723,10 +771,7 @@ class QuorumController:
                                     f"broker {r} is fenced or shutting down and cannot join the ISR of {topic}-{partition}")
         ordered = tuple(r for r in p.replicas if r in new_isr)
         done = self._completion(image, dataclasses.replace(p, isr=ordered)) if p.reassigning else None
-        rec = self._change(t, p, **done) if done is not None else self._change(t, p, isr=ordered)
-        if rec is None:
-            return []
-        return [rec] + self._throttle_cleanup(image, [rec])
+        return self._change(t, p, **done) if done is not None else self._change(t, p, isr=ordered)
 
     def elect_preferred_leaders(self, image: MetadataImage, partitions: Optional[list] = None) -> list:
         """Move leadership to the preferred (first) replica where it is in the ISR and usable."""

@@ -400,6 +400,7 @@ class ControllerServer:
         r.add_post(PREFIX + "/brokers/controlled-shutdown", self.h_controlled_shutdown)
         r.add_post(PREFIX + "/brokers/unreachable", self.h_broker_unreachable)
         r.add_post(PREFIX + "/alter-partition", self.h_alter_partition)
+        r.add_post(PREFIX + "/alter-partitions", self.h_alter_partitions)
         r.add_post(PREFIX + "/topics", self.h_create_topic)
         r.add_delete(PREFIX + "/topics/{topic}", self.h_delete_topic)
         r.add_post(PREFIX + "/topics/{topic}/partitions", self.h_create_partitions)
@@ -593,6 +594,36 @@ class ControllerServer:
         out = p.to_json()
         out.update(topic=topic, partition_epoch=p.partition_epoch)
         return web.json_response(out)
+
+    async def h_alter_partitions(self, request: web.Request) -> web.Response:
+        """AlterPartition for many partitions of one leader in one write (issue 25):
+        {"partitions": [{topic, partition, ...}]} -> {"partitions": [registration or error]}."""
+        body = await _json_body(request)
+        items = body.get("partitions")
+        errors: dict = {}
+
+        def decide(img):
+            records, errs = self.controller.alter_partitions(img, body.get("broker_id"), body.get("broker_epoch"),
+                                                             items)
+            errors.clear()
+            errors.update(errs)
+            return records
+        await self.write(decide, _request_id(request, body),
+                         reason=f"AlterPartition from leader {body.get('broker_id')}")
+        out = []
+        for i, it in enumerate(items):
+            topic, partition = it.get("topic"), it.get("partition")
+            err = errors.get(i)
+            p = self.sm.image.partition(topic, partition) if err is None else None
+            if err is None and p is None:
+                err = KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"partition {topic}-{partition} was deleted")
+            if err is not None:
+                out.append({"topic": topic, "partition": partition, **err.to_body()})
+                continue
+            entry = p.to_json()
+            entry.update(topic=topic, partition=partition, partition_epoch=p.partition_epoch)
+            out.append(entry)
+        return web.json_response({"partitions": out})
 
     # ---- topics
     async def h_create_topic(self, request: web.Request) -> web.Response:

@@ -51,6 +51,7 @@ REGISTER_RETRY_BACKOFF_S = 0.5
 METADATA_POLL_MAX_WAIT_MS = 2000
 ISR_CHECK_INTERVAL_MS = 1000
 ALTER_PARTITION_RETRY_MS = 5000   # ask again when an answered AlterPartition brings no metadata
+ALTER_PARTITIONS_BATCH = 1000     # ISR changes per batched AlterPartition request (controller max: 2000)
 
 
 class Broker:
@@ -352,6 +353,7 @@ class Broker:
             epoch = self.lifecycle.broker_epoch if self.lifecycle is not None else None
             if epoch is None:
                 continue
+            due = []
             for part, new_isr in self.rm.isr_changes(self.config.replica_lag_time_max_ms):
                 key = (part.topic, part.partition)
                 asked = pending.get(key)
@@ -360,22 +362,60 @@ class Broker:
                         and now - asked[1] < ALTER_PARTITION_RETRY_MS / 1000:
                     continue  # asked for this partition epoch; wait for the metadata
                 pending[key] = (part.partition_epoch, now)
-                asked_epoch = part.partition_epoch
-                try:
-                    await self.client.alter_partition(self.config.broker_id, epoch, part.topic, part.partition,
-                                                      part.leader_epoch, asked_epoch, new_isr,
-                                                      part.broker_epochs(new_isr))
-                    log.info("%s-%s: ISR %s -> %s", part.topic, part.partition, part.isr, new_isr)
-                except KraftlogError as e:
-                    log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
-                    if e.code is ErrorCode.INELIGIBLE_REPLICA:
-                        # refused at this very partition epoch (checked before eligibility).
-                        # Not on INVALID_UPDATE_VERSION: an earlier try may have committed it
-                        part.isr_change_rejected(asked_epoch)
-                    pending.pop(key, None)   # ask again at the next check
-                except Exception as e:  # noqa: BLE001 - unknown outcome: keep the additions, ask again
-                    log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
-                    pending.pop(key, None)
+                due.append((part, new_isr, part.partition_epoch))
+            if len(due) == 1:
+                await self._alter_isr(epoch, *due[0], pending)
+            for i in range(0, len(due) if len(due) > 1 else 0, ALTER_PARTITIONS_BATCH):
+                await self._alter_isrs(epoch, due[i:i + ALTER_PARTITIONS_BATCH], pending)
+
+    async def _alter_isr(self, epoch: int, part, new_isr: list, asked_epoch: int, pending: dict) -> None:
+        """One AlterPartition (see `_isr_loop`)."""
+        key = (part.topic, part.partition)
+        try:
+            await self.client.alter_partition(self.config.broker_id, epoch, part.topic, part.partition,
+                                              part.leader_epoch, asked_epoch, new_isr,
+                                              part.broker_epochs(new_isr))
+            log.info("%s-%s: ISR %s -> %s", part.topic, part.partition, part.isr, new_isr)
+        except KraftlogError as e:
+            self._isr_refused(part, new_isr, asked_epoch, e, pending)
+        except Exception as e:  # noqa: BLE001 - unknown outcome: keep the additions, ask again
+            log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
+            pending.pop(key, None)
+
+    async def _alter_isrs(self, epoch: int, batch: list, pending: dict) -> None:
+        """The ISR changes of many led partitions in one AlterPartition request (issue 25:
+        after a broker failure a leader of thousands of partitions shrinks them all with one
+        controller write, not one round trip each). Per partition as `_alter_isr`."""
+        items = [{"topic": part.topic, "partition": part.partition, "leader_epoch": part.leader_epoch,
+                  "partition_epoch": asked_epoch, "new_isr": list(new_isr),
+                  "new_isr_broker_epochs": part.broker_epochs(new_isr)}
+                 for part, new_isr, asked_epoch in batch]
+        try:
+            answers = await self.client.alter_partitions(self.config.broker_id, epoch, items)
+        except Exception as e:  # noqa: BLE001 - refused whole or unknown outcome: ask again next check
+            log.info("AlterPartition of %d partitions failed: %s", len(batch), e)
+            for part, _, _ in batch:
+                pending.pop((part.topic, part.partition), None)
+            return
+        changed = 0
+        for (part, new_isr, asked_epoch), answer in zip(batch, answers):
+            err = KraftlogError.from_body(answer, ignore=("topic", "partition"))
+            if err is None:
+                changed += 1
+                log.debug("%s-%s: ISR %s -> %s", part.topic, part.partition, part.isr, new_isr)
+            else:
+                self._isr_refused(part, new_isr, asked_epoch, err, pending)
+        log.info("AlterPartition: ISR of %d partitions changed in one request (%d refused)", changed,
+                 len(batch) - changed)
+
+    @staticmethod
+    def _isr_refused(part, new_isr: list, asked_epoch: int, e: KraftlogError, pending: dict) -> None:
+        log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
+        if e.code is ErrorCode.INELIGIBLE_REPLICA:
+            # refused at this very partition epoch (checked before eligibility).
+            # Not on INVALID_UPDATE_VERSION: an earlier try may have committed it
+            part.isr_change_rejected(asked_epoch)
+        pending.pop((part.topic, part.partition), None)   # ask again at the next check
 
     async def _periodic(self, interval_ms: int, fn) -> None:
         while True:

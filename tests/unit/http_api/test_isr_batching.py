@@ -1,0 +1,71 @@
+"""The broker's ISR loop sends the ISR changes of many led partitions in one batched
+AlterPartition request (issue 25), and handles each answer as a single AlterPartition's."""
+from __future__ import annotations
+
+import asyncio
+
+import http_api.broker.server as broker_server
+from http_api.broker.config import BrokerConfig
+from partitions.replication.partition import Partition
+
+
+class _Lifecycle:
+    broker_epoch = 7
+
+
+class _ReplicaManager:
+    _topic_configs: dict = {}
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def replica_lag_time_max_ms(self, topic, default_ms):
+        return default_ms
+
+    def isr_changes(self, replica_lag_time_max_ms):
+        return [(p, [1, 2]) for p in self.parts]   # follower 3 lags on every partition
+
+
+class _Controller:
+    def __init__(self):
+        self.batches: list = []
+        self.singles = 0
+
+    async def alter_partition(self, *args):
+        self.singles += 1
+        return {}
+
+    async def alter_partitions(self, broker_id, broker_epoch, items):
+        self.batches.append(items)
+        return [{"topic": it["topic"], "partition": it["partition"], "error_code": "INELIGIBLE_REPLICA",
+                 "message": "refused"} if it["partition"] == 4 else
+                {"topic": it["topic"], "partition": it["partition"], "isr": it["new_isr"]} for it in items]
+
+
+async def test_isr_changes_of_many_partitions_go_in_one_request(tmp_path, monkeypatch):
+    monkeypatch.setattr(broker_server, "ALTER_PARTITIONS_BATCH", 4)
+    cfg = BrokerConfig(broker_id=1, log_dirs=[str(tmp_path / "logs")], state_dir=str(tmp_path),
+                       replica_lag_time_max_ms=100)
+    broker = broker_server.Broker(cfg)
+    parts = [Partition("t", n, 1, replicas=[1, 2, 3], isr=[1, 2, 3], leader_id=1, leader_epoch=0, partition_epoch=3)
+             for n in range(10)]
+    rejected = []
+    parts[4].isr_change_rejected = lambda epoch: rejected.append(epoch)
+    broker.lifecycle = _Lifecycle()
+    broker.rm = _ReplicaManager(parts)
+    broker.client = _Controller()
+    task = asyncio.create_task(broker._isr_loop())
+    try:
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while len(broker.client.batches) < 3 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        broker.executor.shutdown(wait=False)
+    first = broker.client.batches[:3]
+    assert [len(b) for b in first] == [4, 4, 2] and broker.client.singles == 0
+    assert [it["partition"] for b in first for it in b] == list(range(10))
+    assert first[0][0] == {"topic": "t", "partition": 0, "leader_epoch": 0, "partition_epoch": 3,
+                           "new_isr": [1, 2], "new_isr_broker_epochs": parts[0].broker_epochs([1, 2])}
+    assert rejected and rejected[0] == 3   # the refused item is handled as a refused AlterPartition
