@@ -279,6 +279,7 @@ class SinkOptions:
     idempotence_buffer_max_bytes: int = idempotence_buffer_max_bytes_default
     checkpoint_location: str | None = None    # streaming: where the writer keeps its producer id
     failpoint_fail_after_requests: int = 0    # testing: attempt 0 of each task dies after N requests
+    transactional_id: str | None = None       # prefix: each task writes one transaction (pipelines/sink.py)
     security: ClientSecurity = ClientSecurity()
 
 
@@ -307,6 +308,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         failpoint_fail_after_requests=_int(opts.get("kraftlog.failpoint.first.attempt.fail.after.requests", 0),
                                            "kraftlog.failpoint.first.attempt.fail.after.requests", 0),
         security=parse_client_security(options),
+        transactional_id=opts.get("kraftlog.transactional.id") or None,
     )
 
 

@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hold-dir", default="")
     ap.add_argument("--master", default="local[2,4]")
     ap.add_argument("--timeout-s", type=float, default=300.0)
+    ap.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra sink option, e.g. kraftlog.transactional.id=q1 (repeatable)")
     args = ap.parse_args(argv)
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
             while not os.path.exists(release) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    query = (spark.readStream.format("kraftlog")
+    writer = (spark.readStream.format("kraftlog")
              .option("kraftlog.bootstrap.servers", args.bootstrap)
              .option("subscribe", args.input)
              .option("startingOffsets", "earliest")
@@ -89,7 +91,11 @@ def main(argv=None) -> int:
              .mapInArrow(hold, "key binary, value binary")
              .selectExpr("key", "concat(CAST('out:' AS BINARY), value) AS value")
              .writeStream.format("kraftlog")
-             .option("kraftlog.bootstrap.servers", args.bootstrap)
+             .option("kraftlog.bootstrap.servers", args.bootstrap))
+    for kv in args.sink_option:
+        key, _, value = kv.partition("=")
+        writer = writer.option(key, value)
+    query = (writer
              .option("topic", args.output)
              .option("checkpointLocation", args.checkpoint)
              .trigger(availableNow=True)
