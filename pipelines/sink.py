@@ -11,6 +11,18 @@ record batches straight from the Arrow buffers (pipelines/arrow_codec.py) and PO
 the partition leader as `application/vnd.kraftlog.batch` (CBOR when a broker does not take
 raw batches).
 
+Transactional (`kraftlog.transactional.id=PREFIX`, issue 18): each task writes its rows as
+one transaction under the transactional id `PREFIX-<Spark partition id>` (deterministic per
+query and partition: give each query its own prefix), so a restarted query, or a retried
+task, initialising that id fences its predecessor and aborts what it left open. A streaming
+task also commits, inside the transaction, the group offset `micro-batch id + 1` of the group
+`kraftlog-sink-<transactional id>` (the micro-batch marker); before writing, it reads that
+marker and skips a micro-batch its transaction already committed (a replay after a crash
+between the tasks' commits and the checkpoint's commit log). With the source's checkpointed
+offsets, read_committed consumers of the output see each input record exactly once. The
+records go through the coordinator's records route (JSON), not raw batches to the leaders:
+slower (bench/spark_bench.py, docs/SPARK.md).
+
 Default: idempotent (`kraftlog.enable.idempotence=true`), so a retried task does not
 duplicate records. The driver takes one base producer id per write (batch) or per query
 (stream, kept in the checkpoint so a restarted query reuses it); every task derives its own
@@ -197,12 +209,93 @@ def stream_base_producer_id(sink: opt.SinkOptions) -> int:
     return base
 
 
+txn_retriable_codes = frozenset({"CONCURRENT_TRANSACTIONS", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
+                                 "COORDINATOR_NOT_AVAILABLE"})
+txn_call_timeout_ms_default = 120_000   # a retriable coordinator answer is retried this long
+
+
+class TransactionalTask:
+    """One task's transaction over the HTTP routes (API.md "Transactions"): `init()` fences
+    older producers of the id (and aborts or completes what they left), `committed_batch()`
+    reads the micro-batch marker, `send()` adds records, `commit(batch_id)` commits them with
+    the marker. Invariant: nothing is visible to read_committed readers before `commit`."""
+
+    def __init__(self, cluster: Cluster, transactional_id: str, call_timeout_ms: int = txn_call_timeout_ms_default):
+        self.cluster = cluster
+        self.transactional_id = transactional_id
+        self.group = f"kraftlog-sink-{transactional_id}"
+        self.call_timeout_s = call_timeout_ms / 1000
+        self.ids: dict = {}
+        self.topics: set = set()
+
+    def _call(self, what: str, doc: dict) -> dict:
+        import json
+        import time
+        from urllib.parse import quote
+
+        deadline = time.monotonic() + self.call_timeout_s
+        backoff = 0.1
+        while True:
+            try:
+                _, _, data = self.cluster._any_broker(
+                    "POST", f"/v1/transactions/{quote(self.transactional_id, safe='')}/{what}",
+                    body=json.dumps(doc).encode(), headers={"Content-Type": "application/json",
+                                                            "Accept": "application/json"})
+                return json.loads(data) if data else {}
+            except BrokerError as exc:
+                # a records request is retried only on answers that prove nothing was written
+                if exc.error_code not in txn_retriable_codes or time.monotonic() + backoff > deadline:
+                    raise
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def init(self) -> None:
+        doc = self._call("init", {})
+        self.ids = {"producer_id": int(doc["producer_id"]), "producer_epoch": int(doc["producer_epoch"])}
+
+    def committed_batch(self) -> int:
+        """The last micro-batch id this transactional id committed (-1: none)."""
+        import json
+        from urllib.parse import quote
+        _, _, data = self.cluster._any_broker("GET", f"/v1/groups/{quote(self.group, safe='')}/offsets",
+                                              headers={"Accept": "application/json"})
+        offsets = [int(o["offset"]) for o in (json.loads(data) if data else {}).get("offsets", [])
+                   if o.get("offset") is not None]
+        return max(offsets, default=0) - 1
+
+    def send(self, topic: str, partition: int, body: bytes) -> dict:
+        """Add the records of the raw batches `body` to the transaction; the produce answer."""
+        import base64
+        from partitions.log import record_batch as rb
+
+        def b64(v):
+            return None if v is None else base64.b64encode(v).decode()
+        records = [{"topic": topic, "partition": partition, "key_b64": b64(r.key), "value_b64": b64(r.value),
+                    **({"headers": {k: v.decode() if isinstance(v, (bytes, bytearray)) else v
+                                    for k, v in r.headers}} if r.headers else {})}
+                   for r in rb.decode_batches(body)]
+        for r in records:
+            if r["key_b64"] is None:
+                del r["key_b64"]
+        self.topics.add(topic)
+        answer = self._call("records", {**self.ids, "records": records})
+        return {"offsets": [{"offset": o["offset"]} for o in answer.get("offsets", [])]}
+
+    def commit(self, batch_id: int | None) -> None:
+        if batch_id is not None and self.topics:
+            self._call("offsets", {**self.ids, "group": self.group,
+                                   "offsets": [{"topic": min(self.topics), "partition": 0, "offset": batch_id + 1}]})
+        self._call("commit", self.ids)
+
+
 class PartitionedProducer:
-    """Buffers Arrow rows per (topic, partition) and sends record batches to leaders."""
+    """Buffers Arrow rows per (topic, partition) and sends record batches to leaders (or,
+    with `txn`, into that task's transaction)."""
 
     def __init__(self, sink: opt.SinkOptions, identity: ProducerIdentity | None = None,
-                 cluster: Cluster | None = None, seed: int = 0):
+                 cluster: Cluster | None = None, seed: int = 0, txn: TransactionalTask | None = None):
         self.sink = sink
+        self.txn = txn
         self.identity = identity or ProducerIdentity()
         self._random = random.Random(seed)  # sticky partitions: the same on a retried task
         self._seed = seed
@@ -435,7 +528,9 @@ class PartitionedProducer:
         topic, partition = tp
         body = b"".join(batches)
         self._failpoint()
-        if self._raw:
+        if self.txn is not None:
+            answer = self.txn.send(topic, partition, body)
+        elif self._raw:
             try:
                 answer = self.cluster.produce_raw(topic, partition, body, acks=self.sink.acks)
             except BrokerError as exc:
@@ -447,7 +542,7 @@ class PartitionedProducer:
             records = [{"key": r.key, "value": r.value, "headers": {k: v for k, v in r.headers}}
                        for r in rb.decode_batches(body)]
             answer = self.cluster.produce_records(topic, partition, records, acks=self.sink.acks)
-        if self.canonical and self._raw:
+        if self.canonical and self._raw and self.txn is None:
             self._verify_duplicates(tp, batches, answer)
         name = f"{topic}-{partition}"
         self.records[name] = self.records.get(name, 0) + rows
@@ -581,11 +676,33 @@ def write_partition(sink: opt.SinkOptions, iterator: Iterator, base_producer_id:
                     spark_partition: int | None, batch_id: int | None = None,
                     cluster: Cluster | None = None) -> KraftlogCommitMessage:
     """What one Spark task does: route, batch and send its rows with its own identity."""
+    if sink.transactional_id:
+        return write_partition_transactional(sink, iterator, spark_partition, batch_id, cluster)
     identity = task_identity(base_producer_id, spark_partition, batch_id)
     producer = PartitionedProducer(sink, identity, cluster=cluster, seed=spark_partition or 0)
     for batch in iterator:
         producer.append_batch(batch)
     producer.flush()
+    return producer.commit_message()
+
+
+def write_partition_transactional(sink: opt.SinkOptions, iterator: Iterator, spark_partition: int | None,
+                                  batch_id: int | None = None, cluster: Cluster | None = None
+                                  ) -> KraftlogCommitMessage:
+    """One task as one transaction (module docstring): init the task's transactional id
+    (fencing its predecessor), skip a micro-batch already committed, write, commit."""
+    cluster = cluster or Cluster(sink.bootstrap_servers, client_id="kraftlog-spark-writer", security=sink.security)
+    txn = TransactionalTask(cluster, f"{sink.transactional_id}-{spark_partition or 0}")
+    producer = PartitionedProducer(sink, ProducerIdentity(), cluster=cluster, seed=spark_partition or 0, txn=txn)
+    txn.init()   # before the first send: fences older producers of the id, aborts what they left open
+    if batch_id is not None and txn.committed_batch() >= batch_id:
+        for _ in iterator:   # this micro-batch's transaction committed before a restart: write nothing
+            pass
+        return producer.commit_message()
+    for batch in iterator:
+        producer.append_batch(batch)
+    producer.flush()
+    txn.commit(batch_id)
     return producer.commit_message()
 
 

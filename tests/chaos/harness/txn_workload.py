@@ -113,10 +113,11 @@ class TxnWorkload:
             intent = "abort" if self.rng.random() < self.abort_probability else "commit"
             op = self.h.invoke(f"txn-producer-{i}", "txn", txid=self.txid(i), records=records, intent=intent,
                                txn=True)
-            stage = "records"
+            stage, futures = "records", []
             try:
                 producer.begin_transaction()
-                futures = [await producer.send(t, v, partition=p) for t, p, v in records]
+                for t, p, v in records:
+                    futures.append(await producer.send(t, v, partition=p))
                 await producer.flush()
                 offsets = [[t, p, f.result().offset] for (t, p, _), f in zip(records, futures)]
                 stage = "end"
@@ -130,6 +131,9 @@ class TxnWorkload:
                     self.counts["aborted"] += 1
             except Exception as e:
                 error = f"{stage}: {e.__class__.__name__}: {e}"[:200]
+                for f in futures:   # the records' futures carry the same error
+                    if f.done() and not f.cancelled():
+                        f.exception()
                 if stage == "records" or intent == "abort":   # no commit was ever sent
                     self.h.fail(op, error)
                     self.counts["failed"] += 1
