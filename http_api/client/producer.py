@@ -64,7 +64,7 @@ from http_api.wire.partitioner import partition_for_key
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import record_batch as rb
 
-@dataclass
+@dataclass(slots=True)
 class RecordMetadata:
     topic: str
     partition: int
@@ -73,17 +73,24 @@ class RecordMetadata:
 
 @dataclass
 class _Batch:
-    records: list = field(default_factory=list)
+    """Records of one partition on their way: keys and values as columns (headers and own
+    timestamps, rare, by record index), or a send_batch() column with one future."""
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)   # record index -> (headers, timestamp)
+    keyed: bool = False   # some record has a key
     futures: list = field(default_factory=list)
     size: int = 0
     created: float = field(default_factory=time.monotonic)
-    # send_batch(): (values, keys or None, timestamp ms or None) instead of records; one future
+    # send_batch(): (values, keys or None, timestamp ms or None); one future
     columns: tuple | None = None
-    plain: bool = True   # no record has headers or its own timestamp: encoded as columns
 
     @property
     def count(self) -> int:
-        return len(self.columns[0]) if self.columns is not None else len(self.records)
+        return len(self.columns[0]) if self.columns is not None else len(self.values)
+
+    def records(self) -> list:
+        return [rb.Record(k, v, *self.extra.get(i, ((), None))) for i, (k, v) in enumerate(zip(self.keys, self.values))]
 
 
 # the fixed batch header (partitions/log/record_batch.py's layout) and the columnar records
@@ -220,9 +227,19 @@ class Producer:
         self._buffered = 0
         self._space = asyncio.Event()
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _cached_partitions(self, topic: str) -> int:
+        """The topic's partition count from cached metadata younger than metadata_max_age_ms,
+        else 0 (then `meta.partitions` refreshes): no coroutine per record."""
+        m = self.meta
+        if m.doc is None or (time.monotonic() - m.fetched_at) * 1000 >= m.metadata_max_age_ms:
+            return 0
+        t = m._topics.get(topic)
+        return len(t["partitions"]) if t else 0
 
     async def _partition_for(self, topic: str, key: bytes | None, partition: int | None) -> int:
-        n = await self.meta.partitions(topic)
+        n = self._cached_partitions(topic) or await self.meta.partitions(topic)
         if n == 0:
             await self._auto_create(topic)
             n = await self.meta.partitions(topic)
@@ -264,28 +281,37 @@ class Producer:
             items = headers.items() if isinstance(headers, dict) else headers
             hdrs = tuple((k, v.encode() if isinstance(v, str) else v) for k, v in items)
         p = await self._partition_for(topic, key, partition)
-        size = 24 + len(key or b"") + len(value or b"") + sum(6 + len(k) + len(v or b"") for k, v in hdrs)
+        size = 24 + len(key or b"") + len(value or b"")
+        if hdrs:
+            size += sum(6 + len(k) + len(v or b"") for k, v in hdrs)
         while self._buffered + size > self.buffer_memory_bytes and self._buffered > 0:
             self._space.clear()
             await self._space.wait()
         tp = (topic, p)
         batch = self._open.get(tp)
+        loop = self._loop or self._bind_loop()
         if batch is None:
             batch = self._open[tp] = _Batch()
-            loop = asyncio.get_running_loop()
             # linger_ms=0: sealed once this loop iteration's sends are in (call_soon skips the timer heap)
             self._lingers[tp] = (loop.call_later(self.linger_s, self._seal, tp) if self.linger_s > 0
                                  else loop.call_soon(self._seal, tp))
-        fut = asyncio.get_running_loop().create_future()
-        batch.records.append(rb.Record(key, value, hdrs, timestamp))
+        fut = loop.create_future()
         if hdrs or timestamp is not None:
-            batch.plain = False
+            batch.extra[len(batch.values)] = (hdrs, timestamp)
+        if key is not None:
+            batch.keyed = True
+        batch.keys.append(key)
+        batch.values.append(value)
         batch.futures.append(fut)
         batch.size += size
         self._buffered += size
         if batch.size >= self.batch_size_bytes:
             self._seal(tp)
         return fut
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     async def send_batch(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                          partition: int | None = None, timestamp: int | None = None) -> asyncio.Future:
@@ -425,17 +451,16 @@ class Producer:
             owner, nxt = self._sequences.get(tp, (pid, 0))
             seq = nxt if owner == pid else 0
             self._sequences[tp] = (pid, seq + n)
-        if batch.columns is not None or batch.plain:
-            if batch.columns is not None:
-                values, keys, ts = batch.columns
-            else:
-                values, ts = [r.value for r in batch.records], None
-                keys = [r.key for r in batch.records]
+        if batch.columns is not None:
+            values, keys, ts = batch.columns
             payload = columns_batch(values, keys, timestamp_ms=ts, producer_id=pid,
                                     producer_epoch=self.producer_epoch, base_sequence=seq,
                                     compression=self.compression)
+        elif not batch.extra:   # no headers, no own timestamps: encoded as columns
+            payload = columns_batch(batch.values, batch.keys if batch.keyed else None, producer_id=pid, producer_epoch=self.producer_epoch,
+                                    base_sequence=seq, compression=self.compression)
         else:
-            payload = rb.build_batch(batch.records, compression=self.compression, producer_id=pid,
+            payload = rb.build_batch(batch.records(), compression=self.compression, producer_id=pid,
                                      producer_epoch=self.producer_epoch, base_sequence=seq)
         return pid, seq, payload
 

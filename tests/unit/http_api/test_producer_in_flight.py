@@ -167,3 +167,26 @@ def test_more_than_five_in_flight_with_idempotence_is_refused():
     with pytest.raises(ValueError, match="<= 5"):
         Producer("http://b1:1", acks="all", max_in_flight_requests_per_connection=6)
     Producer("http://b1:1", acks="1", max_in_flight_requests_per_connection=6)
+
+
+async def test_records_with_headers_or_own_timestamps_keep_them_among_plain_ones():
+    sent = []
+
+    async def attempt(tp, url, payload):
+        sent.append(payload)
+        return 200, {}, json.dumps({"offsets": [{"partition": 0, "offset": 0}]}).encode()
+
+    p = Producer("http://b1:1", acks="1", linger_ms=50)
+    p.meta._one = FakeLeader(0).meta_one
+    p._attempt = attempt
+    try:
+        await p.send("t", b"plain", key=b"k1", partition=0)
+        await p.send("t", b"with-headers", headers={"h": "v"}, partition=0)
+        await p.send("t", b"with-ts", timestamp=42, partition=0)
+        await p.flush()
+    finally:
+        await p.close()
+    assert len(sent) == 1
+    got = [(r.key, r.value, tuple(r.headers), r.timestamp == 42) for r in rb.decode_batches(sent[0])]
+    assert got == [(b"k1", b"plain", (), False), (None, b"with-headers", (("h", b"v"),), False),
+                   (None, b"with-ts", (), True)]
