@@ -7,7 +7,9 @@ and 3 brokers, as `cluster up --nodes 3` runs them, on free ports. Prints:
   (201, or 202 "creating") and until EVERY partition is writable (one produce request with
   one record per partition, acks=1, answered 200), for `--topics` topics in turn;
 - broker and controller RSS per partition (process RSS growth over the empty cluster,
-  divided by the partition replicas a broker hosts / the partitions the controller holds);
+  divided by the partition replicas a broker hosts / the partitions the controller holds),
+  and each broker's open file descriptors (segment files are bounded by
+  `open_segment_files_max`, partitions/log/segment.py);
 - kill -9 of the broker leading the most partitions (about a third): time until every
   partition it led is writable again (produce to each, retried until it answers 200),
   as a distribution over those partitions.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -37,6 +40,13 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def open_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
 
 
 def writable(url: str, topic: str, partitions: list, deadline_s: float) -> float:
@@ -131,10 +141,12 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
             grown = rss_mb(c.procs[b].pid) - base_broker[b]
             hosted = total * rf / 3
             row(f"broker {b} RSS growth / replica hosted ({hosted:.0f})", f"{grown * 1024 / hosted:.2f} KiB")
+            row(f"broker {b} open file descriptors", str(open_fds(c.procs[b].pid)))
         grown = rss_mb(ctl_pid) - base_ctl
         row(f"active controller RSS growth / partition ({total})", f"{grown * 1024 / total:.2f} KiB")
         for b in sorted(c.procs):
             status, h = http("GET", c.url(b) + "/healthz")
+            h = h if isinstance(h, dict) else {"metadata_lag_records": f"({status} {str(h)[:40]})"}
             row(f"broker {b} /healthz metadata_lag_records / _ms", f"{h.get('metadata_lag_records')} / "
                 f"{h.get('metadata_lag_ms')}")
 
@@ -170,7 +182,12 @@ def main(argv: list | None = None) -> None:
     ap.add_argument("--topics", type=int, default=1, help="topics created in turn")
     ap.add_argument("--rf", type=int, default=3)
     ap.add_argument("--controllers", type=int, default=3, help="3: as cluster up --nodes 3")
+    ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (broker logs for a post-mortem)")
     args = ap.parse_args(argv)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        run(args.partitions, args.topics, args.rf, args.keep, args.controllers)
+        return
     with tempfile.TemporaryDirectory(prefix="kraftlog-scale-") as d:
         run(args.partitions, args.topics, args.rf, d, args.controllers)
 
