@@ -21,6 +21,7 @@ config, i.e. when the last move ends. Pure (the time is passed in).
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Optional
 
 LEADER_RATE_KEY = "leader.replication.throttled.rate"
@@ -88,7 +89,8 @@ class ReplicationThrottle:
         self.leader = TokenBucket(burst_s)
         self.follower = TokenBucket(burst_s)
         self._offset: Optional[int] = None
-        self._image_id: Optional[int] = None
+        self._image_ref: Optional[weakref.ref] = None   # the image last followed (a weak reference:
+        # an id() could be reused by a later image once the old one is freed)
         # (topic, partition) -> the adding replicas outside the ISR
         self.throttled: dict[tuple[str, int], frozenset] = {}
 
@@ -99,9 +101,9 @@ class ReplicationThrottle:
             self.leader.set_rate(None, now_ms)
             self.follower.set_rate(None, now_ms)
             return
-        if id(image) == self._image_id and image.offset == self._offset:
+        if self._image_ref is not None and self._image_ref() is image and image.offset == self._offset:
             return
-        self._image_id, self._offset = id(image), image.offset
+        self._image_ref, self._offset = weakref.ref(image), image.offset
         configs = image.broker_configs.get(CLUSTER_DEFAULT, {})
         self.leader.set_rate(_rate(configs, LEADER_RATE_KEY), now_ms)
         self.follower.set_rate(_rate(configs, FOLLOWER_RATE_KEY), now_ms)
