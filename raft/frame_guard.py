@@ -26,7 +26,9 @@ in between (`transport.send` only checks CONNECTED) goes out without the peer's 
 peer fails to unwrap it and drops the connection. pysyncobj's own AppendEntries wait for the
 handshake (they go to connected nodes only), but RequestVote, pre-vote and our pings do not.
 The guarded `transport.send` answers False (not sent, as for a dead link) until the key
-exchange of that connection is complete (`key_exchange_pending`).
+exchange of that connection is complete (`key_exchange_pending`), and still checks the
+connection's timeout as a send does: a handshake the peer never answers is dropped and
+redialled after `connectionTimeout`, as before.
 
 Legitimate frames are small: pysyncobj splits entries and snapshots into
 appendEntriesBatchSizeBytes (64 KiB) parts, so the default cap (16 MiB) is far above them.
@@ -145,6 +147,10 @@ def install_frame_guard(syncobj, frame_max_bytes: int, stats: RaftPeerStats) -> 
     def send_after_key_exchange(node, message):   # see the module docstring (handshake race)
         conn = connections.get(node)
         if conn is not None and key_exchange_pending(conn):
+            # not sent, but timed out like a send would: pysyncobj checks connectionTimeout
+            # only when it sends or the socket has an event, so a handshake the peer never
+            # answers (a paused or cut-off peer) would otherwise hold the link down for ever
+            conn._TcpConnection__trySendBuffer()
             return False
         return send(node, message)
 

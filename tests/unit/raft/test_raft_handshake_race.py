@@ -67,3 +67,40 @@ def test_a_message_sent_before_the_peer_key_arrives_does_not_break_the_link():
         dialler.destroy()
         acceptor.destroy()
 
+
+
+def test_a_handshake_the_peer_never_answers_is_timed_out_and_redialled():
+    # a peer that accepts but never answers (paused, or cut off behind a proxy): pysyncobj
+    # times a connection out only when something is sent on it, so holding every message
+    # back must still time the connection out, or the link stays down for ever
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    silent = f"127.0.0.1:{listener.getsockname()[1]}"
+    me = f"127.0.0.2:{free_port()}"   # sorts above `silent`: pysyncobj dials peers whose address sorts below
+    dialler = SyncObj(me, [silent], conf=SyncObjConf(password="secret", autoTick=False, dynamicMembershipChange=True,
+                                                     appendEntriesPeriod=0.01, raftMinTimeout=0.1, raftMaxTimeout=0.2,
+                                                     connectionTimeout=0.5, connectionRetryTime=0.1))
+    accepted = []
+    try:
+        assert install_frame_guard(dialler, 1 << 20, RaftPeerStats())
+        transport = dialler._SyncObj__transport
+        (peer, conn), = transport._connections.items()
+        deadline = time.monotonic() + 15
+        while len(accepted) < 2 and time.monotonic() < deadline:
+            _tick(dialler)
+            transport.send(peer, {"type": "kraftlog_ping"})   # what the adapter's ping does every 0.5 s
+            try:
+                accepted.append(listener.accept()[0])
+            except BlockingIOError:
+                pass
+        assert len(accepted) >= 2, "the unanswered handshake was never timed out and redialled"
+    finally:
+        dialler.destroy()
+        for s in accepted:
+            s.close()
+        listener.close()
