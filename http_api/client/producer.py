@@ -404,14 +404,17 @@ class Producer:
         batch sent before it on this partition) has resolved its own. -> written?"""
         base, err = -1, None
         try:
-            base = await self._send_payload(tp, payload, prev)
-        except Exception as e:  # noqa: BLE001 - delivered to each record's future
-            err = e
-            self._failed(tp, batch, pid, seq)
+            try:
+                base = await self._send_payload(tp, payload, prev)
+            except Exception as e:  # noqa: BLE001 - delivered to each record's future
+                err = e
+                self._failed(tp, batch, pid, seq)
+            if prev is not None and not prev.done():
+                await asyncio.wait((prev,))
         finally:
+            # slots free in send order: while batch n waits for a resend, at most 4 later
+            # batches are written, so n is still among the 5 the leader remembers
             window.release()
-        if prev is not None and not prev.done():
-            await asyncio.wait((prev,))
         self._complete(batch, tp, base, err)
         q.task_done()
         return err is None

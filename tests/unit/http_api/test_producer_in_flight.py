@@ -40,6 +40,8 @@ class FakeLeader:
         self.requests = 0
         self.out_of_order = 0
         self.lost_after_write = 0
+        self.slow_lost_sequence: int | None = None
+        self.jitter = 1.0
 
     async def meta_one(self, url: str) -> dict:
         return _doc()
@@ -52,6 +54,8 @@ class FakeLeader:
             if (f, l) == (first, last):
                 return off                                        # duplicate: original offset
         expected = self.last_seq.get(pid, -1) + 1
+        if last < expected:
+            return -1                                             # older than the 5 cached: offset unknown
         if first != expected:
             self.out_of_order += 1
             raise KraftlogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"expected {expected}, got {first}")
@@ -62,15 +66,24 @@ class FakeLeader:
         return off
 
     async def attempt(self, tp, url: str, payload: bytes):
+        (header, _), = list(rb.iter_batches(payload))
+        if header.base_sequence == self.slow_lost_sequence:
+            self.slow_lost_sequence = None   # once: written, answered late, and the answer lost
+            self._write(payload)
+            await asyncio.sleep(0.05)
+            self.lost_after_write += 1
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "connection reset after the append")
         self.requests += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(self.rng.random() * 0.004)        # requests overtake each other
+            # requests overtake each other; a few are slow while later ones complete
+            await asyncio.sleep(self.jitter * self.rng.random() * (0.03 if self.rng.random() < 0.1 else 0.004))
             if self.rng.random() < self.lose_before:
                 raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "connection reset before the append")
             off = self._write(payload)
-            await asyncio.sleep(self.rng.random() * 0.002)
+            # the answer: a few are slow, so later batches are written before it is lost
+            await asyncio.sleep(self.jitter * self.rng.random() * (0.03 if self.rng.random() < 0.1 else 0.002))
             if self.rng.random() < self.lose_after:
                 self.lost_after_write += 1
                 raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "connection reset after the append")
@@ -109,6 +122,24 @@ async def test_five_in_flight_keep_send_order_across_lost_requests_without_dupli
     assert leader.lost_after_write > 0 and leader.out_of_order > 0   # the hard cases happened
     assert leader.log == [b"%d" % i for i in range(300)]   # in order, nothing twice, nothing lost
     assert [f.result().offset for f in futs] == list(range(300))
+
+
+async def test_a_batch_resent_late_is_still_among_the_5_the_leader_remembers():
+    """Slots of the in-flight window free in send order: while batch 0 (written, its answer
+    lost late) waits for its resend, batches 5.. are not sent, so the leader still has
+    batch 0 among a producer's last 5 and answers its original offset."""
+    leader = FakeLeader(7)
+    leader.jitter = 0.0   # the others are answered at once
+    leader.slow_lost_sequence = 0
+    p = _producer(leader, 5)
+    p.batch_size_bytes = 1   # one record per batch
+    try:
+        futs = await _produce(p, 12)
+    finally:
+        await p.close()
+    assert leader.lost_after_write == 1
+    assert leader.log == [b"%d" % i for i in range(12)]
+    assert [f.result().offset for f in futs] == list(range(12))
 
 
 async def test_one_in_flight_sends_one_request_at_a_time():
