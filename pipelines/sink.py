@@ -212,6 +212,9 @@ def stream_base_producer_id(sink: opt.SinkOptions) -> int:
 txn_retriable_codes = frozenset({"CONCURRENT_TRANSACTIONS", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
                                  "COORDINATOR_NOT_AVAILABLE"})
 txn_call_timeout_ms_default = 120_000   # a retriable coordinator answer is retried this long
+# records per transactional records request: the coordinator writes one batch per partition
+# per request, which must stay under the broker's max.message.bytes (1 MiB by default)
+txn_request_bytes_max_default = 512 * 1024
 
 
 class TransactionalTask:
@@ -263,23 +266,37 @@ class TransactionalTask:
                    if o.get("offset") is not None]
         return max(offsets, default=0) - 1
 
-    def send(self, topic: str, partition: int, body: bytes) -> dict:
-        """Add the records of the raw batches `body` to the transaction; the produce answer."""
+    def send(self, topic: str, partition: int, body: bytes,
+             request_bytes_max: int = txn_request_bytes_max_default) -> dict:
+        """Add the records of the raw batches `body` to the transaction, in requests of at
+        most `request_bytes_max` record bytes; the produce answer (an offset per record)."""
         import base64
         from partitions.log import record_batch as rb
 
-        def b64(v):
-            return None if v is None else base64.b64encode(v).decode()
-        records = [{"topic": topic, "partition": partition, "key_b64": b64(r.key), "value_b64": b64(r.value),
-                    **({"headers": {k: v.decode() if isinstance(v, (bytes, bytearray)) else v
-                                    for k, v in r.headers}} if r.headers else {})}
-                   for r in rb.decode_batches(body)]
-        for r in records:
-            if r["key_b64"] is None:
-                del r["key_b64"]
         self.topics.add(topic)
-        answer = self._call("records", {**self.ids, "records": records})
-        return {"offsets": [{"offset": o["offset"]} for o in answer.get("offsets", [])]}
+        offsets: list = []
+        chunk: list = []
+        size = 0
+
+        def flush():
+            if chunk:
+                answer = self._call("records", {**self.ids, "records": chunk})
+                offsets.extend({"offset": o["offset"]} for o in answer.get("offsets", []))
+        for r in rb.decode_batches(body):
+            rec = {"topic": topic, "partition": partition,
+                   "value_b64": None if r.value is None else base64.b64encode(r.value).decode()}
+            if r.key is not None:
+                rec["key_b64"] = base64.b64encode(r.key).decode()
+            if r.headers:
+                rec["headers"] = {k: v.decode() if isinstance(v, (bytes, bytearray)) else v for k, v in r.headers}
+            n = len(r.value or b"") + len(r.key or b"") + sum(len(k) + len(v or b"") for k, v in r.headers) + 32
+            if chunk and size + n > request_bytes_max:
+                flush()
+                chunk, size = [], 0
+            chunk.append(rec)
+            size += n
+        flush()
+        return {"offsets": offsets}
 
     def commit(self, batch_id: int | None) -> None:
         if batch_id is not None and self.topics:
