@@ -146,6 +146,11 @@ class Log:
         # manager, partitions/log/remote/); with remote.storage.enable only segments wholly
         # below it may be deleted by local retention. -1: nothing remote (yet)
         self.remote_copied_end_offset = -1
+        # a new log's first segment file is in its dir entry only once the dir is fsynced:
+        # the first flush that makes data durable does it (as Kafka's LocalLog.flush), not
+        # Log.open, which costs one fsync per partition created (issue 25: 42 ms each on a
+        # busy disk). Lost in a crash before that flush, the empty segment is created again.
+        self._dir_unsynced = False
         self._load(recovery_point, log_start_offset, high_watermark, clean_shutdown)
         return self
 
@@ -234,7 +239,7 @@ class Log:
         if not self._segments:
             start = log_start_offset if log_start_offset is not None else 0
             self._segments.append(LogSegment.create(self._dir, start, self._config, now))
-            fsync_dir(self._dir)
+            self._dir_unsynced = True   # fsynced by the first flush (see open)
         self._bases = [s.base_offset for s in self._segments]
 
         if rebuild_cache:
@@ -933,6 +938,13 @@ class Log:
                 flushed_messages = self._unflushed_messages if target == leo else 0
             for seg in segments:
                 seg.flush()
+            if self._dir_unsynced:   # the new segment's dir entry, before the recovery point moves
+                self._dir_unsynced = False
+                try:
+                    fsync_dir(self._dir)
+                except OSError:
+                    self._dir_unsynced = True
+                    raise
             with self._lock:   # the epochs of the flushed batches are durable before the recovery point moves
                 cache = self.leader_epoch_cache
                 epoch_lines = cache.lines() if cache.unsynced else None
