@@ -118,3 +118,38 @@ def test_cut_severs_established_connections(echo):
                 pytest.fail("the established connection survived the cut")
     finally:
         p.close()
+
+
+def test_naming_a_new_connection_does_not_hold_up_the_others(echo):
+    # every proxied link (raft between controllers included) shares one loop: naming a new
+    # connection (a /proc lookup, 100-200 ms on a busy machine) must not stall established
+    # ones, or raft votes arrive late and elections never complete (issue 24)
+    release, entered = threading.Event(), threading.Event()
+
+    def resolver(peer_port, local_port):
+        if pid_of_peer(peer_port, local_port, [os.getpid()]) != os.getpid():
+            return "client"
+        if seen:
+            entered.set()
+            release.wait(10)    # the second connection's lookup hangs
+        seen.append(peer_port)
+        return "me"
+
+    seen: list = []
+    p = Proxy(echo.server_address[1], resolver=resolver)
+    try:
+        with socket.create_connection(("127.0.0.1", p.port), timeout=5) as first:
+            first.sendall(b"a")
+            assert first.recv(10) == b"a"
+            second = socket.create_connection(("127.0.0.1", p.port), timeout=5)
+            try:
+                assert entered.wait(10), "the proxy never named the second connection"
+                first.settimeout(2.0)
+                first.sendall(b"b")
+                assert first.recv(10) == b"b", "an established link waited for a new one's lookup"
+            finally:
+                release.set()
+                second.close()
+    finally:
+        release.set()
+        p.close()
