@@ -102,28 +102,37 @@ _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY = 4, 20
 
 def pid_of_peer(peer_port: int, local_port: int, pids) -> Optional[int]:
     """The pid (among `pids`) owning the TCP socket 127.0.0.1:peer_port connected to our
-    `local_port` (on 127.0.0.1 or 127.0.0.2), found by a sock_diag lookup (else from
-    /proc/net/tcp) and /proc/<pid>/fd (Linux). Reading /proc/net/tcp on a shared machine
-    (9,000+ sockets) took 100-200 ms, and the proxies' loop, which carries every raft link,
-    waited for it at each new connection: the raft election storms of chaos runs (issue 24)."""
+    `local_port` (on 127.0.0.1 or 127.0.0.2), found by a sock_diag lookup (from
+    /proc/net/tcp only where sock_diag is missing) and /proc/<pid>/fd (Linux). Reading
+    /proc/net/tcp on a shared machine (9,000+ sockets) took 100-200 ms per connection, and
+    the proxies' loop, which carries every raft link, waited for it: the raft election
+    storms of chaos runs (issue 24)."""
     inode = None
     for host in ("127.0.0.1", "127.0.0.2"):
         try:
             found = _socket_inode(peer_port, host, local_port)
-        except OSError:
-            break
+        except OSError:   # no sock_diag here: read the whole table
+            return _pid_of_inode(_inode_from_proc_net_tcp(peer_port, local_port), pids)
         if found:
             inode = str(found)
             break
-    if inode is None:
-        try:
-            with open("/proc/net/tcp", "rb") as f:
-                table = f.read()
-        except OSError:
-            return None
-        m = re.search(rb"^ *\d+: [0-9A-F]{8}:%04X [0-9A-F]{8}:%04X (?:\S+ +){6}(\d+)" % (peer_port, local_port),
-                      table, re.M)
-        inode = m.group(1).decode() if m else None
+    # not found: the peer has closed it already (a short request); scanning /proc/net/tcp
+    # for it would cost 100-200 ms and find nothing either
+    return _pid_of_inode(inode, pids)
+
+
+def _inode_from_proc_net_tcp(peer_port: int, local_port: int) -> Optional[str]:
+    try:
+        with open("/proc/net/tcp", "rb") as f:
+            table = f.read()
+    except OSError:
+        return None
+    m = re.search(rb"^ *\d+: [0-9A-F]{8}:%04X [0-9A-F]{8}:%04X (?:\S+ +){6}(\d+)" % (peer_port, local_port),
+                  table, re.M)
+    return m.group(1).decode() if m else None
+
+
+def _pid_of_inode(inode: Optional[str], pids) -> Optional[int]:
     if inode is None:
         return None
     target = f"socket:[{inode}]"
