@@ -7,6 +7,9 @@ preloaded with `--mb` MB, then moved off its leader's broker to the spare broker
 - unthrottled: MB/s = the partition's bytes / (time from POST /v1/reassignments until the
   metadata shows the move complete);
 - throttled at `--throttle-mb` MB/s: the same, and the ratio to the throttle (goal: within 25%);
+- progress accuracy: during the throttled move, `bytes_moved` and `bytes_remaining` of GET
+  /v1/reassignments sampled against the destination's log size on disk (the largest
+  difference, as a share of the partition's size);
 - produce p99: one acks=all writer (1 KB values, one request in flight) on another partition
   led by the same leader, for `--produce-s` seconds without a move and during the throttled move
   (goal <= 2x).
@@ -50,8 +53,10 @@ def partition_bytes(c: ReplicatedCluster, broker: int, topic: str, partition: in
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".log"))
 
 
-def move(c: ReplicatedCluster, topic: str, partition: int, throttle: int | None) -> tuple[int, float]:
-    """Move the partition off its leader's broker; (bytes moved, seconds)."""
+def move(c: ReplicatedCluster, topic: str, partition: int, throttle: int | None,
+         progress: list | None = None) -> tuple[int, float]:
+    """Move the partition off its leader's broker; (bytes moved, seconds). With `progress`,
+    appends (reported bytes_moved, destination's bytes on disk, bytes_remaining) samples."""
     p = c.partition(topic, partition)
     spare = next(b for b in c.ports if b not in p["replicas"])
     kept = next(r for r in p["replicas"] if r != p["leader"])
@@ -63,7 +68,20 @@ def move(c: ReplicatedCluster, topic: str, partition: int, throttle: int | None)
     status, doc = http("POST", c.url(kept) + "/v1/reassignments", body)
     if status != 202:
         raise RuntimeError(f"reassign: {status} {doc}")
-    c.wait_for(lambda: not c.partition(topic, partition)["adding_replicas"], 600, "the move", interval=0.02)
+    if progress is None:
+        c.wait_for(lambda: not c.partition(topic, partition)["adding_replicas"], 600, "the move", interval=0.02)
+        return size, time.monotonic() - started
+    deadline = started + 600
+    while c.partition(topic, partition)["adding_replicas"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the move did not end within 600 s")
+        _, doc = http("GET", c.url(kept) + "/v1/reassignments")
+        on_disk = partition_bytes(c, spare, topic, partition) if os.path.isdir(
+            os.path.join(c.base_dir, f"broker-{spare}", "logs", f"{topic}-{partition}")) else 0
+        for m in doc.get("reassignments", []):
+            if (m["topic"], m["partition"]) == (topic, partition) and m.get("bytes_moved") is not None:
+                progress.append((m["bytes_moved"], on_disk, m["bytes_remaining"]))
+        time.sleep(0.25)
     return size, time.monotonic() - started
 
 
@@ -125,11 +143,19 @@ def main(argv: list | None = None) -> None:
         with LatencyProbe(c, "lat", 0) as base:
             time.sleep(args.produce_s)
         throttle = int(args.throttle_mb * 2**20)
+        samples: list = []
         with LatencyProbe(c, "lat", 0) as during:
-            size, secs = move(c, "slow", 0, throttle)
+            size, secs = move(c, "slow", 0, throttle, samples)
         rate = size / secs
         print(f"throttled move at {args.throttle_mb:.1f} MB/s: {size / 2**20:.1f} MB in {secs:.2f} s = "
               f"{rate / 2**20:.2f} MB/s ({rate / throttle:.0%} of the throttle; goal 75-125%)")
+        if samples:
+            worst = max(abs(moved - disk) for moved, disk, _ in samples)
+            mid = samples[len(samples) // 2]
+            print(f"progress during the throttled move: {len(samples)} samples, reported bytes_moved within "
+                  f"{worst / 2**10:.0f} KB ({worst / size:.1%} of the partition) of the destination's log on disk; "
+                  f"midway: moved {mid[0] / 2**20:.1f} MB (on disk {mid[1] / 2**20:.1f} MB), "
+                  f"remaining {mid[2] / 2**20:.1f} MB")
         print(f"produce p99 (acks=all, 1 KB, same leader): {base.p99():.1f} ms without a move "
               f"({len(base.latencies)} writes), {during.p99():.1f} ms during the throttled move "
               f"({len(during.latencies)} writes): {during.p99() / base.p99():.2f}x (goal <= 2x)")
