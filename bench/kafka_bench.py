@@ -101,7 +101,8 @@ async def http_produce(base: str, topic: str, n: int, acks: str) -> float:
         futs = [await producer.send(topic, value, partition=0) for _ in range(n)]
         await producer.flush()
         dt = time.perf_counter() - t0
-    assert all(f.result().offset >= 0 for f in futs[::1000])
+    for f in futs[::1000]:
+        f.result()   # raises if the batch failed; offset -1: a retried batch answered as a duplicate
     return n / dt
 
 
