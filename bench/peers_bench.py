@@ -7,7 +7,8 @@ medians of `--rounds` interleaved rounds (round r runs every system before round
   Producer.send_batch() (columns, one future per batch); JetStream publish_async (file
   storage); Redis XADD pipelined 1000 at a time;
 - one record at a time, 1 node: p50 of awaiting each acknowledgement before the next send;
-- async produce / one at a time at 3 nodes RF=3 (kraftlog only: a 3-node JetStream cluster
+- async produce / one at a time at 3 nodes RF=3, and send() with
+  max_in_flight_requests_per_connection 1 vs 5 (kraftlog only: a 3-node JetStream cluster
   is not started here);
 - consume catch-up, 1 node: Consumer.poll() / JetStream pull fetch(1000) / XREAD COUNT 10000;
 - produce -> consume p50 / p99 at RF=3 (kraftlog).
@@ -63,9 +64,10 @@ def _wait_port(port: int, timeout_s: float = 20.0) -> None:
 
 # ---- kraftlog -------------------------------------------------------------------------
 
-async def kl_async_produce(url: str, topic: str, n: int, acks: str, batch: bool) -> float:
+async def kl_async_produce(url: str, topic: str, n: int, acks: str, batch: bool, in_flight: int = 5) -> float:
     from http_api.client import Producer
-    async with Producer(url, acks=acks, linger_ms=5, batch_size_bytes=256 * 1024) as p:
+    async with Producer(url, acks=acks, linger_ms=5, batch_size_bytes=256 * 1024,
+                        max_in_flight_requests_per_connection=in_flight) as p:
         t0 = time.perf_counter()
         if batch:
             values = [VALUE] * SEND_BATCH_RECORDS
@@ -295,11 +297,13 @@ async def run(n: int, rounds: int, samples: int, rf3: bool) -> tuple[dict, dict]
             add("kl.one", await kl_one_at_a_time(node.url, f"s-{r}", samples, "all"))
             add("kl.consume", await kl_consume(node.url, f"b1-{r}", n))
             if cluster is not None:
-                for name in (f"r3a-{r}", f"r3b-{r}", f"r3s-{r}", f"r3e-{r}"):
+                for name in (f"r3a-{r}", f"r3b-{r}", f"r3s-{r}", f"r3e-{r}", f"r3i-{r}"):
                     cluster.create_topic(name, partitions=1, replication_factor=3)
                 leader = cluster.url(cluster.partition(f"r3a-{r}")["leader"])
-                add("kl3.async", await kl_async_produce(cluster.urls[0] if False else leader, f"r3a-{r}", n, "all",
-                                                        batch=False))
+                add("kl3.async", await kl_async_produce(leader, f"r3a-{r}", n, "all", batch=False))
+                leader_i = cluster.url(cluster.partition(f"r3i-{r}")["leader"])
+                add("kl3.async.inflight1", await kl_async_produce(leader_i, f"r3i-{r}", n, "all", batch=False,
+                                                                  in_flight=1))
                 leader = cluster.url(cluster.partition(f"r3b-{r}")["leader"])
                 add("kl3.batch", await kl_async_produce(leader, f"r3b-{r}", n, "all", batch=True))
                 add("kl3.one", await kl_one_at_a_time(",".join(cluster.urls), f"r3s-{r}", samples, "all"))
@@ -363,6 +367,8 @@ def table(m: dict[str, float]) -> list[tuple[str, str, str, str]]:
          us("redis.one.p50") + ratio("kl.one.p50", "redis.one.p50", lower_better=True)),
         ("async produce, 3 nodes RF=3, send() / send_batch()",
          f"{rate('kl3.async')} / {rate('kl3.batch')}", "-", "-"),
+        ("  RF=3 send(), max_in_flight_requests_per_connection 1 -> 5",
+         f"{rate('kl3.async.inflight1')} -> {rate('kl3.async')}", "-", "-"),
         ("one record at a time, RF=3, p50 / p99",
          f"{us('kl3.one.p50')} / {us('kl3.one.p99')}", "-", "-"),
         ("consume catch-up, 1 node",
