@@ -25,6 +25,19 @@ One pass over a Log (`LogCleaner.clean`), Kafka's algorithm:
    the log's locks; the swap is refused if the log was truncated or its segments changed
    meanwhile. Then `cleaner-tombstone-horizons` and the checkpoint advance.
 
+Transactions (Kafka's CleanedTransactionMetadata): the cleanable range stops at the first
+unstable offset (an open transaction is never cleaned). The records of aborted transactions
+(the log's aborted-transaction index, those whose ABORT marker is below the high watermark) are
+neither put in the offset map nor kept: an aborted value never shadows a committed one, and
+read_committed answers are the same before and after. A control batch (COMMIT or ABORT
+marker) is removed once no batch of its transaction is kept in front of it (the pass walks
+every segment from the log start, so "not kept" means gone from the log) and
+delete.retention.ms has passed since the first pass that found it so:
+`cleaner-marker-horizons` lists (marker offset, producer id, that pass's time). A batch kept
+as producer state (see 3.) keeps its transaction's marker. After each swap the log rebuilds
+its transaction state and `.txnindex` files from the cleaned segments (log.py), so the index
+holds exactly the aborted transactions that still have records.
+
 Tombstones (KIP-534 semantics, kept in a side file instead of the batch header): a
 tombstone is kept for delete.retention.ms after the first pass that cleaned past it.
 `cleaner-tombstone-horizons` lists (end offset, time) of each pass that kept tombstones
@@ -43,6 +56,7 @@ import os
 import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -59,6 +73,7 @@ from .cleaner_checkpoint import (
 )
 from .config import LogConfig
 from .errors import CorruptRecordError, LogClosedError
+from .leader_epoch_cache import write_checkpoint_file
 from .log import Log
 from .record_batch import (
     BatchHeader,
@@ -73,6 +88,7 @@ from .throttler import Throttler
 log = logging.getLogger(__name__)
 
 CLEANED_SUFFIX = ".cleaned"
+MARKER_HORIZONS = "cleaner-marker-horizons"
 MiB = 1 << 20
 DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * MiB  # Kafka's log.cleaner.dedupe.buffer.size
 MAP_ENTRY_OVERHEAD_BYTES = 100  # dict slot + bytes and int objects, per key (CPython, measured ~95)
@@ -90,6 +106,8 @@ class CleanerStats:
     records_read: int = 0
     records_retained: int = 0
     tombstones_removed: int = 0
+    aborted_records_removed: int = 0   # records of aborted transactions
+    markers_removed: int = 0           # control batches whose transaction is gone, past delete.retention.ms
     map_keys: int = 0
     map_bytes: int = 0
     elapsed_s: float = 0.0
@@ -101,6 +119,27 @@ class CleanerStats:
 
 
 # ---------------------------------------------------------------------- side files
+
+
+def read_marker_horizons(log_dir) -> dict[tuple[int, int], int]:
+    """{(marker offset, producer id): time ms of the first pass that found its transaction
+    gone}; empty if the file is missing or unreadable (the markers then wait once more)."""
+    try:
+        lines = (Path(log_dir) / MARKER_HORIZONS).read_text().split("\n")
+        if lines[0] != "0":
+            return {}
+        out = {}
+        for line in lines[2: 2 + int(lines[1])]:
+            o, pid, t = line.split()
+            out[(int(o), int(pid))] = int(t)
+        return out
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+def write_marker_horizons(log_dir, horizons: dict[tuple[int, int], int]) -> None:
+    write_checkpoint_file(Path(log_dir) / MARKER_HORIZONS,
+                          ["0", str(len(horizons))] + [f"{o} {pid} {t}" for (o, pid), t in sorted(horizons.items())])
 
 
 # ---------------------------------------------------------------------- the plan
@@ -131,6 +170,8 @@ class CleaningPlan:
     max_map_keys: int | None = None
     generation: int = 0
     io_max_bytes_per_second: float = -1   # read + write bytes of the worker; <= 0: no limit
+    aborted: tuple = ()                   # AbortedTxn of the log whose ABORT marker is below the HW
+    marker_horizons: tuple[tuple[int, int, int], ...] = ()   # (marker offset, producer id, time ms)
 
 
 @dataclass
@@ -145,6 +186,9 @@ class GroupResult:
     records_retained: int = 0
     tombstones_removed: int = 0
     dirty_tombstones_kept: int = 0
+    aborted_records_removed: int = 0
+    markers_removed: int = 0
+    marker_horizons: dict = field(default_factory=dict)   # markers of the group whose transaction is gone
     throttled_s: float = 0.0   # the worker's total so far (map building included)
 
 
@@ -167,6 +211,32 @@ class CleanerWorker:
         self._h_ends = [h.end_offset for h in plan.horizons]
         self._h_times = [h.time_ms for h in plan.horizons]
         self.throttler = Throttler(plan.io_max_bytes_per_second)
+        self._aborted: dict[int, list[tuple[int, int]]] = {}   # producer id -> [(first, last offset)]
+        for a in plan.aborted:
+            self._aborted.setdefault(a.producer_id, []).append((a.first_offset, a.last_offset))
+        self._marker_horizons = {(o, pid): t for o, pid, t in plan.marker_horizons}
+        # producers with a batch of their current transaction kept by this pass (groups in order)
+        self._txn_kept: set[int] = set()
+
+    def _in_aborted(self, header: BatchHeader) -> bool:
+        """A transactional data batch of an aborted transaction."""
+        spans = self._aborted.get(header.producer_id) if header.is_transactional else None
+        return bool(spans) and any(first <= header.base_offset <= last for first, last in spans)
+
+    def _marker_removable(self, header: BatchHeader, result: GroupResult) -> bool:
+        """A control batch goes once nothing of its transaction is kept in front of it and
+        delete.retention.ms has passed since a pass first found that."""
+        pid = header.producer_id
+        kept = pid in self._txn_kept
+        self._txn_kept.discard(pid)   # the transaction ends here
+        if kept or header.base_offset >= self.end:
+            return False
+        key = (header.base_offset, pid)
+        since = self._marker_horizons.get(key)
+        if since is not None and since + self.plan.config.delete_retention_ms <= self.plan.now_ms:
+            return True
+        result.marker_horizons[key] = self.plan.now_ms if since is None else since
+        return False
 
     def _open(self, ref: SegmentRef) -> LogSegment:
         return LogSegment.open_read_only(self.plan.dir, ref.base_offset, self.plan.config, ref.size, ref.next_offset)
@@ -199,8 +269,8 @@ class CleanerWorker:
                 if header.base_offset >= end:
                     done = True
                     break
-                if header.is_control:
-                    continue
+                if header.is_control or self._in_aborted(header):
+                    continue   # an aborted value must not shadow a committed one
                 offsets, keys, _ = decode_keys(raw)
                 if not offsets:
                     continue
@@ -248,6 +318,23 @@ class CleanerWorker:
                 for header, raw in self._batches(ref):
                     result.bytes_read += len(raw)
                     last_epoch = max(last_epoch, header.partition_leader_epoch)
+                    if header.is_control and header.is_transactional and header.producer_id >= 0:
+                        if self._marker_removable(header, result):
+                            result.markers_removed += 1
+                            last_dropped = header
+                        else:
+                            self._write(cleaned, raw, header)
+                            last_dropped = None
+                        continue
+                    if header.record_count and self._in_aborted(header):
+                        result.records_read += header.record_count
+                        result.aborted_records_removed += header.record_count
+                        if header.producer_id >= 0 and header.last_offset in keep_producer_batches:
+                            self._write_producer_batch(cleaned, header)
+                            last_dropped = None
+                        else:
+                            last_dropped = header
+                        continue
                     if header.is_control or header.record_count == 0:
                         self._write(cleaned, raw, header)
                         last_dropped = None
@@ -294,19 +381,7 @@ class CleanerWorker:
                         self._write(cleaned, batch, BatchHeader.parse(batch))
                         last_dropped = None
                     elif header.producer_id >= 0 and header.last_offset in keep_producer_batches:
-                        # the producer's last batch: keep its header so its state survives
-                        empty = build_empty_batch(
-                            base_offset=header.base_offset,
-                            last_offset_delta=header.last_offset_delta,
-                            first_timestamp=header.first_timestamp,
-                            max_timestamp=header.max_timestamp,
-                            partition_leader_epoch=header.partition_leader_epoch,
-                            producer_id=header.producer_id,
-                            producer_epoch=header.producer_epoch,
-                            base_sequence=header.base_sequence,
-                            attributes=header.attributes,
-                        )
-                        self._write(cleaned, empty, BatchHeader.parse(empty))
+                        self._write_producer_batch(cleaned, header)
                         last_dropped = None
                     else:
                         last_dropped = header
@@ -340,8 +415,26 @@ class CleanerWorker:
         cleaned.close()
         return result
 
+    def _write_producer_batch(self, cleaned: LogSegment, header: BatchHeader) -> None:
+        """The producer's last batch, all records gone: keep its header (an empty batch) so
+        its state survives."""
+        empty = build_empty_batch(
+            base_offset=header.base_offset,
+            last_offset_delta=header.last_offset_delta,
+            first_timestamp=header.first_timestamp,
+            max_timestamp=header.max_timestamp,
+            partition_leader_epoch=header.partition_leader_epoch,
+            producer_id=header.producer_id,
+            producer_epoch=header.producer_epoch,
+            base_sequence=header.base_sequence,
+            attributes=header.attributes,
+        )
+        self._write(cleaned, empty, BatchHeader.parse(empty))
+
     def _write(self, cleaned: LogSegment, raw: bytes, header: BatchHeader) -> None:
         self.throttler.maybe_throttle(len(raw))
+        if header.is_transactional and not header.is_control and header.producer_id >= 0:
+            self._txn_kept.add(header.producer_id)
         _append(cleaned, raw, header)
 
     def close(self) -> None:
@@ -406,8 +499,7 @@ class LogCleaner:
         txn = getattr(lg, "transactions", None)
         bound = txn.clean_bound(first_dirty) if txn is not None else None
         if bound is not None:
-            # transactions: not past an open one, nor over an aborted one (transactions.py)
-            end = min(end, bound)
+            end = min(end, bound)   # transactions: never past an open one (transactions.py)
         return min(first_dirty, end), end
 
     def dirty_ratio(self, lg: Log, now_ms: int | None = None) -> float:
@@ -437,7 +529,13 @@ class LogCleaner:
         now = self._time_ms() if now_ms is None else now_ms
         horizons = read_tombstone_horizons(lg.dir) or []
         retention = lg.config.delete_retention_ms
-        return any(h.time_ms + retention <= now for h in horizons)
+        return any(h.time_ms + retention <= now for h in horizons) or self.markers_due(lg, now)
+
+    def markers_due(self, lg: Log, now_ms: int | None = None) -> bool:
+        """True when markers whose transaction is gone have reached their delete horizon."""
+        now = self._time_ms() if now_ms is None else now_ms
+        retention = lg.config.delete_retention_ms
+        return any(t + retention <= now for t in read_marker_horizons(lg.dir).values())
 
     def needs_cleaning(self, lg: Log, now_ms: int | None = None) -> bool:
         """Compacted topic with a dirty ratio >= min.cleanable.dirty.ratio, or a dirty
@@ -470,7 +568,8 @@ class LogCleaner:
             first_dirty, end = self.cleanable_range(lg, now)
             horizons = self._horizons(lg, first_dirty, now)
             retention = lg.config.delete_retention_ms
-            if first_dirty >= end and not any(h.time_ms + retention <= now for h in horizons):
+            if first_dirty >= end and not any(h.time_ms + retention <= now for h in horizons) \
+                    and not self.markers_due(lg, now):
                 return None
             segments = [s for s in lg.segments[:-1] if s.base_offset < end]
             if not segments:
@@ -488,8 +587,19 @@ class LogCleaner:
                 max_map_keys=self.max_map_keys,
                 generation=lg.generation,
                 io_max_bytes_per_second=self.io_max_bytes_per_second,
+                aborted=self._aborted_below(lg),
+                marker_horizons=tuple((o, pid, t) for (o, pid), t in read_marker_horizons(lg.dir).items()),
             )
             return plan, segments
+
+    @staticmethod
+    def _aborted_below(lg: Log) -> tuple:
+        """The aborted transactions whose ABORT marker is below the high watermark (the
+        marker is replicated: the abort is final, even if the marker itself is not in
+        the cleanable range)."""
+        txn = getattr(lg, "transactions", None)
+        hw = lg.high_watermark
+        return tuple(a for a in txn.aborted if a.last_offset < hw) if txn is not None else ()
 
     # ------------------------------------------------------------------ cleaning
 
@@ -504,6 +614,7 @@ class LogCleaner:
         plan, segments = planned
         stats = CleanerStats(plan.first_dirty, plan.end)
         kept_dirty_tombstones = 0
+        marker_horizons: dict[tuple[int, int], int] = {}
         worker = None
         try:
             worker = self.runner.start(plan)
@@ -521,6 +632,9 @@ class LogCleaner:
                 stats.records_read += res.records_read
                 stats.records_retained += res.records_retained
                 stats.tombstones_removed += res.tombstones_removed
+                stats.aborted_records_removed += res.aborted_records_removed
+                stats.markers_removed += res.markers_removed
+                marker_horizons.update(res.marker_horizons)
                 stats.throttled_s = res.throttled_s
                 kept_dirty_tombstones += res.dirty_tombstones_kept
                 new = LogSegment(plan.dir, res.base_offset, plan.config, plan.now_ms, suffix=CLEANED_SUFFIX)
@@ -554,6 +668,11 @@ class LogCleaner:
                             horizons.append(TombstoneHorizon(stats.end_offset, plan.now_ms))
                         if horizons != list(plan.horizons) or read_tombstone_horizons(lg.dir) is None:
                             write_tombstone_horizons(lg.dir, horizons)
+                        # markers of the cleaned range: this pass's view; beyond it: kept as they were
+                        marker_horizons.update({(o, pid): t for o, pid, t in plan.marker_horizons
+                                                if o >= stats.end_offset})
+                        if marker_horizons != {(o, pid): t for o, pid, t in plan.marker_horizons}:
+                            write_marker_horizons(lg.dir, marker_horizons)
                         write_cleaner_checkpoint(lg.dir, stats.end_offset)
             except OSError as exc:
                 log.warning("cleaning %s: writing its checkpoint failed: %s", lg.dir, exc)
@@ -586,6 +705,8 @@ __all__ = [
     "LocalCleanerRunner",
     "CLEANER_CHECKPOINT",
     "TOMBSTONE_HORIZONS",
+    "MARKER_HORIZONS",
+    "read_marker_horizons",
     "DEFAULT_DEDUPE_BUFFER_SIZE_BYTES",
     "read_cleaner_checkpoint",
     "write_cleaner_checkpoint",

@@ -228,14 +228,9 @@ class TransactionIndex:
         return self.last_marker.get(producer_id, 0)
 
     def clean_bound(self, first_dirty: int) -> int | None:
-        """The log cleaner stays below this offset: the first unstable offset and the first
-        aborted transaction reaching the dirty range (the cleaner does not yet drop aborted
-        records nor their markers: it must not let an aborted value shadow a committed one)."""
-        bounds = [a.first_offset for a in self.aborted if a.last_offset >= first_dirty]
-        fuo = self.first_unstable_offset
-        if fuo is not None:
-            bounds.append(fuo)
-        return min(bounds) if bounds else None
+        """The log cleaner stays below this offset: the first unstable offset (an open
+        transaction is never cleaned; aborted ones are, cleaner.py drops their records)."""
+        return self.first_unstable_offset
 
     # ------------------------------------------------------------------ appends
 
@@ -389,8 +384,11 @@ class TransactionIndex:
                 have = None
             if have == want:
                 continue
-            if have is not None or want:
+            known = {(a.producer_id, a.last_offset) for a in have or ()}
+            if have is None or any((a.producer_id, a.last_offset) not in known for a in want):
                 log.warning("%s: transaction index disagrees with the log (missing or stale); rebuilt", path)
+            else:   # entries gone or shortened: the cleaner removed aborted records
+                log.debug("%s: transaction index follows the cleaned segment", path)
             self.rewritten_files += 1
             if not want:
                 path.unlink(missing_ok=True)

@@ -167,7 +167,7 @@ def test_retention_deletes_the_txnindex_with_its_segment(tmp_path):
     lg.close()
 
 
-def test_cleaner_does_not_pass_open_or_aborted_transactions(tmp_path, clock):
+def test_cleaner_stops_at_open_transactions_and_cleans_aborted_ones(tmp_path, clock):
     from partitions.log.cleaner import LogCleaner
 
     lg = Log.open(tmp_path / "t-0", LogConfig(cleanup_policy="compact", segment_bytes=200), clock=clock)
@@ -183,10 +183,11 @@ def test_cleaner_does_not_pass_open_or_aborted_transactions(tmp_path, clock):
     lg.append_as_leader(build_marker_batch(5, 0, commit=False), 0)
     lg.roll()
     lg.update_high_watermark(lg.log_end_offset)
-    assert cleaner.cleanable_range(lg) == (0, 3)       # and at the aborted one (not dropped yet)
-    cleaner.clean(lg)
-    # the aborted "open" value never shadows the committed v2 of key k
-    assert b"v2" in committed_values(lg), committed_values(lg)
+    assert cleaner.cleanable_range(lg) == (0, 8)       # aborted: cleaned over
+    assert cleaner.clean(lg).aborted_records_removed == 1
+    # the aborted "open" value never shadows the committed v2 of key k, and is gone
+    assert committed_values(lg) == [b"v2", b"w2"], committed_values(lg)
+    assert b"open" not in [r.value for r in decode_batches(lg.read(0, 1 << 20).records)]
     lg.close()
 
 
