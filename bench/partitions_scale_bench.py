@@ -13,6 +13,9 @@ and 3 brokers, as `cluster up --nodes 3` runs them, on free ports. Prints:
 - kill -9 of the broker leading the most partitions (about a third): time until every
   partition it led is writable again (produce to each, retried until it answers 200),
   as a distribution over those partitions.
+`--log-layer N` instead measures one broker's log layer in-process (no cluster): N logs
+created through `LogManager.create_logs` in batches of 512 (as the replica manager does),
+then one append to each (no flush: brokers leave that to flush.ms), printing ms per log, open descriptors and RSS per log.
 Figures are printed, not asserted (2 shared cores: expect noise).
 """
 from __future__ import annotations
@@ -176,6 +179,39 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
             row(f"leaders still on broker {victim} after the run", str(sum(1 for v in after.values() if v == victim)))
 
 
+def log_layer(n: int, base_dir: str) -> None:
+    """One broker's log layer for `n` partition replicas (see the module docstring)."""
+    from partitions.log.config import LogConfig
+    from partitions.log.log_manager import LogManager
+    from partitions.log.record_batch import Record, build_batch
+    pid = os.getpid()
+    m = LogManager([base_dir], LogConfig())
+    m.open_all()
+    rss0, fds0 = rss_mb(pid), open_fds(pid)
+    specs = [("scale", p, None) for p in range(n)]
+    t0 = time.perf_counter()
+    for i in range(0, n, 512):
+        m.create_logs(specs[i:i + 512])
+    created = time.perf_counter() - t0
+    row(f"{n} logs created (batches of 512)", f"{created * 1000 / n:.3f} ms/log")
+    batch = build_batch([Record(None, b"w", timestamp=1)])
+    t0 = time.perf_counter()
+    failed = 0
+    for lg in m.all_logs():
+        try:
+            lg.append_as_leader(batch, 0)
+        except OSError as e:
+            failed += 1
+            if failed == 1:
+                print(f"  first append failure: {e!r}")
+    written = time.perf_counter() - t0
+    row("first append to every log", f"{written * 1000 / n:.3f} ms/log")
+    row("appends failed (EMFILE before bounded descriptors)", str(failed))
+    row("open descriptors (growth)", str(open_fds(pid) - fds0))
+    row("RSS growth per log", f"{(rss_mb(pid) - rss0) * 1024 / n:.2f} KiB")
+    m.close()
+
+
 def main(argv: list | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--partitions", type=int, default=10_000, help="partitions per topic")
@@ -183,7 +219,12 @@ def main(argv: list | None = None) -> None:
     ap.add_argument("--rf", type=int, default=3)
     ap.add_argument("--controllers", type=int, default=3, help="3: as cluster up --nodes 3")
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (broker logs for a post-mortem)")
+    ap.add_argument("--log-layer", type=int, metavar="N", help="measure N logs in-process instead (no cluster)")
     args = ap.parse_args(argv)
+    if args.log_layer:
+        with tempfile.TemporaryDirectory(prefix="kraftlog-logs-", dir=args.keep) as d:
+            log_layer(args.log_layer, d)
+        return
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
         run(args.partitions, args.topics, args.rf, args.keep, args.controllers)
