@@ -1,7 +1,7 @@
 """Spark connector benchmark: `python -m bench.spark_bench [--rows 1000000] [--bootstrap URL]`.
 
 Measures rows/s of the kraftlog data source with 100-byte values, batch write and batch
-read through Spark (local[2]), next to baselines measured in the same run against the
+read through Spark (local[2]) (writes: idempotent, at-least-once, transactional), next to baselines measured in the same run against the
 same broker without Spark:
 
 - write baseline: one Python process encodes batches from Arrow columns and POSTs them
@@ -82,7 +82,8 @@ def fetch_baseline(cluster, topic: str, partitions: int, decode: str) -> tuple:
     return rows, size, time.perf_counter() - t0
 
 
-def spark_write(spark, url: str, topic: str, rows: int, value_bytes: int, idempotence: bool = True) -> float:
+def spark_write(spark, url: str, topic: str, rows: int, value_bytes: int, idempotence: bool = True,
+                transactional_id: str | None = None) -> float:
     from pyspark.sql import functions as F
 
     df = spark.range(rows, numPartitions=2).select(
@@ -90,7 +91,9 @@ def spark_write(spark, url: str, topic: str, rows: int, value_bytes: int, idempo
                  F.repeat(F.lit("x"), value_bytes - 10)).cast("binary").alias("value"))
     t0 = time.perf_counter()
     df.write.format("kraftlog").option("kraftlog.bootstrap.servers", url).option("topic", topic) \
-        .option("kraftlog.enable.idempotence", str(idempotence).lower()).mode("append").save()
+        .option("kraftlog.enable.idempotence", str(idempotence).lower()) \
+        .options(**({"kraftlog.transactional.id": transactional_id} if transactional_id else {})) \
+        .mode("append").save()
     return time.perf_counter() - t0
 
 
@@ -227,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         results.append(("write: Spark df.write, idempotent (default)", n, n * vb, best))
         best = min(spark_write(spark, url, topic(), n, vb, idempotence=False) for _ in range(args.repeat))
         results.append(("write: Spark df.write, idempotence=false", n, n * vb, best))
+        best = min(spark_write(spark, url, topic(), n, vb, transactional_id="bench-" + uuid.uuid4().hex[:8])
+                   for _ in range(args.repeat))
+        results.append(("write: Spark df.write, kraftlog.transactional.id", n, n * vb, best))
 
         # reads of one topic holding n rows
         data = topic()
@@ -261,9 +267,11 @@ def main(argv: list[str] | None = None) -> None:
     spark_write_rps = results[1][1] / results[1][3]
     base_write_rps = results[0][1] / results[0][3]
     plain_write_rps = results[2][1] / results[2][3]
+    txn_write_rps = results[3][1] / results[3][3]
     print(f"\nSpark read / Arrow-decode baseline: {spark_read_rps / arrow_rps:.2f}; "
           f"Spark write / raw-produce baseline: {spark_write_rps / base_write_rps:.2f}; "
-          f"idempotent write / at-least-once write: {spark_write_rps / plain_write_rps:.2f}")
+          f"idempotent write / at-least-once write: {spark_write_rps / plain_write_rps:.2f}; "
+          f"transactional write / idempotent write: {txn_write_rps / spark_write_rps:.2f}")
     if latency:
         print(f"\nexample pipeline (clickstream, 1 s trigger, {args.pipeline_clicks} clicks a second): "
               f"{latency['batches']} micro-batches with input, duration p50 {latency['batch_p50']:.0f} ms "
