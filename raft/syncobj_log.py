@@ -85,7 +85,9 @@ class RaftConfig:
     # forces no election; a node above the leader's term elects the old way after this grace.
     # Opt-in for now: with it on, one fresh 3-controller cluster elected no active
     # controller within 20 s (1 of 3 full-suite runs) and a metadata bench run saw 4 s
-    # first writes after kill -9 in 2 of 5 failovers; neither is diagnosed yet.
+    # first writes after kill -9 in 2 of 5 failovers. Two likely causes are fixed since
+    # (pre-votes lost to the handshake race, frame_guard.py; a lagging term refused for
+    # ever, prevote.py), but no full-suite or long chaos run has been done with it on.
     prevote: bool = False
     prevote_stale_leader_grace_s: float = 2.0
     # the longest election timeout after failed elections (binary exponential backoff from
