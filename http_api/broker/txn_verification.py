@@ -8,7 +8,8 @@ AddPartitionsToTxn verifyOnly). The cache and guard rules are in
 partitions/transactions/verification.py. Refusals: INVALID_TXN_STATE (not in the
 transaction), PRODUCER_FENCED / INVALID_PRODUCER_ID_MAPPING; the coordinator being
 unavailable, moving or completing the transaction is retriable (the Kafka listener answers
-those NOT_ENOUGH_REPLICAS, as Kafka 3.6+ does, so old clients retry).
+those NOT_ENOUGH_REPLICAS, as Kafka 3.6+ does, so old clients retry; PRODUCER_FENCED is
+INVALID_PRODUCER_EPOCH there, Produce's fencing error, which clients treat as fatal).
 
 Hooks (a few lines each): the HTTP partition route for raw batches
 (http_api/broker/produce.py: the transactional id comes in `X-Kraftlog-Transactional-Id`,
@@ -100,6 +101,8 @@ class TransactionVerifier:
             if kafka and e.code in _KAFKA_RETRIABLE:
                 raise KraftlogError(ErrorCode.NOT_ENOUGH_REPLICAS,
                                     f"transaction verification: {e.code.name}: {e.message}") from None
+            if kafka and e.code is ErrorCode.PRODUCER_FENCED:   # as Kafka: Produce answers a fenced epoch so
+                raise KraftlogError(ErrorCode.INVALID_PRODUCER_EPOCH, e.message) from None
             raise
 
     async def _ask(self, txid: str, pid: int, epoch: int, tp: tuple[str, int]) -> None:

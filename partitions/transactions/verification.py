@@ -10,7 +10,8 @@ marker ever ends (a hanging transaction: the LSO is stuck).
 `VerificationCache` decides when a round trip is needed and remembers the answers:
 
 - no verification when the partition already has an open transaction of the producer at
-  that epoch (its first batch was verified; the marker will end it), nor when
+  that epoch (its first batch was verified; the marker will end it), nor when the partition
+  knows a newer epoch of the producer (the log refuses the batch as fenced), nor when
   (producer id, epoch) was verified on this partition since the producer's last marker
   there, under the same leader epoch (later batches of the same transaction cost nothing);
 - a `VerificationGuard` is taken *before* the request and checked right before the append
@@ -74,6 +75,8 @@ class VerificationCache:
                            leader_epoch: int) -> bool:
         if index is not None and producer_id in index.ongoing and index.epochs.get(producer_id) == producer_epoch:
             return False
+        if index is not None and index.epochs.get(producer_id, -1) > producer_epoch:
+            return False   # a fenced epoch: the log refuses the batch itself (INVALID_PRODUCER_EPOCH)
         entries = self._verified.get(tp)
         g = entries.get(producer_id) if entries else None
         if g is not None:

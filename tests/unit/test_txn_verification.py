@@ -68,6 +68,8 @@ def test_cache_skips_open_transactions_and_verified_producers_until_a_marker(tmp
     lg.append_as_leader(build_marker_batch(5, 0, commit=True), 1)   # the transaction ended
     assert cache.needs_verification(TP, lg.transactions, 5, 0, 1)
     assert cache.verifications == 2
+    lg.append_as_leader(build_marker_batch(5, 1, commit=False), 1)   # epoch 1 seen: epoch 0 is fenced,
+    assert not cache.needs_verification(TP, lg.transactions, 5, 0, 1)   # the log refuses it by itself
 
 
 def test_guard_taken_before_the_request_fails_when_a_marker_slips_in(tmp_path):
