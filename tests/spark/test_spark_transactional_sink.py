@@ -6,10 +6,10 @@ One broker and a controller run as processes; an input topic holds N records, ea
 own sequence key. The processing process (tests/spark/exactly_once_pipeline.py with
 `--sink-option kraftlog.transactional.id=<query>`) copies them to an output topic, each task
 of a micro-batch as one transaction under `<query>-<Spark partition>`. Its first run holds the
-task of input partition 2 of micro-batch 1 before its sink writes; once the other tasks'
+task of input partition 2 of micro-batch 0 before its sink writes; once the other tasks'
 transactions are committed (read_committed shows their output) and the micro-batch is not in
 the checkpoint's commit log, the whole processing process is killed with kill -9. The second
-run replays micro-batch 1: the tasks whose transaction committed find their micro-batch
+run replays micro-batch 0: the tasks whose transaction committed find their micro-batch
 marker and write nothing, the held one writes its rows (fencing the killed run's producer of
 its id), and the run goes on to the end of the input. Then: every input record exactly once
 under read_committed, every output batch transactional, and each task's marker at the last
@@ -31,11 +31,12 @@ from tests.rigs.cluster import ReplicatedCluster
 from tests.spark.helpers import checkpoint_batch_ids, checkpoint_end_offsets
 from tests.spark.test_spark_exactly_once_cluster import PipelineProcess, _wait
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
+# two Spark JVM start-ups on a loaded 2-core machine: generous
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
-RECORDS = 600
+RECORDS = 300
 PARTITIONS = 3
-PER_TRIGGER = 150            # 4 micro-batches of 50 records per input partition
+PER_TRIGGER = 150            # 2 micro-batches of 50 records per input partition
 HELD = 2                     # first run: the task of input partition 2 waits to be released
 
 
@@ -96,31 +97,30 @@ def test_transactional_stream_killed_mid_batch_writes_each_record_once(tmp_path)
 
         hold_dir = str(tmp_path / "hold")
         os.makedirs(hold_dir)
-        open(os.path.join(hold_dir, "release-0"), "w").close()
         args = ["--bootstrap", ",".join(c.urls), "--input", source, "--output", target, "--checkpoint", checkpoint,
                 "--max-offsets-per-trigger", str(PER_TRIGGER), "--sink-option", f"kraftlog.transactional.id={query_id}"]
         first = PipelineProcess(str(tmp_path / "pipeline-1.log"),
                                 args + ["--hold-dir", hold_dir, "--hold-partition", str(HELD)])
         runs.append(first)
-        _wait(lambda: os.path.exists(os.path.join(hold_dir, "held-1")), 240, "micro-batch 1's task held", [first])
-        # the other tasks of micro-batch 1 committed their transactions: read_committed shows them
-        want = consumed(0) + sum(consumed(1, [p]) - consumed(0, [p]) for p in range(PARTITIONS) if p != HELD)
-        _wait(lambda: sum(committed_keys().values()) >= want, 120,
-              f"micro-batch 1 half committed ({want} records visible)", [first], 0.3)
-        assert 1 not in checkpoint_batch_ids(checkpoint, "commits")
+        _wait(lambda: os.path.exists(os.path.join(hold_dir, "held-0")), 400, "micro-batch 0's task held", [first])
+        # the other tasks of micro-batch 0 committed their transactions: read_committed shows them
+        want = sum(consumed(0, [p]) for p in range(PARTITIONS) if p != HELD)
+        _wait(lambda: sum(committed_keys().values()) >= want, 240,
+              f"micro-batch 0 half committed ({want} records visible)", [first], 0.3)
+        assert 0 not in checkpoint_batch_ids(checkpoint, "commits")
         first.kill9()
         at_crash = sum(committed_keys().values())
-        assert consumed(0) < at_crash < consumed(1), "not half written"
-        print(f"\n{time.monotonic() - t0:6.1f} s  pipeline killed with micro-batch 1 half committed "
-              f"({at_crash - consumed(0)} of {consumed(1) - consumed(0)} records)")
+        assert 0 < at_crash < consumed(0), "not half written"
+        print(f"\n{time.monotonic() - t0:6.1f} s  pipeline killed with micro-batch 0 half committed "
+              f"({at_crash} of {consumed(0)} records)")
 
         second = PipelineProcess(str(tmp_path / "pipeline-2.log"), args)
         runs.append(second)
-        second.proc.wait(300)
+        second.proc.wait(400)
         assert second.proc.returncode == 0, second.log_tail()
         progress_line = next(line for line in second.log_tail(100_000).splitlines() if line.startswith("PROGRESS "))
         replayed = [b["batchId"] for b in json.loads(progress_line[len("PROGRESS "):])]
-        assert replayed[0] == 1, replayed   # the half-committed micro-batch ran again
+        assert replayed[0] == 0, replayed   # the half-committed micro-batch ran again
         print(f"{time.monotonic() - t0:6.1f} s  restarted run: micro-batches {replayed}")
 
         assert checkpoint_end_offsets(checkpoint, replayed[-1])[source] == {
