@@ -48,7 +48,9 @@ async def _stream(c: ReplicatedCluster, topic: str) -> tuple[list, dict]:
 
 
 def test_five_in_flight_keep_order_and_exactly_once_across_a_leader_kill(tmp_path):
-    with ReplicatedCluster(str(tmp_path), brokers=3, broker_config={"min_insync_replicas": 2}) as c:
+    c = ReplicatedCluster(str(tmp_path), brokers=3, broker_config={"min_insync_replicas": 2})
+    c.start(timeout=180)   # generous: process start takes a minute on a saturated 2-core machine
+    try:
         c.create_topic("f", partitions=1, replication_factor=3)
         t0 = time.monotonic()
         offsets, seen = asyncio.run(_stream(c, "f"))
@@ -56,6 +58,8 @@ def test_five_in_flight_keep_order_and_exactly_once_across_a_leader_kill(tmp_pat
               f"up to {seen['max_in_flight']} requests in flight")
         assert seen["max_in_flight"] > 1                           # really pipelined
         assert c.partition("f", 0)["leader"] != seen["victim"]
-        log = c.read_all("f", 0, timeout=60)
+        log = c.read_all("f", 0, timeout=120)
         assert [v for _, v in log] == [str(i) for i in range(RECORDS)]   # in order, once each, none lost
         assert offsets == [o for o, _ in log]                      # each future has its record's offset
+    finally:
+        c.close()
