@@ -435,7 +435,8 @@ class ReplicaState:
         part, lg = self.leader(tp)
         if leader_epoch is not None:
             check_leader_epoch(part, leader_epoch)
-        return lg.end_offset_for_epoch(epoch)
+        return leader_epoch_end_offset(epoch, part.leader_epoch, part.leader_epoch_start_offset,
+                                       lg.latest_epoch, lg.log_end_offset, lg.end_offset_for_epoch)
 
     def follower_fetched(self, tp: TopicPartition, replica_id: int, fetch_offset: int, now_ms: int,
                          broker_epoch: int = -1) -> Effects:
@@ -547,3 +548,26 @@ def leader_and_isr(registration: PartitionRegistration) -> LeaderAndIsr:
     """The LeaderAndIsr of a metadata PartitionRegistration."""
     return LeaderAndIsr(registration.leader, registration.leader_epoch, tuple(registration.replicas),
                         tuple(registration.isr), registration.partition_epoch)
+
+
+def leader_epoch_end_offset(requested_epoch: int, leader_epoch: int, leader_epoch_start_offset: int,
+                            cached_latest_epoch: int, log_end_offset: int,
+                            cached_end_offset_for_epoch: Callable[[int], tuple[int, int]]) -> tuple[int, int]:
+    """The leader's OffsetsForLeaderEpoch answer as if its own epoch were in its cache.
+
+    Kafka's leader records (leader epoch, LEO) in its epoch cache when it becomes leader
+    (`Partition.makeLeader` -> `maybeAssignEpochStartOffset`); our log records an epoch at its
+    first append. Until then a follower that had appended in an epoch above the cache's latest
+    (the previous leader's uncommitted tail) would be answered "unknown" (-1, -1) and
+    truncate its whole log (the chaos run of issue 24 lost every partition that way after a
+    new leader with a shorter log was elected). So epochs above the cache's latest are
+    answered from the current leadership: the current epoch ends at the LEO; an epoch between
+    the cache's latest and the current one ends where the current one started.
+    """
+    if requested_epoch < 0 or cached_latest_epoch >= leader_epoch or requested_epoch <= cached_latest_epoch:
+        return cached_end_offset_for_epoch(requested_epoch)
+    if requested_epoch == leader_epoch:
+        return requested_epoch, log_end_offset
+    if requested_epoch > leader_epoch:
+        return -1, -1
+    return (cached_latest_epoch if cached_latest_epoch >= 0 else requested_epoch), leader_epoch_start_offset
