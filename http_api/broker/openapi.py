@@ -87,7 +87,7 @@ _TRANSACTION_PATHS = {
         "requestBody": _obj_body(),
         "responses": {"200": _obj("{results: [{topic, partition, error}]}"),
                       "401": _err("SASL_AUTHENTICATION_FAILED: without the token of the cluster secret (brokers only)")}}},
-    "/internal/v1/transactions/{txid}/verify": {"post": {
+    "/internal/v1/transactions/{txid}/verify": {"parameters": [_X], "post": {
         "summary": "Broker-to-broker (KIP-890 part 1, AddPartitionsToTxn verifyOnly): are these partitions in "
                    "the producer's ongoing transaction? {producer_id, producer_epoch, partitions: [{topic, partition}]}",
         "requestBody": _obj_body(),
