@@ -35,18 +35,7 @@ _LEN_ATTRS = struct.Struct(">i9xh")   # batch_length, (epoch, magic, crc skipped
 
 # zigzag varint bytes of every value in [-8192, 8192): one table lookup per small field
 _SMALL = 8192
-
-
-def _encode_varint_slow(v: int) -> bytes:
-    z = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
+_encode_varint_slow = rb.encode_varint   # the log's encoder; the table below is its fast path
 _VARINT_TABLE = [_encode_varint_slow(v) for v in range(-_SMALL, _SMALL)]
 _T, _S = _VARINT_TABLE, _SMALL
 _F_OFFSETS, _F_TIMESTAMPS, _F_KEYS, _F_HEADERS = 0x01, 0x02, 0x04, 0x08   # the columnar section's flags

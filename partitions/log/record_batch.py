@@ -471,7 +471,8 @@ def encode_records_section(
     return b"".join(parts)
 
 
-def _varint(v: int) -> bytes:
+def encode_varint(v: int) -> bytes:
+    """Kafka's zigzag varint/varlong."""
     z = (v << 1) ^ (v >> 63)
     out = bytearray()
     while z > 0x7F:
@@ -486,7 +487,7 @@ def encode_kafka_records_section(records: Sequence[Record], timestamps: list[int
     """Kafka's varint records section (uncompressed) of `records`: the control batches'
     format here; the Kafka listener has a table-driven encoder for its fetch conversion."""
     out = []
-    vi = _varint
+    vi = encode_varint
     for i, r in enumerate(records):
         body = [b"\x00", vi(timestamps[i] - first_timestamp), vi(i if offset_deltas is None else offset_deltas[i])]
         for item in (r.key, r.value):
