@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 from http_api.broker.app import BROKER_KEY
 
@@ -177,26 +178,47 @@ async def test_a_client_that_stops_reading_holds_a_bounded_buffer(broker):
     routes.stream_buffer_bytes = 64 * 1024
     await create(c, "big")
     blob = "x" * 1000
-    for _ in range(8):
-        await produce(c, "big", [blob] * 1000)       # 8 MB, far above the buffer
-    before = broker.client.app[BROKER_KEY].metrics.fetch_bytes._value.get()
-    resp = await c.get("/v1/topics/big/partitions/0/records/stream?offset=0")
-    assert resp.status == 200
+    for _ in range(12):
+        await produce(c, "big", [blob] * 1000)       # 12 MB, far above the buffer
+    metrics = c.app[BROKER_KEY].metrics
+    before = metrics.fetch_bytes._value.get()
+    # a raw client whose receive buffer is fixed before it connects (Linux autotuning would
+    # otherwise let the kernel absorb tens of MB on loopback: tcp_rmem max here is 32 MB)
     loop = asyncio.get_running_loop()
-    # the client reads nothing: the broker stops reading the log once the socket and its
-    # buffer are full (kernel socket buffers + stream_buffer_bytes), far below the 8 MB
-    last, stable_since = -1, loop.time()
-    while loop.time() - stable_since < 1.0:
-        sent = broker.client.app[BROKER_KEY].metrics.fetch_bytes._value.get() - before
-        if sent != last:
-            last, stable_since = sent, loop.time()
-        await asyncio.sleep(0.1)
-    assert 0 < last < 6_000_000, last
-    # and reading resumes the stream where it paused
-    sse = SSE(resp)
-    ev = await sse.next_event()
-    assert ev["id"] == "0"
-    resp.close()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, (c.server.host, c.server.port))
+        await loop.sock_sendall(sock, b"GET /v1/topics/big/partitions/0/records/stream?offset=0 HTTP/1.1\r\n"
+                                      b"Host: x\r\nAccept: text/event-stream\r\n\r\n")
+        # the client reads nothing: the broker stops reading the log once the socket and its
+        # buffer are full (kernel send buffer, at most tcp_wmem max, + the small receive
+        # buffer + stream_buffer_bytes), far below the 12 MB
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            wmem_max = int(f.read().split()[2])
+        last, stable_since = -1, loop.time()
+        while loop.time() - stable_since < 1.0:
+            sent = metrics.fetch_bytes._value.get() - before
+            if sent != last:
+                last, stable_since = sent, loop.time()
+            await asyncio.sleep(0.1)
+        bound = wmem_max + 2 * sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) + routes.stream_buffer_bytes
+        assert 0 < last <= bound + 256 * 1024 and last < 10_000_000, (last, bound)
+        # and reading resumes the stream where it paused: the first event is offset 0
+        head = b""
+        while b"\nid: 0\n" not in head and b"\r\nid: 0\n" not in head:
+            chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), 30)
+            assert chunk, "the stream ended"
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 200"), head[:200]
+        # draining the socket lets the broker read on: more of the log is sent
+        deadline = loop.time() + 30
+        while metrics.fetch_bytes._value.get() - before <= last and loop.time() < deadline:
+            await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), 30)
+        assert metrics.fetch_bytes._value.get() - before > last
+    finally:
+        sock.close()
 
 
 async def test_read_committed_stream_waits_for_the_commit_and_skips_aborted_records(broker):
