@@ -20,19 +20,19 @@ from an upgraded broker, or read them with the broker version that wrote them.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from pathlib import Path
 
 from crc32c import crc32c as _crc32c
 
-from .record_batch import (ATTRIBUTES_OFFSET, COLUMNAR_MASK, CRC_OFFSET, HEADER_SIZE, LOG_OVERHEAD,
-                           MAGIC)
+from .errors import CorruptRecordError
+from .record_batch import (ATTRIBUTES_OFFSET, COLUMNAR_MASK, CRC_OFFSET, H_ATTRIBUTES, H_BATCH_LENGTH, H_CRC,
+                           H_MAGIC, LOG_OVERHEAD, MAGIC)
+from .segment import scan_raw_batches
 
 RECORD_FORMAT_FILE = "record-format"
 RECORD_FORMAT_VERSION = 2  # 1: every batch columnar, bit 7 clear; 2: bit 7 says columnar
-_LEN_EPOCH_MAGIC_CRC_ATTR = struct.Struct(">iibIh")
 
 
 class LogDirFormatError(RuntimeError):
@@ -41,27 +41,28 @@ class LogDirFormatError(RuntimeError):
 
 def upgrade_segment_file(path: Path) -> int:
     """Set bit 7 (columnar) on every whole, CRC-valid batch of a version 1 segment file that
-    lacks it, recomputing its CRC in place. Returns the number of batches changed."""
-    size = path.stat().st_size
-    if size < HEADER_SIZE:
-        return 0
+    lacks it, recomputing its CRC in place (the log's batch walker, segment.scan_raw_batches,
+    finds the batches). Stops at a partial or corrupt batch: log recovery truncates there.
+    Returns the number of batches changed."""
     changed = 0
-    with open(path, "r+b") as f, mmap.mmap(f.fileno(), size) as mm:
-        pos = 0
-        while pos + HEADER_SIZE <= size:
-            blen, _epoch, magic, crc, attrs = _LEN_EPOCH_MAGIC_CRC_ATTR.unpack_from(mm, pos + 8)
-            end = pos + LOG_OVERHEAD + blen
-            if blen < HEADER_SIZE - LOG_OVERHEAD or end > size or magic != MAGIC:
-                break  # a partial or corrupt tail: log recovery truncates it
-            if not attrs & COLUMNAR_MASK:
-                if _crc32c(memoryview(mm)[pos + ATTRIBUTES_OFFSET:end]) != crc:
-                    break  # corrupt: leave it to log recovery
-                struct.pack_into(">h", mm, pos + ATTRIBUTES_OFFSET, attrs | COLUMNAR_MASK)
-                struct.pack_into(">I", mm, pos + CRC_OFFSET, _crc32c(memoryview(mm)[pos + ATTRIBUTES_OFFSET:end]))
-                changed += 1
-            pos = end
-        if changed:
-            mm.flush()
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for pos, h in scan_raw_batches(fd, 0, os.fstat(fd).st_size):
+            if h[H_MAGIC] != MAGIC:
+                break
+            if h[H_ATTRIBUTES] & COLUMNAR_MASK:
+                continue
+            batch = bytearray(os.pread(fd, LOG_OVERHEAD + h[H_BATCH_LENGTH], pos))
+            if _crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]) != h[H_CRC]:
+                break
+            struct.pack_into(">h", batch, ATTRIBUTES_OFFSET, h[H_ATTRIBUTES] | COLUMNAR_MASK)
+            struct.pack_into(">I", batch, CRC_OFFSET, _crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+            os.pwrite(fd, bytes(batch[CRC_OFFSET:ATTRIBUTES_OFFSET + 2]), pos + CRC_OFFSET)   # CRC, attributes
+            changed += 1
+    except CorruptRecordError:
+        pass   # a torn tail: log recovery truncates it
+    finally:
+        os.close(fd)
     return changed
 
 

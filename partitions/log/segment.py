@@ -190,6 +190,75 @@ def parse_segment_base(name: str) -> int | None:
     return None
 
 
+def scan_raw_batches(
+    fd: int, start_position: int, end: int, *, base_offset: int | None = None, validate: bool = False,
+    contiguous: bool = False,
+) -> Iterator[tuple[int, tuple]]:
+    """Walk the batches of a segment file from `start_position` to `end` (positions, not
+    offsets), reading through `fd` with pread: yield (position, raw header tuple, see
+    record_batch.H_*) per batch. Raises CorruptRecordError at the first torn or invalid batch,
+    after yielding every batch before it. The one batch walker of a segment file:
+    `LogSegment.scan_raw` (recovery, scans) and the record format upgrade
+    (record_format.upgrade_segment_file) both use it.
+
+    validate=True checks each batch (CRC, magic, codec, counts: `validate_batch_raw`) and that
+    leader epochs never decrease. With `base_offset` (the segment's), batches below it or
+    beyond its relative offsets are corrupt, and contiguous=True also requires each batch to
+    start where the previous one ended (the first at `base_offset` when scanning from 0);
+    None skips the offset checks."""
+    pos = start_position
+    buf = b""
+    buf_start = pos
+    read_bytes = _RECOVERY_READ_BYTES if validate else _SCAN_READ_BYTES
+    expected = base_offset if (contiguous and start_position == 0) else None
+    last_epoch = -1
+    size = 0
+    seg_base = base_offset
+    unpack_length = _LENGTH.unpack_from
+    unpack_header = _HEADER.unpack_from
+    while pos < end:
+        rel = pos - buf_start
+        if len(buf) - rel < HEADER_SIZE:
+            # header-only scans of large batches read just the next header
+            want = HEADER_SIZE if (not validate and size > _SCAN_READ_BYTES // 4) else read_bytes
+            buf = os.pread(fd, min(want, end - pos), pos)
+            buf_start, rel = pos, 0
+            if len(buf) < HEADER_SIZE:
+                raise CorruptRecordError(f"torn batch header at position {pos} ({len(buf)} bytes left)")
+        _, length = unpack_length(buf, rel)
+        size = LOG_OVERHEAD + length
+        if length < _MIN_BATCH_LENGTH or pos + size > end:
+            raise CorruptRecordError(f"batch at position {pos} has length {length} beyond the file end {end}")
+        if validate:
+            if len(buf) - rel < size:
+                buf = os.pread(fd, max(read_bytes, size), pos)
+                buf_start, rel = pos, 0
+            h = validate_batch_raw(buf, rel)
+        else:
+            h = unpack_header(buf, rel)
+        if seg_base is not None:
+            base = h[H_BASE_OFFSET]
+            if base < seg_base or (expected is not None and base < expected):
+                raise CorruptRecordError(
+                    f"batch at position {pos} has base offset {base}, expected >= "
+                    f"{expected if expected is not None else seg_base}"
+                )
+            if contiguous and expected is not None and base != expected:
+                raise CorruptRecordError(f"batch at position {pos} has base offset {base}, expected {expected}")
+            expected = base + h[H_LAST_OFFSET_DELTA] + 1
+            if expected - 1 - seg_base > _MAX_RELATIVE_OFFSET:
+                raise CorruptRecordError(f"batch at position {pos} overflows the segment's relative offsets")
+        if validate:
+            epoch = h[H_LEADER_EPOCH]
+            if epoch < last_epoch:
+                raise CorruptRecordError(
+                    f"batch at position {pos} has leader epoch {epoch}, below the previous batch's {last_epoch}"
+                )
+            last_epoch = epoch
+        yield pos, h
+        pos += size
+
+
 class LogSegment:
     """A segment file with its sparse offset and time indexes (see module docstring)."""
 
@@ -361,63 +430,10 @@ class LogSegment:
         used by recovery. The segment stays pinned until the generator ends."""
         fd = self._acquire()
         try:
-            yield from self._scan_raw(fd, start_position, validate, contiguous)
+            yield from scan_raw_batches(fd, start_position, self.size, base_offset=self.base_offset,
+                                        validate=validate, contiguous=contiguous)
         finally:
             self._release()
-
-    def _scan_raw(self, fd: int, start_position: int, validate: bool, contiguous: bool
-                  ) -> Iterator[tuple[int, tuple]]:
-        end = self.size
-        pos = start_position
-        buf = b""
-        buf_start = pos
-        read_bytes = _RECOVERY_READ_BYTES if validate else _SCAN_READ_BYTES
-        expected = self.base_offset if (contiguous and start_position == 0) else None
-        last_epoch = -1
-        size = 0
-        seg_base = self.base_offset
-        unpack_length = _LENGTH.unpack_from
-        unpack_header = _HEADER.unpack_from
-        while pos < end:
-            rel = pos - buf_start
-            if len(buf) - rel < HEADER_SIZE:
-                # header-only scans of large batches read just the next header
-                want = HEADER_SIZE if (not validate and size > _SCAN_READ_BYTES // 4) else read_bytes
-                buf = os.pread(fd, min(want, end - pos), pos)
-                buf_start, rel = pos, 0
-                if len(buf) < HEADER_SIZE:
-                    raise CorruptRecordError(f"torn batch header at position {pos} ({len(buf)} bytes left)")
-            _, length = unpack_length(buf, rel)
-            size = LOG_OVERHEAD + length
-            if length < _MIN_BATCH_LENGTH or pos + size > end:
-                raise CorruptRecordError(f"batch at position {pos} has length {length} beyond the file end {end}")
-            if validate:
-                if len(buf) - rel < size:
-                    buf = os.pread(fd, max(read_bytes, size), pos)
-                    buf_start, rel = pos, 0
-                h = validate_batch_raw(buf, rel)
-            else:
-                h = unpack_header(buf, rel)
-            base = h[H_BASE_OFFSET]
-            if base < seg_base or (expected is not None and base < expected):
-                raise CorruptRecordError(
-                    f"batch at position {pos} has base offset {base}, expected >= "
-                    f"{expected if expected is not None else seg_base}"
-                )
-            if contiguous and expected is not None and base != expected:
-                raise CorruptRecordError(f"batch at position {pos} has base offset {base}, expected {expected}")
-            expected = base + h[H_LAST_OFFSET_DELTA] + 1
-            if expected - 1 - seg_base > _MAX_RELATIVE_OFFSET:
-                raise CorruptRecordError(f"batch at position {pos} overflows the segment's relative offsets")
-            if validate:
-                epoch = h[H_LEADER_EPOCH]
-                if epoch < last_epoch:
-                    raise CorruptRecordError(
-                        f"batch at position {pos} has leader epoch {epoch}, below the previous batch's {last_epoch}"
-                    )
-                last_epoch = epoch
-            yield pos, h
-            pos += size
 
     def recover(
         self, on_batch: Callable[[tuple], None] | None = None, *, contiguous: bool | None = None
