@@ -6,6 +6,7 @@ synchronous wrappers (`SyncProducer`, `SyncConsumer`, `SyncAdminClient`).
 | `transport.py` | bootstrap URLs, the aiohttp session, typed errors; cached metadata (leaders) |
 | `producer.py` | batching, ordered, idempotent, retrying `Producer` |
 | `consumer.py` | long-polling `Consumer`: positions, seek, group commits |
+| `columns.py` | `RecordColumns`: a batch's records as columns, for `Consumer.poll_columns` |
 | `admin.py` | `AdminClient`: topics, metadata, groups |
 | `groups.py` | `GroupMembership`: join + heartbeat task behind `Consumer.subscribe` |
 | `exactly_once.py` | consume-transform-produce with the input position in the output headers |
@@ -14,10 +15,11 @@ synchronous wrappers (`SyncProducer`, `SyncConsumer`, `SyncAdminClient`).
 `from http_api.client import Producer, Consumer, AdminClient` is the public entry point.
 """
 from http_api.client.admin import AdminClient
+from http_api.client.columns import BytesColumn, RecordColumns
 from http_api.client.consumer import Consumer, ConsumerRecord
 from http_api.client.producer import Producer, RecordMetadata
 from http_api.client.sync import SyncAdminClient, SyncConsumer, SyncProducer
 from http_api.client.transport import DEFAULT_URL, default_bootstrap
 
-__all__ = ["AdminClient", "Consumer", "ConsumerRecord", "Producer", "RecordMetadata", "SyncAdminClient",
+__all__ = ["AdminClient", "BytesColumn", "Consumer", "ConsumerRecord", "RecordColumns", "Producer", "RecordMetadata", "SyncAdminClient",
            "SyncConsumer", "SyncProducer", "DEFAULT_URL", "default_bootstrap"]

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from http_api.client.admin import AdminClient
+from http_api.client.columns import RecordColumns
 from http_api.client.consumer import Consumer, ConsumerRecord
 from http_api.client.producer import Producer
 
@@ -83,6 +84,9 @@ class SyncConsumer(_SyncWrapper):
 
     def poll(self, timeout_ms: int | None = None) -> list[ConsumerRecord]:
         return self._lt.run(self._inner.poll(timeout_ms))
+
+    def poll_columns(self, timeout_ms: int | None = None) -> list[RecordColumns]:
+        return self._lt.run(self._inner.poll_columns(timeout_ms))
 
     def position(self, tp) -> int:
         return self._lt.run(self._inner.position(tp))
