@@ -20,7 +20,8 @@ Operations on one transactional id are serialised by a lock per id.
 Routes (API.md, Transactions):
   POST /v1/transactions/{txid}/init     {"transaction_timeout_ms"?} -> {"producer_id", "producer_epoch"}
   POST /v1/transactions/{txid}/records  {"producer_id", "producer_epoch", "records": [{"topic",
-                                         "partition"?, "key"?, "value", "headers"?}]} -> {"offsets": [...]}
+                                         "partition"?, "key"?, "value", "headers"?}], "sequences"?: [{"topic",
+                                         "partition", "base_sequence"}]} -> {"offsets": [...]}
   POST /v1/transactions/{txid}/offsets  {"producer_id", "producer_epoch", "group", "offsets": [...]}
   POST /v1/transactions/{txid}/commit   {"producer_id", "producer_epoch"}
   POST /v1/transactions/{txid}/abort    {"producer_id", "producer_epoch"}
@@ -90,6 +91,37 @@ def _int_field(doc: dict, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{name}: an integer is required (from init)")
     return v
+
+
+def _sequences(doc: dict, items: list, placed: dict[tuple[str, int], list[int]]) -> dict[tuple[str, int], int]:
+    """The records body's optional `"sequences": [{"topic", "partition", "base_sequence"}]`:
+    the client's base sequence per partition under its (producer id, epoch), as a Kafka
+    transactional producer assigns them, so the leader's producer state answers a resent
+    request with the original offsets instead of appending again. With sequences, every
+    record names its partition and every written partition has exactly one entry; without
+    them the batches carry sequence -1 (no duplicate detection)."""
+    raw = doc.get("sequences")
+    if raw is None:
+        return {}
+    hint = 'sequences: a list of {"topic", "partition", "base_sequence" >= 0}, one per partition written'
+    if not isinstance(raw, list):
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, hint)
+    out: dict[tuple[str, int], int] = {}
+    for s in raw:
+        if not isinstance(s, dict):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, hint)
+        t, p, seq = s.get("topic"), s.get("partition"), s.get("base_sequence")
+        if (not isinstance(t, str) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (p, seq))
+                or (t, p) in out):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST, hint)
+        out[(t, p)] = seq
+    for i, item in enumerate(items):
+        if item.get("partition") is None:
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                f"records[{i}].partition is required with sequences (the client places records)")
+    if set(out) != set(placed):
+        raise KraftlogError(ErrorCode.INVALID_REQUEST, f"{hint}: got {sorted(out)} for partitions {sorted(placed)}")
+    return out
 
 
 class _Loaded:
@@ -593,6 +625,7 @@ class TransactionCoordinator:
                     raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                         f"records[{i}].partition: topic {t!r} has partitions 0..{n - 1}, not {p}")
                 placed.setdefault((t, p), []).append(i)
+            sequences = _sequences(doc, items, placed)
             md = ld.state.add_partitions(txid, pid, epoch, list(placed), self.clock.now_ms())
             if md is not None:
                 await self._write(ld, md)  # the partitions join before any record is written
@@ -601,7 +634,7 @@ class TransactionCoordinator:
                 results = await asyncio.gather(*(
                     self.produce._append_anywhere(t, p, [ptxn.build_transactional_batch(
                         [rb.Record(parsed[i].key, parsed[i].value, tuple(parsed[i].headers), parsed[i].timestamp)
-                         for i in idx], pid, epoch)], ACKS_ALL)
+                         for i in idx], pid, epoch, base_sequence=sequences.get((t, p), -1))], ACKS_ALL)
                     for (t, p), idx in placed.items()))
             finally:
                 FORWARDING_TRANSACTIONAL_ID.reset(token)
@@ -611,8 +644,8 @@ class TransactionCoordinator:
                     if res.code is ErrorCode.INVALID_PRODUCER_EPOCH:
                         raise KraftlogError(ErrorCode.PRODUCER_FENCED, f"{t}-{p}: {res.message}")
                     raise res
-                for j, i in enumerate(idx):
-                    offsets[i] = {"topic": t, "partition": p, "offset": res + j}
+                for j, i in enumerate(idx):   # a duplicate older than the leader's 5 cached batches: -1
+                    offsets[i] = {"topic": t, "partition": p, "offset": res + j if res >= 0 else -1}
             return _json({"offsets": offsets})
         return await self.route(request, go)
 

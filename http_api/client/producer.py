@@ -41,7 +41,15 @@ same id), `begin_transaction()` opens a transaction locally, `send()` buffers it
 (written through `POST /v1/transactions/{id}/records` on `flush()`, when
 `batch_size_bytes` fill, or at commit), `send_offsets_to_transaction()` adds group
 offsets, and `commit_transaction()` / `abort_transaction()` end it. A fenced producer gets
-PRODUCER_FENCED and must be closed.
+PRODUCER_FENCED and must be closed. As Kafka's transactional producer is idempotent, the
+producer places each record on its partition itself and gives every records request
+per-partition base sequences under its (producer id, epoch) (the `"sequences"` field):
+a request whose answer was lost (timeout, dropped connection, another broker tried) is
+resent as it was and the leaders answer the batches already written with their original
+offsets instead of appending them again. Sequences continue across commits and aborts
+within an epoch. A records request that still fails leaves its sequences unknown: the
+transaction can then only be aborted, and `abort_transaction()` re-initialises the
+transactional id (a new epoch, sequences from 0; Kafka's KIP-360 epoch bump).
 """
 from __future__ import annotations
 
@@ -192,6 +200,9 @@ class Producer:
         self._in_transaction = False
         self._txn_buffer: list[tuple[dict, asyncio.Future]] = []
         self._txn_buffer_bytes = 0
+        self._txn_sequences: dict[tuple[str, int], int] = {}   # tp -> next sequence in this epoch
+        self._txn_sequences_unknown = False   # a records request failed: abort, then a new epoch
+        self._txn_records_lock = asyncio.Lock()   # one records request at a time: sequences in order
         self.t = Transport(bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, session=session,
                            request_attempt_timeout_ms=request_attempt_timeout_ms,
                            connect_timeout_ms=connect_timeout_ms,
@@ -556,16 +567,11 @@ class Producer:
             raise RuntimeError("call init_transactions() first")
         return {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch}
 
-    # retriable errors a records request gets before anything was written (others, such as a
-    # lost connection or a timeout, leave it unknown whether the records were written: a resend
-    # could write them twice, so they are raised and the application aborts the transaction)
-    _RECORDS_RETRIABLE = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                                    ErrorCode.CONCURRENT_TRANSACTIONS})
-
     async def _txn_call(self, what: str, doc: dict) -> dict:
         """POST to the coordinator (any broker forwards); retries retriable errors
-        (CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, ...) with backoff within delivery_timeout_ms;
-        records requests only those that prove nothing was written."""
+        (CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, a lost answer, ...) with backoff within
+        delivery_timeout_ms. A records request is resent exactly as it was: its sequences
+        make the leaders answer what the first attempt wrote instead of writing it again."""
         deadline = time.monotonic() + self.delivery_timeout_s
         backoff = self.retry_backoff_s
         while True:
@@ -573,16 +579,18 @@ class Producer:
                 _, body = await self.t.bootstrap_json("POST", self._txn_path(what), json_body=doc)
                 return body or {}
             except KraftlogError as e:
-                retry = e.code in self._RECORDS_RETRIABLE if what == "records" else e.code.retriable
-                if not retry or time.monotonic() + backoff > deadline:
+                if not e.code.retriable or time.monotonic() + backoff > deadline:
                     raise
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.retry_backoff_max_s)
 
     async def init_transactions(self) -> None:
-        """Get this transactional id's producer id and epoch (fences older producers of it)."""
+        """Get this transactional id's producer id and epoch (fences older producers of it);
+        sequences start from 0 in the new epoch."""
         doc = await self._txn_call("init", {"transaction_timeout_ms": self.transaction_timeout_ms})
         self.producer_id, self.producer_epoch = int(doc["producer_id"]), int(doc["producer_epoch"])
+        self._txn_sequences.clear()
+        self._txn_sequences_unknown = False
 
     def begin_transaction(self) -> None:
         self._ids()
@@ -602,8 +610,8 @@ class Producer:
         if headers:
             items = headers.items() if isinstance(headers, dict) else headers
             rec["headers"] = {k: v.decode() if isinstance(v, (bytes, bytearray)) else v for k, v in items}
-        if partition is not None:
-            rec["partition"] = partition
+        # placed here, as Kafka's producer does: sequences are per partition
+        rec["partition"] = await self._partition_for(topic, key.encode() if isinstance(key, str) else key, partition)
         if timestamp is not None:
             rec["timestamp"] = timestamp
         fut = asyncio.get_running_loop().create_future()
@@ -613,17 +621,36 @@ class Producer:
             await self._flush_transactional()
         return fut
 
+    def _check_sequences_known(self) -> None:
+        if self._txn_sequences_unknown:
+            raise KraftlogError(ErrorCode.INVALID_TXN_STATE,
+                                "a records request of this transaction failed, so what it wrote is unknown: "
+                                "abort_transaction() (which starts a new producer epoch), then begin again")
+
     async def _flush_transactional(self) -> None:
-        buffered, self._txn_buffer, self._txn_buffer_bytes = self._txn_buffer, [], 0
-        if not buffered:
-            return
-        try:
-            doc = await self._txn_call("records", {**self._ids(), "records": [r for r, _ in buffered]})
-        except BaseException as e:
-            for _, fut in buffered:
-                if not fut.done():
-                    fut.set_exception(e)
-            raise
+        async with self._txn_records_lock:
+            buffered, self._txn_buffer, self._txn_buffer_bytes = self._txn_buffer, [], 0
+            if not buffered:
+                return
+            try:
+                self._check_sequences_known()
+                counts: dict[tuple[str, int], int] = {}
+                for r, _ in buffered:
+                    tp = (r["topic"], r["partition"])
+                    counts[tp] = counts.get(tp, 0) + 1
+                sequences = [{"topic": t, "partition": p, "base_sequence": self._txn_sequences.get((t, p), 0)}
+                             for t, p in counts]
+                doc = await self._txn_call("records", {**self._ids(), "records": [r for r, _ in buffered],
+                                                       "sequences": sequences})
+            except BaseException as e:
+                if not isinstance(e, KraftlogError) or e.code is not ErrorCode.INVALID_TXN_STATE:
+                    self._txn_sequences_unknown = True   # some batches may be written: a new epoch is needed
+                for _, fut in buffered:
+                    if not fut.done():
+                        fut.set_exception(e)
+                raise
+            for tp, n in counts.items():   # sequences wrap at 2**31 - 1, as the leader's
+                self._txn_sequences[tp] = (self._txn_sequences.get(tp, 0) + n) & 0x7FFFFFFF
         for (_, fut), o in zip(buffered, doc["offsets"]):
             if not fut.done():
                 fut.set_result(RecordMetadata(o["topic"], o["partition"], o["offset"]))
@@ -641,6 +668,7 @@ class Producer:
         if not self._in_transaction:
             raise RuntimeError("no transaction is open")
         await self._flush_transactional()
+        self._check_sequences_known()   # Kafka: no commit after a failed send
         await self._txn_call("commit", self._ids())
         self._in_transaction = False
 
@@ -655,6 +683,8 @@ class Producer:
                 fut.exception()
         await self._txn_call("abort", self._ids())
         self._in_transaction = False
+        if self._txn_sequences_unknown:   # what a failed records request wrote is aborted now
+            await self.init_transactions()
 
     async def flush(self) -> None:
         """Send everything buffered and wait for the answers."""

@@ -177,3 +177,40 @@ async def test_read_committed_long_poll_waits_for_the_lso_instead_of_spinning(br
     await _post(c, "/v1/transactions/tx-poll/commit", prod)
     doc = await (await poll).json()
     assert [x["value"] for x in doc["records"]] == ["p-txa-0"] and time.monotonic() - t0 < 15, doc
+
+
+async def test_a_resent_records_request_with_sequences_is_stored_once(broker):
+    """A records request carrying the client's per-partition sequences, sent again (its answer
+    was lost), is answered with the original offsets and appends nothing; read_committed
+    shows each record once. Sequences continue after a commit; a gap is refused."""
+    c = broker.client
+    await _setup(c)
+    prod = await _init(c, "tx-seq")
+    body = {**prod, "records": _records("s") + _records("t"),
+            "sequences": [{"topic": t, "partition": p, "base_sequence": 0} for t, p in TP]}
+    first = await _post(c, "/v1/transactions/tx-seq/records", body)
+    again = await _post(c, "/v1/transactions/tx-seq/records", body)
+    assert again == first
+    assert [(o["topic"], o["partition"], o["offset"]) for o in first["offsets"]] == [
+        (t, p, o) for o in (0, 1) for t, p in TP]
+    assert len(await _values(c, "read_uncommitted")) == 6          # nothing appended twice
+    await _post(c, "/v1/transactions/tx-seq/commit", prod)
+    want = sorted((t, p, f"{tag}-{t}-{p}") for tag in "st" for t, p in TP)
+    assert await _values(c, "read_committed") == want
+    # the next transaction continues at sequence 2; a gap is OUT_OF_ORDER_SEQUENCE_NUMBER
+    gap = {**prod, "records": _records("g"),
+           "sequences": [{"topic": t, "partition": p, "base_sequence": 3} for t, p in TP]}
+    assert (await _post(c, "/v1/transactions/tx-seq/records", gap, status=409))["error_code"] == \
+        "OUT_OF_ORDER_SEQUENCE_NUMBER"
+    nxt = {**prod, "records": _records("n"),
+           "sequences": [{"topic": t, "partition": p, "base_sequence": 2} for t, p in TP]}
+    await _post(c, "/v1/transactions/tx-seq/records", nxt)
+    await _post(c, "/v1/transactions/tx-seq/records", nxt)
+    await _post(c, "/v1/transactions/tx-seq/commit", prod)
+    want += [(t, p, f"n-{t}-{p}") for t, p in TP]
+    assert await _values(c, "read_committed") == sorted(want)
+    # sequences need every record's partition and one entry per partition written
+    for bad in ({**nxt, "records": [{"topic": "txa", "value": "v"}]},
+                {**nxt, "sequences": nxt["sequences"][:1]},
+                {**nxt, "sequences": [{"topic": "txa", "partition": 0, "base_sequence": -1}]}):
+        assert (await _post(c, "/v1/transactions/tx-seq/records", bad, status=400))["error_code"] == "INVALID_REQUEST"

@@ -10,6 +10,8 @@ import time
 from broker_harness import running_broker
 from fake_controller import FakeControllerClient
 from http_api.broker.transactions import SERVICE_KEY
+from http_api.client import Producer
+from partitions.errors import ErrorCode, KraftlogError
 from partitions.transactions.coordinator import TxnState
 
 TPS = [("xa", 0), ("xa", 1), ("xb", 0)]
@@ -121,3 +123,49 @@ async def test_a_new_coordinator_finishes_a_prepare_commit_the_old_one_left(tmp_
 async def _loaded(coordinator):
     ld = coordinator.loaded.get(0)
     return ld is not None and ld.ready.done()
+
+
+async def _uncommitted_values(ctl, brokers):
+    out = []
+    for t, p in TPS:
+        leader = brokers[ctl.image.topics[t].partitions[p].leader]
+        r = await leader.client.get(f"/v1/topics/{t}/partitions/{p}/records?offset=0")
+        assert r.status == 200, await r.text()
+        out += [r_["value"] for r_ in (await r.json())["records"]]
+    return sorted(out)
+
+
+async def test_a_lost_records_answer_is_resent_by_the_client_and_stored_once(tmp_path):
+    """The Python transactional producer resends a records request whose answer was lost
+    (the request reached the coordinator, the connection dropped): its per-partition
+    sequences make the leaders, local and remote, answer the resend with the original
+    offsets. Each record is in the log once and read_committed shows it once."""
+    async with _cluster(tmp_path) as (ctl, brokers):
+        urls = [brokers[1].config.url, brokers[2].config.url]
+        async with Producer(urls, transactional_id="lost-answer", retry_backoff_ms=20) as prod:
+            real = prod.t.request
+            lost = []
+
+            async def drop_first_records_answer(method, url, **kw):
+                got = await real(method, url, **kw)   # written on the brokers
+                if url.endswith("/records") and "/transactions/" in url and len(lost) < 2:
+                    lost.append(url)
+                    raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"cannot reach broker at {url}: dropped")
+                return got
+            prod.t.request = drop_first_records_answer
+            await prod.init_transactions()
+            prod.begin_transaction()
+            futs = [await prod.send(t, f"a{t}{p}", partition=p) for t, p in TPS]
+            await prod.flush()                              # answer lost, resent
+            futs += [await prod.send(t, f"b{t}{p}", partition=p) for t, p in TPS]
+            await prod.commit_transaction()                 # answer lost again, resent
+            assert len(lost) == 2
+            offsets = sorted((m.topic, m.partition, m.offset) for m in (f.result() for f in futs))
+            assert offsets == sorted((t, p, o) for t, p in TPS for o in (0, 1))   # the original offsets
+            prod.begin_transaction()                        # sequences continue after the commit
+            for t, p in TPS:
+                await prod.send(t, f"c{t}{p}", partition=p)
+            await prod.commit_transaction()
+        want = sorted(f"{tag}{t}{p}" for tag in "abc" for t, p in TPS)
+        assert await _committed_values(ctl, brokers) == want
+        assert await _uncommitted_values(ctl, brokers) == want   # never appended twice

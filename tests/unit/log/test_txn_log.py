@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from partitions.log.config import LogConfig
-from partitions.log.errors import InvalidProducerEpochError
+from partitions.log.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from partitions.log.log import Log
 from partitions.log.record_batch import Record, build_batch, decode_batches
 from partitions.log.transactions import (
@@ -220,4 +220,40 @@ def test_clean_open_reads_the_snapshot_and_index_files_without_scanning(tmp_path
     lg = Log.open(d, LogConfig(), recovery_point=end, high_watermark=end, clean_shutdown=True)
     assert not lg.transactions.loaded_from_snapshot                # no snapshot: rebuilt from the log
     assert lg.transactions.ongoing == {4: 2}
+    lg.close()
+
+
+def seq_txn(values, pid, seq, epoch=0):
+    return build_transactional_batch([Record(None, v) for v in values], pid, epoch, base_sequence=seq)
+
+
+def test_transactional_batches_with_sequences_are_deduplicated_like_idempotent_ones(tmp_path):
+    """A transactional producer is idempotent (Kafka): a resent batch (lost answer) is answered
+    with its original offsets and not appended again; sequences continue per partition across
+    markers within an epoch, restart at 0 in a new epoch, and a gap is refused."""
+    lg = Log.open(tmp_path / "t-0", LogConfig())
+    first = lg.append_as_leader(seq_txn([b"a", b"b"], pid=3, seq=0), 0)      # 0-1
+    again = lg.append_as_leader(seq_txn([b"a", b"b"], pid=3, seq=0), 0)
+    assert (again.duplicate, again.first_offset, again.last_offset) == (True, 0, 1)
+    assert not first.duplicate and lg.log_end_offset == 2
+    assert lg.append_as_leader(seq_txn([b"c"], pid=3, seq=2), 0).first_offset == 2
+    lg.append_as_leader(build_marker_batch(3, 0, commit=True), 0)            # 3
+    # the next transaction of the same epoch continues the sequences after the marker
+    with pytest.raises(OutOfOrderSequenceError):
+        lg.append_as_leader(seq_txn([b"gap"], pid=3, seq=5), 0)
+    assert lg.append_as_leader(seq_txn([b"d"], pid=3, seq=3), 0).first_offset == 4
+    dup = lg.append_as_leader(seq_txn([b"d"], pid=3, seq=3), 0)
+    assert dup.duplicate and dup.first_offset == 4 and lg.log_end_offset == 5
+    lg.append_as_leader(build_marker_batch(3, 0, commit=False), 0)           # 5
+    # a new epoch (init after the abort) starts at sequence 0
+    with pytest.raises(OutOfOrderSequenceError, match="new epoch starts at 0"):
+        lg.append_as_leader(seq_txn([b"e"], pid=3, seq=4, epoch=1), 0)
+    assert lg.append_as_leader(seq_txn([b"e"], pid=3, seq=0, epoch=1), 0).first_offset == 6
+    lg.append_as_leader(build_marker_batch(3, 1, commit=True), 0)            # 7
+    assert committed_values(lg) == [b"a", b"b", b"c", b"e"]                  # each once, d aborted
+    lg.close()
+    # reopened (the producer state snapshot), a resend of the last batch is still recognised
+    lg = Log.open(tmp_path / "t-0", LogConfig())
+    dup = lg.append_as_leader(seq_txn([b"e"], pid=3, seq=0, epoch=1), 0)
+    assert dup.duplicate and dup.first_offset == 6 and lg.log_end_offset == 8
     lg.close()
