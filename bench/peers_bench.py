@@ -4,13 +4,14 @@ Each system with its own Python client (http_api.client / nats-py / redis-py), 1
 medians of `--rounds` interleaved rounds (round r runs every system before round r+1 starts):
 
 - async produce, 1 node: kraftlog Producer.send() per record (acks=1 and acks=all) and
-  Producer.send_batch() (columns, one future per batch); JetStream publish_async (file
-  storage); Redis XADD pipelined 1000 at a time;
+  Producer.send_batch() of 1000 and 5000 values (columns, one future per batch);
+  JetStream publish_async (file storage); Redis XADD pipelined 1000 at a time;
 - one record at a time, 1 node: p50 of awaiting each acknowledgement before the next send;
 - async produce / one at a time at 3 nodes RF=3, and send() with
   max_in_flight_requests_per_connection 1 vs 5 (kraftlog only: a 3-node JetStream cluster
   is not started here);
-- consume catch-up, 1 node: Consumer.poll() / JetStream pull fetch(1000) / XREAD COUNT 10000;
+- consume catch-up, 1 node: Consumer.poll() and Consumer.poll_columns() / JetStream pull
+  fetch(1000) / XREAD COUNT 10000;
 - produce -> consume p50 / p99 at RF=3 (kraftlog).
 
 A server that is not installed is skipped with how to install it (Debian: `apt-get install
@@ -64,14 +65,15 @@ def _wait_port(port: int, timeout_s: float = 20.0) -> None:
 
 # ---- kraftlog -------------------------------------------------------------------------
 
-async def kl_async_produce(url: str, topic: str, n: int, acks: str, batch: bool, in_flight: int = 5) -> float:
+async def kl_async_produce(url: str, topic: str, n: int, acks: str, batch: bool, in_flight: int = 5,
+                           batch_records: int = SEND_BATCH_RECORDS) -> float:
     from http_api.client import Producer
     async with Producer(url, acks=acks, linger_ms=5, batch_size_bytes=256 * 1024,
                         max_in_flight_requests_per_connection=in_flight) as p:
         t0 = time.perf_counter()
         if batch:
-            values = [VALUE] * SEND_BATCH_RECORDS
-            futs = [await p.send_batch(topic, values, partition=0) for _ in range(n // SEND_BATCH_RECORDS)]
+            values = [VALUE] * batch_records
+            futs = [await p.send_batch(topic, values, partition=0) for _ in range(n // batch_records)]
             await p.flush()
             assert all(f.result().offset >= 0 for f in futs)
         else:
@@ -102,6 +104,23 @@ async def kl_consume(url: str, topic: str, n: int) -> float:
         t0 = time.perf_counter()
         while got < n:
             got += len(await c.poll(timeout_ms=1000))
+        return got / (time.perf_counter() - t0)
+
+
+async def kl_consume_columns(url: str, topic: str, n: int) -> float:
+    """Consumer.poll_columns(): each batch's values as a column (views of the fetched bytes);
+    every value's length is read, as a consumer that looks at every record would."""
+    from http_api.client import Consumer
+    async with Consumer(url, auto_offset_reset="earliest", max_bytes=4 << 20, max_wait_ms=100) as c:
+        c.assign([(topic, 0)])
+        await c.seek_to_beginning((topic, 0))
+        got = size = 0
+        t0 = time.perf_counter()
+        while got < n:
+            for b in await c.poll_columns(timeout_ms=1000):
+                got += len(b)
+                size += sum(b.values.lengths)
+        assert size == got * RECORD_BYTES
         return got / (time.perf_counter() - t0)
 
 
@@ -288,14 +307,17 @@ async def run(n: int, rounds: int, samples: int, rf3: bool) -> tuple[dict, dict]
             redis_srv = RedisServer(tmp)
         for r in range(rounds):
             # kraftlog, 1 node
-            for name in (f"a1-{r}", f"aa-{r}", f"b1-{r}", f"ba-{r}", f"s-{r}"):
+            for name in (f"a1-{r}", f"aa-{r}", f"b1-{r}", f"ba-{r}", f"b5-{r}", f"s-{r}"):
                 _create(node.url, name, 1)
             add("kl.async.acks1", await kl_async_produce(node.url, f"a1-{r}", n, "1", batch=False))
             add("kl.async.acksall", await kl_async_produce(node.url, f"aa-{r}", n, "all", batch=False))
             add("kl.batch.acks1", await kl_async_produce(node.url, f"b1-{r}", n, "1", batch=True))
             add("kl.batch.acksall", await kl_async_produce(node.url, f"ba-{r}", n, "all", batch=True))
+            add("kl.batch5k.acks1", await kl_async_produce(node.url, f"b5-{r}", n, "1", batch=True,
+                                                           batch_records=5 * SEND_BATCH_RECORDS))
             add("kl.one", await kl_one_at_a_time(node.url, f"s-{r}", samples, "all"))
             add("kl.consume", await kl_consume(node.url, f"b1-{r}", n))
+            add("kl.consume.columns", await kl_consume_columns(node.url, f"b1-{r}", n))
             if cluster is not None:
                 for name in (f"r3a-{r}", f"r3b-{r}", f"r3s-{r}", f"r3e-{r}", f"r3i-{r}"):
                     cluster.create_topic(name, partitions=1, replication_factor=3)
@@ -361,6 +383,9 @@ def table(m: dict[str, float]) -> list[tuple[str, str, str, str]]:
         ("async produce, 1 node, send_batch() of 1000",
          f"{rate('kl.batch.acks1')} (acks=1), {rate('kl.batch.acksall')} (acks=all)",
          ratio("kl.batch.acksall", "nats.async").strip(), ratio("kl.batch.acks1", "redis.async").strip()),
+        ("async produce, 1 node, send_batch() of 5000, acks=1",
+         rate("kl.batch5k.acks1"), ratio("kl.batch5k.acks1", "nats.async").strip(),
+         ratio("kl.batch5k.acks1", "redis.async").strip()),
         ("one record at a time, 1 node, p50 (acks=all)",
          f"{us('kl.one.p50')} (p99 {us('kl.one.p99')})",
          us("nats.one.p50") + ratio("kl.one.p50", "nats.one.p50", lower_better=True),
@@ -375,6 +400,10 @@ def table(m: dict[str, float]) -> list[tuple[str, str, str, str]]:
          rate("kl.consume"),
          rate("nats.consume") + ratio("kl.consume", "nats.consume"),
          rate("redis.consume") + ratio("kl.consume", "redis.consume") + " XREAD"),
+        ("consume catch-up, 1 node, poll_columns()",
+         rate("kl.consume.columns"),
+         ratio("kl.consume.columns", "nats.consume").strip(),
+         ratio("kl.consume.columns", "redis.consume").strip()),
         ("produce -> consume p50 / p99, RF=3",
          f"{us('kl3.e2e.p50')} / {us('kl3.e2e.p99')}", "-", "-"),
     ]
