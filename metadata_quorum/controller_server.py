@@ -133,6 +133,7 @@ class ControllerConfig:
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     raft_bind_host: Optional[str] = None    # listen for raft here (default: every interface)
     raft_join: bool = False   # joins a running quorum (kraftlog quorum add-controller): no election before it is added
+    raft_prevote: bool = False   # raft/prevote.py: a cut-off controller that rejoins forces no election
     security: SecurityConfig = field(default_factory=SecurityConfig)   # [security]: TLS of the HTTP API, ...
 
     def __post_init__(self):
@@ -169,6 +170,7 @@ class ControllerConfig:
             bind_host=self.raft_bind_host,
             frame_max_bytes=self.raft_frame_max_bytes,
             join=self.raft_join,
+            prevote=self.raft_prevote,
         )
 
 
@@ -1027,6 +1029,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="HTTP edge limits (HttpLimits fields: request_header_timeout_ms, ...) as a JSON object")
     p.add_argument("--join", action="store_true",
                    help="join a running quorum: no election before the leader has added this node")
+    p.add_argument("--raft-prevote", action="store_true",
+                   help="pre-vote (raft/prevote.py): a node elects only once a majority would vote for it")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -1080,6 +1084,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         raft_bind_host=args.raft_bind_host,
         raft_frame_max_bytes=args.raft_frame_max_bytes,
         raft_join=args.join,
+        raft_prevote=args.raft_prevote,
         http_limits=HttpLimits(**json.loads(args.http_limits_json)) if args.http_limits_json else HttpLimits(),
         security=security_from_args(args),
     )

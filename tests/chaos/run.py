@@ -85,11 +85,11 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
                     kinds: Optional[list] = None, partitions: int = 3, hold_s=(2.0, 5.0), quiet_s=(2.0, 4.0),
                     warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print,
                     log_level: str = "WARNING", secure: bool = False,
-                    transactions: bool = False) -> tuple[dict, object]:
+                    transactions: bool = False, raft_prevote: bool = False) -> tuple[dict, object]:
     """`secure`: TLS, authentication and ACLs on (ClusterSettings.secure; the workload is the
-    super user admin)."""
+    super user admin). `raft_prevote`: the controllers run raft pre-vote."""
     kinds = kinds or list(ALL_NEMESES)
-    cluster = ChaosCluster(root, ClusterSettings(log_level=log_level, secure=secure))
+    cluster = ChaosCluster(root, ClusterSettings(log_level=log_level, secure=secure, raft_prevote=raft_prevote))
     history = History()
     schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s)
     rng = random.Random(seed)
@@ -192,6 +192,7 @@ def main(argv=None) -> int:
                    help="TLS, authentication and ACLs on, as `kraftlog cluster up --secure` (clients: admin)")
     p.add_argument("--transactions", action="store_true",
                    help="add the transactional workload (harness/txn_workload.py; issue 18)")
+    p.add_argument("--raft-prevote", action="store_true", help="the controllers run raft pre-vote (raft/prevote.py)")
     p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
     args = p.parse_args(argv)
     if args.per_kind is not None:
@@ -209,7 +210,7 @@ def main(argv=None) -> int:
                                          partitions=args.partitions, out_dir=args.report, log_level=args.log_level,
                                          hold_s=_range(args.hold), quiet_s=_range(args.quiet),
                                          log=lambda m: print(m, flush=True), secure=args.secure,
-                                         transactions=args.transactions))
+                                         transactions=args.transactions, raft_prevote=args.raft_prevote))
     figs.pop("_faults", None)
     print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))
     print(result.summary(limit=20))
