@@ -543,15 +543,25 @@ class TransactionCoordinator:
             async def go(ld: _Loaded) -> None:
                 await self._write(ld, ld.state.add_offsets(txid, pid, epoch, group, offsets, self.clock.now_ms()))
             return await self.run_local(txid, go)
-        if url is None:
-            raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"the coordinator of {txid!r} has no address; retry")
         body = {"producer_id": pid, "producer_epoch": epoch, "group": group,
                 "offsets": [{"topic": t, "partition": q, "offset": o} for t, q, o in offsets]}
+        await self.post_to_coordinator(txid, url, f"/v1/transactions/{txid}/offsets", body, forwarded=True,
+                                       status_error=ErrorCode.UNKNOWN_SERVER_ERROR)
+
+    async def post_to_coordinator(self, txid: str, url: str | None, path: str, body: dict, *, forwarded: bool,
+                                  status_error: ErrorCode) -> dict:
+        """POST `body` to `path` on `txid`'s coordinator at `url` (another broker) with the
+        cluster token; its JSON answer. Unreachable: COORDINATOR_NOT_AVAILABLE (retry); an
+        error answer is raised as its own code, else as `status_error`. `forwarded` marks a
+        client request relayed on the client's behalf (no second forward, client identity)."""
+        if url is None or self.deps.http_session is None:
+            raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"the coordinator of {txid!r} has no address; retry")
+        headers = {**self._internal_headers, "Accept": JSON}
+        if forwarded:
+            headers.update({FORWARDED_HEADER: str(self.config.broker_id), **forwarding_headers()})
         try:
             async with self.deps.http_session.post(
-                    f"{url.rstrip('/')}/v1/transactions/{txid}/offsets", json=body,
-                    headers={FORWARDED_HEADER: str(self.config.broker_id), **self._internal_headers,
-                             **forwarding_headers(), "Accept": JSON},
+                    f"{url.rstrip('/')}{path}", json=body, headers=headers,
                     timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_ms / 1000 + 5)) as resp:
                 doc = await resp.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
@@ -559,7 +569,8 @@ class TransactionCoordinator:
                                 f"cannot reach the transaction coordinator at {url}: {e}; retry") from None
         if resp.status != 200:
             raise KraftlogError.from_body(doc, fallback=f"HTTP {resp.status}") or KraftlogError(
-                ErrorCode.UNKNOWN_SERVER_ERROR, f"the transaction coordinator answered HTTP {resp.status}")
+                status_error, f"the transaction coordinator answered HTTP {resp.status}")
+        return doc
 
     # ---- handlers ----------------------------------------------------------------------
 

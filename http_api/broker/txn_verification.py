@@ -22,11 +22,9 @@ This module imports neither produce.py nor transactions.py (both use it).
 """
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 
-import aiohttp
 from aiohttp import web
 
 from partitions.errors import ErrorCode, KraftlogError
@@ -121,22 +119,10 @@ class TransactionVerifier:
 
     async def _ask_remote(self, url: str | None, txid: str, pid: int, epoch: int,
                           tp: tuple[str, int]) -> dict[tuple[str, int], ErrorCode | None]:
-        co = self.coordinator
-        if url is None or co.deps.http_session is None:
-            raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"the coordinator of {txid!r} has no address; retry")
         body = {"producer_id": pid, "producer_epoch": epoch, "partitions": [{"topic": tp[0], "partition": tp[1]}]}
-        try:
-            async with co.deps.http_session.post(
-                    f"{url.rstrip('/')}/internal/v1/transactions/{txid}/verify", json=body,
-                    headers={**co.internal_headers, "Accept": "application/json"},
-                    timeout=aiohttp.ClientTimeout(total=co.config.request_timeout_ms / 1000 + 5)) as resp:
-                doc = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            raise KraftlogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                f"cannot reach the transaction coordinator at {url}: {e}; retry") from None
-        if resp.status != 200:
-            raise KraftlogError.from_body(doc, fallback=f"HTTP {resp.status}") or KraftlogError(
-                ErrorCode.COORDINATOR_NOT_AVAILABLE, f"the transaction coordinator answered HTTP {resp.status}")
+        doc = await self.coordinator.post_to_coordinator(txid, url, f"/internal/v1/transactions/{txid}/verify", body,
+                                                         forwarded=False,
+                                                         status_error=ErrorCode.COORDINATOR_NOT_AVAILABLE)
         out: dict[tuple[str, int], ErrorCode | None] = {}
         for r in doc.get("results", []):
             code = r.get("error_code")
