@@ -59,6 +59,7 @@ RAFT_PORT_OFFSET = 2000
 DEFAULT_KAFKA_BASE_PORT = 9092   # broker i's Kafka listener: kafka_base_port + i - 1 (API.md)
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
+KILL_WAIT_S = 30.0   # after SIGKILL (a process in uninterruptible disk I/O exits only when that ends)
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_FILE = "admin.password"
 BOOTSTRAP_USERS_FILE = "bootstrap-users.json"
@@ -443,6 +444,10 @@ def _stop(pids: list[int], timeout: float) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    # gone before `down` returns: an `up` right after must find its ports and data-dir locks free
+    deadline = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
 
 
 def down(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 2-node cluster: the added controller joins the quorum, `cluster status` lists it, a removed
 controller stops by itself, metadata writes go on, `cluster down` stops the added one, and
 `cluster up` restarts it but not the removed one (cluster.json)."""
+import glob
 import json
 import os
 import time
@@ -11,7 +12,8 @@ import pytest
 from deploy.cluster import CONTROLLER_PORT_OFFSET, RAFT_PORT_OFFSET, alive, load_state
 from tests.integration.test_cli_cluster import free_base_port, kraftlog  # the local-cluster tests' CLI runner and port picker
 
-pytestmark = pytest.mark.integration
+# ~15 CLI processes and two cluster starts: minutes at load 30+ on 2 cores, beyond the default 300 s
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def _wait_dead(pid: int, timeout_s: float) -> bool:
@@ -23,6 +25,15 @@ def _wait_dead(pid: int, timeout_s: float) -> bool:
     return False
 
 
+def _why(r, data: str) -> str:
+    """A failed CLI call's stderr and the last lines of every node's logs (what exited, and why)."""
+    out = [r.stderr]
+    for path in sorted(glob.glob(os.path.join(data, "node-*", "*.log"))):
+        with open(path, errors="replace") as f:
+            out.append(f"--- {path}:\n" + "".join(f.readlines()[-15:]))
+    return "\n".join(out)
+
+
 def test_cluster_add_controller_then_remove_one(tmp_path):
     data = str(tmp_path / "c")
     base = free_base_port(3)   # nodes 1-2 and controller 3's ports
@@ -32,7 +43,7 @@ def test_cluster_add_controller_then_remove_one(tmp_path):
     r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base),
                  "--kafka-base-port", str(kafka_base))
     try:
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0, _why(r, data)
         boot = r.stdout.split()[0]
         r = kraftlog("cluster", "add-controller", "--data-dir", data)
         assert r.returncode == 0, r.stderr
@@ -65,7 +76,7 @@ def test_cluster_add_controller_then_remove_one(tmp_path):
 
     r = kraftlog("cluster", "up", "--nodes", "2", "--data-dir", data, "--base-port", str(base))
     try:
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0, _why(r, data)
         r = kraftlog("cluster", "status", "--data-dir", data, "--output", "json")
         assert {(p["node_id"], p["role"]) for p in json.loads(r.stdout)} == {
             (1, "broker"), (2, "broker"), (2, "controller"), (3, "controller")}
