@@ -20,6 +20,9 @@ from typing import Any, Optional
 from tests.rigs.controllers import ROOT, ControllerCluster, free_port
 
 
+READY_TIMEOUT_S = 180.0   # a process ready within this (polled: a healthy start takes seconds; 2 shared cores at load 30+ take minutes)
+
+
 def http(method: str, url: str, body: Any = None, timeout: float = 30.0, raw: bytes | None = None,
          content_type: str = "application/json") -> tuple[int, Any]:
     """(status, JSON body or None); never raises for HTTP errors; (0, error text) when unreachable."""
@@ -68,7 +71,7 @@ class ReplicatedCluster:
         """Kafka clients' bootstrap.servers: every broker's Kafka listener."""
         return ",".join(self.kafka_address(i) for i in self.kafka_ports)
 
-    def start(self, timeout: float = 60.0) -> "ReplicatedCluster":
+    def start(self, timeout: float = READY_TIMEOUT_S) -> "ReplicatedCluster":
         """Controllers, then brokers; if any of them fails to come up, every process started
         so far is killed before the error propagates (`with` never reaches `__exit__` then)."""
         try:
@@ -83,7 +86,7 @@ class ReplicatedCluster:
             raise
         return self
 
-    def start_broker(self, broker_id: int, wait: bool = True, timeout: float = 60.0) -> None:
+    def start_broker(self, broker_id: int, wait: bool = True, timeout: float = READY_TIMEOUT_S) -> None:
         d = os.path.join(self.base_dir, f"broker-{broker_id}")
         os.makedirs(d, exist_ok=True)
         cfg = {"broker_id": broker_id, "http_port": self.ports[broker_id], "kafka_port": self.kafka_ports[broker_id],
@@ -98,7 +101,7 @@ class ReplicatedCluster:
         if wait:
             self.wait_broker_ready(broker_id, timeout)
 
-    def wait_broker_ready(self, broker_id: int, timeout: float = 60.0) -> None:
+    def wait_broker_ready(self, broker_id: int, timeout: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             p = self.procs.get(broker_id)
