@@ -26,6 +26,7 @@ import time
 from typing import Optional
 
 from http_api.client.producer import Producer
+from tests.chaos.harness.workload import read_partition_to
 
 TXN_TOPICS = (("chaos-txn-a", 3), ("chaos-txn-b", 2))
 TXN_TOPIC_CONFIGS = {"segment.bytes": "16384"}
@@ -229,18 +230,8 @@ class TxnWorkload:
                     raise RuntimeError(f"partition {topic}-{p}: the LSO never reached the HW for the final read "
                                        f"({doc and doc.get('last_stable_offset')} < {doc and doc['high_watermark']})")
                 await asyncio.sleep(0.5)
-            offset, n = 0, 0
-            while True:
-                doc = await self.fetch(topic, p, offset, final=True, max_wait_ms=0)
-                if doc is None:
-                    if time.monotonic() > end:
-                        raise RuntimeError(f"final read of partition {topic}-{p} failed at offset {offset}")
-                    await asyncio.sleep(0.3)
-                    continue
-                n += len(doc["records"])
-                if doc["next_offset"] >= lso or doc["next_offset"] <= offset:
-                    break
-                offset = doc["next_offset"]
-            out[f"{topic}-{p}"] = n
+            out[f"{topic}-{p}"] = await read_partition_to(
+                lambda o, p=p, topic=topic: self.fetch(topic, p, o, final=True, max_wait_ms=0),
+                f"{topic}-{p}", lso, end)
         return out
 

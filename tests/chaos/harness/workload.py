@@ -50,6 +50,24 @@ CERTAIN_FAILURES = {"NOT_LEADER_OR_FOLLOWER", "NOT_ENOUGH_REPLICAS", "UNKNOWN_TO
 RAW_BATCH = "application/vnd.kraftlog.batch"
 
 
+async def read_partition_to(fetch, name: str, bound: int, end: float) -> int:
+    """The final read of partition `name` from offset 0 up to `bound` with `fetch(offset)`
+    (a fetch answer, or None when it failed: retried until monotonic time `end`); at least
+    one fetch, even of an empty partition. Returns how many records it read."""
+    offset, n = 0, 0
+    while True:
+        doc = await fetch(offset)
+        if doc is None:
+            if time.monotonic() > end:
+                raise RuntimeError(f"final read of partition {name} failed at offset {offset}")
+            await asyncio.sleep(0.3)
+            continue
+        n += len(doc["records"])
+        if doc["next_offset"] >= bound or doc["next_offset"] <= offset:
+            return n
+        offset = doc["next_offset"]
+
+
 class Workload:
     """Producers, consumers and group committers for one topic; producers and consumers for
     a compacted topic (`compacted_topic`, None for none)."""
@@ -490,19 +508,9 @@ class Workload:
                     break
                 if time.monotonic() > end:
                     raise RuntimeError(f"partition {topic}-{p} did not settle for the final read")
-            offset, n = 0, 0
-            while True:  # at least one final fetch, even of an empty partition
-                doc = await self.fetch(p, offset, final=True, max_wait_ms=0, topic=topic)
-                if doc is None:
-                    if time.monotonic() > end:
-                        raise RuntimeError(f"final read of partition {topic}-{p} failed at offset {offset}")
-                    await asyncio.sleep(0.3)
-                    continue
-                n += len(doc["records"])
-                if doc["next_offset"] >= hw or doc["next_offset"] <= offset:
-                    break
-                offset = doc["next_offset"]
-            out[f"{topic}-{p}"] = n
+            out[f"{topic}-{p}"] = await read_partition_to(
+                lambda o, p=p, topic=topic: self.fetch(p, o, final=True, max_wait_ms=0, topic=topic),
+                f"{topic}-{p}", hw, end)
         if self.txn:
             out.update(await self.txn.final_reads(deadline_s))
         return out
