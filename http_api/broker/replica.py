@@ -34,18 +34,37 @@ class ReplicaRoutes(Routes):
             raise KraftlogError(ErrorCode.INVALID_REQUEST,
                                 "replica-fetch body needs replica_id and partitions: [{topic, partition, offset, "
                                 "leader_epoch}]") from None
-        results = await self.rm.replica_fetch(replica_id, parts, max_bytes=max_bytes, partition_max_bytes=part_max,
-                                              max_wait_ms=max_wait_ms, broker_epoch=broker_epoch)
+        try:
+            session = doc.get("session_id")
+            if session is not None:   # a follower with incremental fetch sessions (KIP-227)
+                session_id, session_epoch = int(session), int(doc.get("session_epoch", 0))
+                forgotten = [(str(e["topic"]), int(e["partition"])) for e in doc.get("forgotten", ())]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise KraftlogError(ErrorCode.INVALID_REQUEST,
+                                "replica-fetch session_id and session_epoch must be integers, forgotten "
+                                "[{topic, partition}]") from None
+        extra: dict = {}
+        if session is None:   # a follower without sessions: a full fetch, answered in full
+            results = await self.rm.replica_fetch(replica_id, parts, max_bytes=max_bytes, partition_max_bytes=part_max,
+                                                  max_wait_ms=max_wait_ms, broker_epoch=broker_epoch)
+            answered = [((req.topic, req.partition), res) for req, res in zip(parts, results)]
+        else:
+            sid, session_error, answered = await self.rm.replica_fetch_session(
+                replica_id, session_id, session_epoch, parts, forgotten, max_bytes=max_bytes,
+                partition_max_bytes=part_max, max_wait_ms=max_wait_ms, broker_epoch=broker_epoch)
+            extra["session_id"] = sid
+            if session_error:
+                extra["session_error"] = session_error
         entries, chunks = [], []
-        for req, res in zip(parts, results):
+        for (topic, partition), res in answered:
             if isinstance(res, KraftlogError):
-                entries.append(replica_client.error_entry(req.topic, req.partition, res))
+                entries.append(replica_client.error_entry(topic, partition, res))
             else:
-                entries.append({"topic": req.topic, "partition": req.partition, "size": len(res.records),
+                entries.append({"topic": topic, "partition": partition, "size": len(res.records),
                                 "high_watermark": res.high_watermark, "log_start_offset": res.log_start_offset,
                                 "log_end_offset": res.log_end_offset})
                 chunks.append(res.records)
-        head = replica_client.encode_fetch_header(entries)
+        head = replica_client.encode_fetch_header(entries, **extra)
         resp = web.StreamResponse(headers={"Content-Type": replica_client.REPLICA_FETCH_MEDIA})
         body_bytes = sum(len(c) for c in chunks)
         self.metrics.replica_fetch_requests.inc()

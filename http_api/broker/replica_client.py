@@ -8,6 +8,17 @@ JSON `{"partitions": [{"topic", "partition", "size", "high_watermark", "log_star
 "log_end_offset"} or {"topic", "partition", "error_code", "message", ...}]}`, then the raw
 batches of each partition back to back (`size` bytes each, in header order).
 
+Incremental fetch sessions (KIP-227, `partitions/replication/fetch_session.py`): a follower
+that speaks them adds `"session_id"` and `"session_epoch"` (0 and 0: start a session, a full
+fetch) and `"forgotten": [{"topic", "partition"}]`; in a session `partitions` names only
+those added or changed. The answer header then carries `"session_id"` (the session's id)
+and, when the session is unknown or the epoch is not the expected one, `"session_error"`
+(`FETCH_SESSION_ID_NOT_FOUND` / `INVALID_FETCH_SESSION_EPOCH`, no partitions: fetch in full
+again); its `partitions` hold only those with records, an error or a new high watermark /
+log start offset. Both sides without these fields behave as before (full fetches): a
+rolling restart mixes them safely, and a follower whose leader's answer has no
+`session_id` keeps fetching in full.
+
 `POST /internal/v1/epoch-end-offsets` (OffsetsForLeaderEpoch), JSON request:
     {"replica_id", "partitions": [{"topic", "partition", "leader_epoch", "epoch"}]}
 answer: {"partitions": [{"topic", "partition", "epoch", "end_offset"} or an error entry]}.
@@ -56,10 +67,19 @@ def _entry_error(e: dict) -> KraftlogError | None:
     return KraftlogError.from_body(e, ignore=("topic", "partition"))
 
 
-def encode_fetch_header(entries: list[dict]) -> bytes:
+class FetchAnswer(list):
+    """A replica-fetch answer: its `PartitionData` list, with the session fields of the
+    header (`session_id` None: the leader has no sessions)."""
+
+    session_id: int | None = None
+    session_error: str | None = None
+
+
+def encode_fetch_header(entries: list[dict], **extra) -> bytes:
     """Length prefix + JSON header; the partitions' batches follow (written without joining:
-    a fetch answer carries megabytes, and copies of them dominated the leader's CPU)."""
-    head = json.dumps({"partitions": entries}, separators=(",", ":")).encode()
+    a fetch answer carries megabytes, and copies of them dominated the leader's CPU).
+    `extra`: header fields besides `partitions` (the session's)."""
+    head = json.dumps({"partitions": entries, **extra}, separators=(",", ":")).encode()
     return _LEN.pack(len(head)) + head
 
 
@@ -75,7 +95,7 @@ def _entries_to_data(entries: list[dict], read) -> list[PartitionData]:
     return out
 
 
-def decode_fetch_response(body) -> list[PartitionData]:
+def decode_fetch_response(body) -> FetchAnswer:
     """Parse a replica-fetch answer; each partition's records are a memoryview slice of
     `body` (no copy). A malformed answer is CORRUPT_MESSAGE."""
     view = memoryview(body)
@@ -85,7 +105,10 @@ def decode_fetch_response(body) -> list[PartitionData]:
     try:
         head = json.loads(bytes(view[4:4 + n]))
         entries = head["partitions"]
-    except (ValueError, KeyError, TypeError):
+        session_id = head.get("session_id")
+        session_id = None if session_id is None else int(session_id)
+        session_error = head.get("session_error")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer header is not the expected JSON") from None
     pos = 4 + n
 
@@ -96,9 +119,11 @@ def decode_fetch_response(body) -> list[PartitionData]:
             raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer is shorter than its header says")
         return view[pos - size:pos]
     try:
-        return _entries_to_data(entries, read)
+        out = FetchAnswer(_entries_to_data(entries, read))
     except (KeyError, TypeError, ValueError):
         raise KraftlogError(ErrorCode.CORRUPT_MESSAGE, "replica-fetch answer has a malformed partition entry") from None
+    out.session_id, out.session_error = session_id, (str(session_error) if session_error else None)
+    return out
 
 
 def _error(status: int, body: bytes) -> KraftlogError:
@@ -116,7 +141,9 @@ class ReplicaTransport:
     a garbled answer is BROKER_NOT_AVAILABLE, with `refused=True` when nothing listens at
     its address (the fetcher then reports the leader to the controller). A request is bounded
     by `request_timeout_ms` in all and by `read_timeout_ms` while its answer is awaited
-    (`REPLICA_READ_TIMEOUT_MS`)."""
+    (`REPLICA_READ_TIMEOUT_MS`). Fetches use incremental fetch sessions (KIP-227)."""
+
+    supports_fetch_sessions = True
 
     def __init__(self, request_timeout_ms: int = 30_000, connect_timeout_ms: int = 3_000,
                  internal_token: str | None = None, ssl_context=None,
@@ -152,10 +179,15 @@ class ReplicaTransport:
         return answer.body
 
     async def fetch(self, leader_url: str, replica_id: int, broker_epoch: int, partitions: list[dict], *,
-                    max_bytes: int, partition_max_bytes: int, max_wait_ms: int) -> list[PartitionData]:
-        """One long poll; each partition's records are a memoryview of the answer buffer."""
+                    max_bytes: int, partition_max_bytes: int, max_wait_ms: int,
+                    session: tuple[int, int, list[dict]] | None = None) -> FetchAnswer:
+        """One long poll; each partition's records are a memoryview of the answer buffer.
+        `session`: (session id, epoch, forgotten [{topic, partition}]) of an incremental
+        fetch session; None: a sessionless full fetch."""
         doc = {"replica_id": replica_id, "broker_epoch": broker_epoch, "max_wait_ms": max_wait_ms,
                "max_bytes": max_bytes, "partition_max_bytes": partition_max_bytes, "partitions": partitions}
+        if session is not None:
+            doc["session_id"], doc["session_epoch"], doc["forgotten"] = session
         body = await self._post(leader_url, "replica-fetch", doc, max_wait_ms / 1000 + self.request_timeout_ms / 1000,
                                 wait_ms=max_wait_ms)
         try:

@@ -13,6 +13,12 @@ leader (`LeaderFetchState`, pure). A fetcher loops:
 3. a partition below the leader's log start restarts empty there; one whose leader says
    "out of range" above its end truncates again; errors back that partition off only.
 
+With a transport that speaks incremental fetch sessions (`supports_fetch_sessions`, KIP-227,
+`fetch_session.py`), step 2 names only the partitions whose fetch offset or leader epoch
+changed since the last answered request (and the ones no longer fetched), and the answer
+holds only partitions with news; any failed or cancelled request, or a session error,
+makes the next fetch full again.
+
 A metadata change (`sync(image)`) moves partitions between fetchers and wakes a fetcher
 whose partition set changed (its long poll is cancelled and re-sent). The transport is
 injected (`fetch`, `epoch_end_offsets`), so tests run leader and follower in one process.
@@ -27,6 +33,7 @@ from metadata_quorum.image import MetadataImage
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log import errors as log_errors
+from partitions.replication.fetch_session import FollowerSession
 from partitions.replication.fetcher_state import FETCHING, TRUNCATING, LeaderFetchState, truncation_step
 
 if TYPE_CHECKING:
@@ -77,6 +84,8 @@ class _LeaderFetcher:
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.rotation = 0
+        # incremental fetch session with this leader (None: the transport has none)
+        self.session = FollowerSession() if getattr(mgr.transport, "supports_fetch_sessions", False) else None
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
@@ -91,6 +100,8 @@ class _LeaderFetcher:
                 raise
             except Exception:  # noqa: BLE001 - never let one bug stop replication
                 log.exception("replica fetcher for leader %s failed; retrying", self.state.leader_id)
+                if self.session is not None:
+                    self.session.reset()
                 await asyncio.sleep(self.mgr.backoff_s)
                 continue
             if not did:
@@ -123,6 +134,8 @@ class _LeaderFetcher:
         return None
 
     def _unreachable(self, e: KraftlogError) -> None:
+        if self.session is not None:
+            self.session.reset()
         now = self.mgr.now_ms()
         for s in list(self.state.partitions.values()):
             self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
@@ -214,16 +227,31 @@ class _LeaderFetcher:
             sent[(s.topic, s.partition)] = (s.leader_epoch, lg.log_end_offset)
         if not reqs:
             return False
-        # rotate the order: the leader fills max_bytes in request order, so no partition starves
-        self.rotation = (self.rotation + 1) % len(reqs)
-        reqs = reqs[self.rotation:] + reqs[:self.rotation]
+        kwargs = {}
+        if self.session is not None:
+            # name only what changed since the session's last answered request
+            sid, epoch, named, forgotten = self.session.build({k: (v[1], v[0]) for k, v in sent.items()})
+            if sid:
+                named_set = set(named)
+                reqs = [r for r in reqs if (r["topic"], r["partition"]) in named_set]
+            kwargs["session"] = (sid, epoch, [{"topic": t, "partition": p} for t, p in forgotten])
+        if reqs:
+            # rotate the order: the leader fills max_bytes in request order, so no partition starves
+            self.rotation = (self.rotation + 1) % len(reqs)
+            reqs = reqs[self.rotation:] + reqs[:self.rotation]
         self.state.request_sent(self.mgr.now_ms())
         try:
             results = await self._cancellable(self.mgr.transport.fetch(
                 self.state.leader_url, self.mgr.broker_id, self.mgr.broker_epoch(), reqs,
                 max_bytes=self.mgr.fetch_max_bytes, partition_max_bytes=self.mgr.partition_max_bytes,
-                max_wait_ms=self.mgr.fetch_wait_max_ms))
+                max_wait_ms=self.mgr.fetch_wait_max_ms, **kwargs))
+        except asyncio.CancelledError:
+            if self.session is not None:
+                self.session.reset()   # the leader may or may not have seen it: start over
+            raise
         except KraftlogError as e:
+            if self.session is not None:
+                self.session.reset()
             if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
                 self._unreachable(e)
             else:
@@ -233,8 +261,15 @@ class _LeaderFetcher:
                     self.state.back_off(r["topic"], r["partition"], self.mgr.now_ms(), self.mgr.backoff_ms)
             return False
         if results is None:
+            if self.session is not None:
+                self.session.reset()   # cancelled by a wakeup: the leader may have answered it
             return True
         self.state.answered()
+        if self.session is not None and not self.session.answered(getattr(results, "session_id", None),
+                                                                  getattr(results, "session_error", None)):
+            log.debug("replica fetch session with %s: %s; fetching in full", self.state.leader_url,
+                      getattr(results, "session_error", None))
+            return True
         for res in results:
             key = (res.topic, res.partition)
             s = self.state.partitions.get(key)

@@ -38,6 +38,8 @@ from partitions.log import errors as log_errors
 from partitions.log.config import LogConfig
 from partitions.log.protocols import LogDirectory, PartitionLog
 from partitions.log.protocols import TopicPartition
+from partitions.replication.fetch_session import (FETCH_SESSION_REFRESH_MS, NO_SESSION, FetchSession,
+                                                   FetchSessionCache)
 from partitions.replication.partition import Partition
 from partitions.replication.replication_throttle import ReplicationThrottle
 from partitions.replication.replica_state import (Effects, FetchResult, ReplicaFetchRequest, ReplicaState,
@@ -120,6 +122,10 @@ class ReplicaManager:
         self._topic_ids: dict[str, str] = {}
         self._topic_configs: dict[str, dict] = {}
         self._fetch_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        # incremental replica fetch sessions (KIP-227) and the long poll parked on each
+        self.fetch_sessions = FetchSessionCache()
+        self.fetch_session_refresh_ms = FETCH_SESSION_REFRESH_MS
+        self._session_waiters: dict[int, asyncio.Future] = {}
         self._long_polls = 0
         self.replica_fetches_waiting = 0   # follower long polls parked here (metrics)
         self._closing = False
@@ -495,6 +501,8 @@ class ReplicaManager:
         self._closing = True
         for key in list(self._fetch_waiters):
             self._wake_fetchers(key)
+        for fut in list(self._session_waiters.values()):
+            _resolve(fut)
 
     def _wake_fetchers(self, key) -> None:
         waiters = self._fetch_waiters.pop(key, None)
@@ -502,6 +510,10 @@ class ReplicaManager:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+        for sid in self.fetch_sessions.partition_changed(key):
+            fut = self._session_waiters.get(sid)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
 
     def _read_committed(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         self.leader_partition(topic, partition)
@@ -616,6 +628,124 @@ class ReplicaManager:
                     lst = self._fetch_waiters.get(key)
                     if lst is not None and fut in lst:
                         lst.remove(fut)
+
+    async def replica_fetch_session(self, replica_id: int, session_id: int, session_epoch: int,
+                                    requests: list[ReplicaFetchRequest], forgotten: list[tuple[str, int]], *,
+                                    max_bytes: int, partition_max_bytes: int, max_wait_ms: int = 0,
+                                    broker_epoch: int = -1
+                                    ) -> tuple[int, str | None, list[tuple[TopicPartition, FetchResult | KraftlogError]]]:
+        """A follower's fetch within an incremental fetch session (KIP-227,
+        `partitions/replication/fetch_session.py`): `session_id` 0 starts a new session
+        holding `requests`; otherwise `requests` are the partitions added or changed since
+        the session's last request and `forgotten` those it no longer fetches. Reads only
+        the named partitions and those that changed here since the last answer; answers
+        only partitions with records, an error or news of the HW / log start offset. Parks
+        like `replica_fetch` when nothing has data; an append to any session partition
+        wakes it. -> (session id, session error or None, [(partition, result or error)])."""
+        cache = self.fetch_sessions
+        mono = self._monotonic_ms()
+        named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch) for r in requests]
+        if session_id == NO_SESSION:
+            s = cache.new_session(replica_id, named, mono)
+            keys = [k for k, _, _ in named]
+            keys = cache.take_dirty(s, keys)
+        else:
+            found = cache.lookup(session_id, session_epoch, replica_id, mono)
+            if isinstance(found, str):
+                return NO_SESSION, found, []
+            s = found
+            keys = cache.update(s, named, [TopicPartition(*k) for k in forgotten])
+        if s.due_for_refresh(mono, self.fetch_session_refresh_ms):
+            keys += self._restate_session_progress(s, set(keys), replica_id, broker_epoch)
+        if len(keys) > 1:   # rotate: the byte budget is filled in this order, so no partition starves
+            r = s.epoch % len(keys)
+            keys = keys[r:] + keys[:r]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        results: dict = {}
+        record = True
+        while True:
+            news = self._read_session_partitions(s, keys, results, replica_id, broker_epoch, record,
+                                                 max_bytes, partition_max_bytes)
+            record = False
+            remaining = deadline - loop.time()
+            if news or remaining <= 0 or self._closing or not s.partitions:
+                break
+            fut = loop.create_future()
+            self._session_waiters[s.session_id] = fut
+            handle = loop.call_later(remaining, _resolve, fut)
+            self.replica_fetches_waiting += 1
+            try:
+                await fut
+            finally:
+                self.replica_fetches_waiting -= 1
+                handle.cancel()
+                if self._session_waiters.get(s.session_id) is fut:
+                    del self._session_waiters[s.session_id]
+            keys = cache.take_dirty(s)
+        out = []
+        for key, res in results.items():
+            if isinstance(res, KraftlogError):
+                out.append((key, res))
+            elif s.wants_answer(key, has_records=bool(res.records), error=False, high_watermark=res.high_watermark,
+                                log_start_offset=res.log_start_offset):
+                s.told(key, res.high_watermark, res.log_start_offset)
+                out.append((key, res))
+        cache.answered(s)
+        return s.session_id, None, out
+
+    def _restate_session_progress(self, s: FetchSession, skip: set, replica_id: int, broker_epoch: int) -> list:
+        """The session's partitions not read in this request keep their fetch offsets:
+        record them as fetched now (follower liveness for the ISR and silence rules). ->
+        partitions whose leadership changed under the session (read them: the follower
+        gets their error)."""
+        now = self._clock_ms()
+        stale = []
+        for key, c in s.partitions.items():
+            if key in skip:
+                continue
+            part = self.partitions.get(key)
+            if part is None or not part.is_leader or part.leader_epoch != c.leader_epoch:
+                stale.append(key)
+                continue
+            try:
+                self._carry_out(self.core.follower_fetched(key, replica_id, c.fetch_offset, now, broker_epoch))
+            except KraftlogError:
+                stale.append(key)
+        return stale
+
+    def _read_session_partitions(self, s: FetchSession, keys: list, results: dict, replica_id: int,
+                                 broker_epoch: int, record: bool, max_bytes: int, partition_max_bytes: int) -> bool:
+        """Read `keys` of session `s` into `results`; -> True when one has records or an error."""
+        news = False
+        budget = max_bytes
+        now = self._monotonic_ms()
+        self.throttle.update(self._image, now)
+        for key in keys:
+            c = s.partitions.get(key)
+            if c is None:
+                continue
+            try:
+                limit = self.throttle.leader_limit(key[0], key[1], replica_id, now)
+                res = self._replica_read(key[0], key[1], replica_id=replica_id, offset=c.fetch_offset,
+                                         leader_epoch=c.leader_epoch,
+                                         max_bytes=min(partition_max_bytes, budget, budget if limit is None else limit),
+                                         record=record, broker_epoch=broker_epoch)
+                budget -= len(res.records)
+                if limit is not None:
+                    self.throttle.leader_sent(len(res.records), now)
+                if res.records:
+                    news = True
+                elif res.fetch_offset < res.log_end_offset:
+                    s.still_changed(key)   # the budget or the throttle held it back: read it again next time
+                results[key] = res
+            except KraftlogError as e:
+                news = True
+                results[key] = e
+            except log_errors.OffsetOutOfRangeError as e:  # retention raced with us
+                news = True
+                results[key] = KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE, str(e))
+        return news
 
     def epoch_end_offset(self, topic: str, partition: int, epoch: int,
                          leader_epoch: int | None = None) -> tuple[int, int]:
