@@ -129,3 +129,14 @@ def test_mutated_sections_get_the_same_verdict(seed):
             assert _accepts(rb.check_kafka_records, m, count) == want, (seed, n, kind, count)
             verdicts[want] += 1
     assert verdicts[True] > 50 and verdicts[False] > 300, verdicts
+
+
+def test_records_shorter_than_six_bytes_are_refused():
+    """attributes, timestamp delta, offset delta, key and value lengths and the header count
+    take at least six bytes: a five-byte record (no header count) is refused."""
+    six = rb.encode_varint(6) + b"\x00\x00\x00\x01\x01\x00"      # null key, null value, no headers
+    five = rb.encode_varint(5) + b"\x00\x00\x00\x01\x01"
+    assert _accepts(rb.check_kafka_records, six, 1) and _accepts(_reference_check, six, 1)
+    assert not _accepts(_reference_check, five, 1)
+    with pytest.raises(CorruptRecordError, match="length 5"):
+        rb.check_kafka_records(five, 1)
