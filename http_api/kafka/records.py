@@ -80,13 +80,21 @@ def kafka_to_stored(batch, *, max_batch_bytes: int | None = None) -> tuple[bytes
                                  f"its record count {count} - 1")
     size = LOG_OVERHEAD + h[rb.H_BATCH_LENGTH]
     codec = attrs & CODEC_MASK
-    section = memoryview(batch)[HEADER_SIZE:size]
-    check_kafka_records(section if codec == 0 else rb._decompress(codec, section), count)
-    return batch if type(batch) is bytes and len(batch) == size else bytes(memoryview(batch)[:size]), h
+    if type(batch) is not bytes or len(batch) != size:
+        batch = bytes(memoryview(batch)[:size])   # the one copy: the stored batch
+    if codec == 0:
+        check_kafka_records(batch, count, HEADER_SIZE, size)   # in place
+    else:
+        check_kafka_records(rb._decompress(codec, memoryview(batch)[HEADER_SIZE:size]), count)
+    return batch, h
 
 
-def split_kafka_batches(buf) -> list[memoryview]:
-    """The batches of a produce request's records field (whole batches only)."""
+def split_kafka_batches(buf) -> list:
+    """The batches of a produce request's records field (whole batches only): memoryviews,
+    or `buf` itself when it is one whole batch (the common case: no copy later)."""
+    if type(buf) is bytes and len(buf) >= LOG_OVERHEAD and \
+            LOG_OVERHEAD + struct.unpack_from(">i", buf, 8)[0] == len(buf) >= HEADER_SIZE:
+        return [buf]
     mv = memoryview(buf)
     out = []
     pos = 0

@@ -934,17 +934,20 @@ def parse_kafka_records(section, count: int, first_timestamp: int, *, with_value
 _OFFSET_DELTA_VARINTS = tuple(encode_varint(i) for i in range(8192))
 
 
-def check_kafka_records(section, count: int) -> None:
-    """Kafka's uncompressed records section holds exactly `count` records framed by their
-    lengths, with offset deltas 0..count-1 (what Kafka's broker checks of a produced v2
+def check_kafka_records(section, count: int, start: int = 0, end: int | None = None) -> None:
+    """Kafka's uncompressed records section (`section[start:end]`: a whole batch can be
+    checked in place, without copying its records) holds exactly `count` records framed by
+    their lengths, with offset deltas 0..count-1 (what Kafka's broker checks of a produced v2
     batch). Keys and values are not touched. The hot path of every Kafka produce: per record
     it decodes the length (one- and two-byte varints inline), skips the timestamp delta and
     compares the offset delta's bytes with the canonical encoding of its index (decoding it
     only when they differ, so a non-canonical encoding of the right value still passes)."""
     if not isinstance(section, bytes):
-        section = bytes(section)   # bytes index faster than a memoryview; one memcpy
-    pos = 0
-    end = len(section)
+        section = bytes(memoryview(section)[start:end])   # bytes index faster than a memoryview; one memcpy
+        start, end = 0, None
+    pos = start
+    if end is None:
+        end = len(section)
     rv = read_varint
     starts = section.startswith
     expected = _OFFSET_DELTA_VARINTS

@@ -106,8 +106,9 @@ def test_a_longer_encoding_of_the_right_offset_delta_is_accepted_like_a_plain_de
 
 @pytest.mark.parametrize("seed", range(4))
 def test_mutated_sections_get_the_same_verdict(seed):
-    """Byte flips, truncations, wrong counts, swapped records: the tuned check's verdict
-    equals the plain decode's on every one (thousands, both verdicts present)."""
+    """Byte flips, truncations, extra bytes, wrong counts: the tuned check's verdict equals
+    the plain decode's on every one (thousands, both verdicts present), also when it checks
+    the section in place inside a larger buffer (start, end)."""
     rnd = random.Random(seed)
     verdicts = {True: 0, False: 0}
     for _ in range(25):
@@ -127,6 +128,8 @@ def test_mutated_sections_get_the_same_verdict(seed):
             m = bytes(s)
             want = _accepts(_reference_check, m, count)
             assert _accepts(rb.check_kafka_records, m, count) == want, (seed, n, kind, count)
+            framed = b"\xff" * 7 + m + b"\x00\x05\x80"   # checked in place inside a larger buffer
+            assert _accepts(lambda sec, c: rb.check_kafka_records(sec, c, 7, 7 + len(m)), framed, count) == want
             verdicts[want] += 1
     assert verdicts[True] > 50 and verdicts[False] > 300, verdicts
 
