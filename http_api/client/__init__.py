@@ -21,5 +21,5 @@ from http_api.client.producer import Producer, RecordMetadata
 from http_api.client.sync import SyncAdminClient, SyncConsumer, SyncProducer
 from http_api.client.transport import DEFAULT_URL, default_bootstrap
 
-__all__ = ["AdminClient", "BytesColumn", "Consumer", "ConsumerRecord", "RecordColumns", "Producer", "RecordMetadata", "SyncAdminClient",
-           "SyncConsumer", "SyncProducer", "DEFAULT_URL", "default_bootstrap"]
+__all__ = ["AdminClient", "BytesColumn", "Consumer", "ConsumerRecord", "RecordColumns", "Producer", "RecordMetadata",
+           "SyncAdminClient", "SyncConsumer", "SyncProducer", "DEFAULT_URL", "default_bootstrap"]
