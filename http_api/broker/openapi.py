@@ -69,7 +69,10 @@ _TRANSACTION_PATHS = {
         "responses": {"200": _obj("{producer_id, producer_epoch}"), **_TXN_ERRORS}}},
     "/v1/transactions/{txid}/records": {"parameters": [_X], "post": {
         "summary": "Write records in the open transaction (which begins with its first write): "
-                   "{producer_id, producer_epoch, records: [{topic, partition?, key?, value, headers?}]}",
+                   "{producer_id, producer_epoch, records: [{topic, partition?, key?, value, headers?}], "
+                   "sequences?: [{topic, partition, base_sequence}]} (with the client's per-partition sequences "
+                   "a resent request is answered with its original offsets; a gap is 409 "
+                   "OUT_OF_ORDER_SEQUENCE_NUMBER)",
         "requestBody": _obj_body(),
         "responses": {"200": _obj("{offsets: [{topic, partition, offset}]}"), **_TXN_ERRORS}}},
     "/v1/transactions/{txid}/offsets": {"parameters": [_X], "post": {
