@@ -379,10 +379,13 @@ class ControllerClient:
     # ------------------------------------------------------------------ admin
     async def create_topic(self, name: str, partitions: int, replication_factor: int,
                            configs: Optional[dict] = None) -> dict:
-        """-> the topic as in metadata plus "configs" (API.md)."""
+        """-> the topic as in metadata plus "configs" (API.md). One try waits the whole
+        request deadline: a topic of thousands of partitions can take the controller longer
+        than a short try (a broker's is one heartbeat interval), and each retry made it
+        decide and propose them all again, until the deadline passed (504 under load)."""
         return await self.request("POST", PREFIX + "/topics", json={
             "name": name, "partitions": partitions, "replication_factor": replication_factor,
-            "configs": configs or {}, "request_id": uuid.uuid4().hex})
+            "configs": configs or {}, "request_id": uuid.uuid4().hex}, try_timeout_ms=self.request_timeout_ms)
 
     async def delete_topic(self, name: str) -> dict:
         """-> {"deleted": name, "metadata_offset"}"""
@@ -390,7 +393,7 @@ class ControllerClient:
 
     async def create_partitions(self, name: str, count: int) -> dict:
         return await self.request("POST", PREFIX + f"/topics/{name}/partitions", json={
-            "count": count, "request_id": uuid.uuid4().hex})
+            "count": count, "request_id": uuid.uuid4().hex}, try_timeout_ms=self.request_timeout_ms)  # as create_topic
 
     async def alter_configs(self, name: str, configs: dict) -> dict:
         """`configs`: key -> value, or None to delete the key. -> {"name", "configs"}"""
