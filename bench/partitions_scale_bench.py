@@ -5,7 +5,8 @@ A real cluster of 3 controllers (a Raft quorum; `--controllers 1` for a loaded m
 and 3 brokers, as `cluster up --nodes 3` runs them, on free ports. Prints:
 - per topic of `--partitions` partitions at `--rf`: time until `POST /v1/topics` answers
   (201, or 202 "creating") and until EVERY partition is writable (one produce request with
-  one record per partition, acks=1, answered 200), for `--topics` topics in turn;
+  one record per partition, `--acks` (default all), answered 200), for `--topics` topics in turn;
+- idle broker CPU (% of a core, from /proc/<pid>/stat) over `--idle-seconds` after each topic;
 - broker and controller RSS per partition (process RSS growth over the empty cluster,
   divided by the partition replicas a broker hosts / the partitions the controller holds),
   and each broker's open file descriptors (segment files are bounded by
@@ -16,6 +17,12 @@ and 3 brokers, as `cluster up --nodes 3` runs them, on free ports. Prints:
 `--log-layer N` instead measures one broker's log layer in-process (no cluster): N logs
 created through `LogManager.create_logs` in batches of 512 (as the replica manager does),
 then one append to each (no flush: brokers leave that to flush.ms), printing ms per log, open descriptors and RSS per log.
+`--fetch-poll N` measures the leader side of follower fetching in-process (no cluster, in-memory
+logs): one leader of N partitions (RF=3), one follower; per round, one append to one
+partition, then (a) a sessionless replica fetch naming all N partitions and (b) an
+incremental fetch-session request naming the one partition whose offset changed (KIP-227),
+alternating, plus the same two with no append (an idle poll). Prints the CPU time per
+poll of each and their ratio (same process, same rounds).
 Figures are printed, not asserted (2 shared cores: expect noise).
 """
 from __future__ import annotations
@@ -52,12 +59,27 @@ def open_fds(pid: int) -> int:
         return -1
 
 
-def writable(url: str, topic: str, partitions: list, deadline_s: float) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (s)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(pids: dict, seconds: float) -> dict:
+    """Each process's CPU use (% of one core) over `seconds` of wall time."""
+    t0, c0 = time.monotonic(), {k: cpu_seconds(p) for k, p in pids.items()}
+    time.sleep(seconds)   # measuring an interval, not synchronising
+    wall = time.monotonic() - t0
+    return {k: (cpu_seconds(p) - c0[k]) * 100 / wall for k, p in pids.items()}
+
+
+def writable(url: str, topic: str, partitions: list, deadline_s: float, acks: str = "all") -> float:
     """Seconds until one produce with a record for each of `partitions` answers 200."""
     t0 = time.monotonic()
     body = {"records": [{"value": "w", "partition": p} for p in partitions]}
     while True:
-        status, doc = http("POST", f"{url}/v1/topics/{topic}/records?acks=1", body, timeout=120)
+        status, doc = http("POST", f"{url}/v1/topics/{topic}/records?acks={acks}", body, timeout=120)
         if status == 200:
             return time.monotonic() - t0
         if time.monotonic() - t0 > deadline_s:
@@ -110,7 +132,8 @@ def pct(values: list, q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int = 3) -> None:
+def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int = 3, acks: str = "all",
+        kill: bool = True, idle_s: float = 10.0, writable_s: float = 300.0) -> None:
     print(f"cluster: {controllers} controller(s) + 3 brokers; {topics} topic(s) x {partitions} partitions, RF={rf}")
     with ReplicatedCluster(base_dir, brokers=3, controllers=controllers,
                            broker_config={"metadata_wait_ms": 60_000}) as c:
@@ -131,13 +154,20 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
                 raise RuntimeError(f"create {name}: {status} {str(doc)[:300]}")
             row(f"{name}: create answered ({status})", f"{answered:.2f} s")
             try:
-                w = writable(url, name, list(range(partitions)), 300)
+                w = writable(url, name, list(range(partitions)), writable_s, acks)
             except RuntimeError as e:
-                row(f"{name}: NOT every partition writable", "within 300 s")
+                row(f"{name}: NOT every partition writable", f"within {writable_s:.0f} s")
                 print(f"  ({e})")
-                continue
-            row(f"{name}: every partition writable (from the create call)", f"{answered + w:.2f} s")
-            row(f"{name}: wall time per partition replica on a broker", f"{(answered + w) * 1000 / (partitions * rf / 3):.3f} ms")
+                w = None
+            if w is not None:
+                row(f"{name}: every partition writable, acks={acks} (from the create call)", f"{answered + w:.2f} s")
+                row(f"{name}: wall time per partition replica on a broker",
+                    f"{(answered + w) * 1000 / (partitions * rf / 3):.3f} ms")
+            if idle_s > 0:
+                time.sleep(2.0)   # let the create's follow-up work (ISR, first fetches) finish
+                cpu = idle_cpu({b: c.procs[b].pid for b in c.procs}, idle_s)
+                row(f"idle broker CPU at {partitions * (i + 1)} partitions (% of a core, per broker)",
+                    " / ".join(f"{cpu[b]:.1f}" for b in sorted(cpu)))
         total = partitions * topics
         time.sleep(2.0)
         for b in sorted(c.procs):
@@ -153,6 +183,8 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
             row(f"broker {b} /healthz metadata_lag_records / _ms", f"{h.get('metadata_lag_records')} / "
                 f"{h.get('metadata_lag_ms')}")
 
+        if not kill:
+            return
         # kill -9 of the broker leading the most partitions (about a third when balanced)
         before = leaders(c.url(1))
         victim = max(c.procs, key=lambda b: sum(1 for v in before.values() if v == b))
@@ -212,25 +244,95 @@ def log_layer(n: int, base_dir: str) -> None:
     m.close()
 
 
+def fetch_poll(n: int, rounds: int) -> None:
+    """Leader-side CPU per follower poll, sessionless vs incremental session (see the module
+    docstring)."""
+    from metadata_quorum.image import MetadataImage
+    from metadata_quorum.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
+    from partitions.log.record_batch import Record, build_batch
+    from partitions.replication.replica_manager import ReplicaManager
+    from partitions.replication.replica_state import ReplicaFetchRequest
+    from tests.unit.replication.fake_log import MemoryLogManager
+
+    async def go() -> None:
+        img = MetadataImage("c")
+        for b in (1, 2, 3):
+            img.replay(RegisterBrokerRecord(b, f"i{b}", -1, f"http://b{b}", None, False))
+        img.replay(TopicRecord("t", "tid"))
+        for p in range(n):
+            img.replay(PartitionRecord("t", "tid", p, (1, 2, 3), (1, 2, 3), 1, 1, 1))
+        rm = ReplicaManager(1, MemoryLogManager())
+        await rm.apply_metadata(img)
+        offsets = [0] * n
+        batch = build_batch([Record(None, b"v")])
+        kw = {"max_bytes": 8 << 20, "partition_max_bytes": 1 << 20, "max_wait_ms": 0, "broker_epoch": -1}
+        sid, _, _ = await rm.replica_fetch_session(2, 0, 0, [ReplicaFetchRequest("t", p, 0, 1) for p in range(n)],
+                                                   [], **kw)
+        epoch = 1
+        times: dict = {"full, one append": [], "session, one append": [], "full, idle": [], "session, idle": []}
+
+        async def full_poll() -> None:
+            await rm.replica_fetch(2, [ReplicaFetchRequest("t", p, offsets[p], 1) for p in range(n)], **kw)
+
+        for r in range(rounds):
+            for mode in ("full", "session"):
+                p = (r * 2 + (mode == "session")) % n
+                await rm.append("t", p, batch, acks=1)
+                t0 = time.process_time()
+                if mode == "full":
+                    await full_poll()
+                else:
+                    await rm.replica_fetch_session(2, sid, epoch, [], [], **kw)
+                    epoch += 1
+                times[f"{mode}, one append"].append(time.process_time() - t0)
+                offsets[p] += 1
+                t0 = time.process_time()
+                if mode == "full":
+                    await full_poll()
+                else:
+                    await rm.replica_fetch_session(2, sid, epoch,
+                                                   [ReplicaFetchRequest("t", p, offsets[p], 1)], [], **kw)
+                    epoch += 1
+                times[f"{mode}, idle"].append(time.process_time() - t0)
+        med = {k: statistics.mean(v) * 1000 for k, v in times.items()}   # mean: the periodic refresh included
+        for k, v in med.items():
+            row(f"{n} partitions: leader CPU per poll (mean), {k}", f"{v:.3f} ms")
+        row("ratio full / session, one append", f"{med['full, one append'] / med['session, one append']:.1f}x")
+        row("ratio full / session, idle poll", f"{med['full, idle'] / med['session, idle']:.1f}x")
+    asyncio.run(go())
+
+
 def main(argv: list | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--partitions", type=int, default=10_000, help="partitions per topic")
     ap.add_argument("--topics", type=int, default=1, help="topics created in turn")
     ap.add_argument("--rf", type=int, default=3)
     ap.add_argument("--controllers", type=int, default=3, help="3: as cluster up --nodes 3")
+    ap.add_argument("--acks", default="all", choices=("all", "1"), help="acks of the writability produce")
+    ap.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU measured this long after each topic")
+    ap.add_argument("--writable-seconds", type=float, default=300.0, help="give up on writability after this")
+    ap.add_argument("--no-kill", action="store_true", help="skip the kill -9 part")
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (broker logs for a post-mortem)")
     ap.add_argument("--log-layer", type=int, metavar="N", help="measure N logs in-process instead (no cluster)")
+    ap.add_argument("--fetch-poll", type=int, metavar="N", help="measure the leader's CPU per follower poll "
+                    "for N partitions in-process instead (sessionless vs fetch session)")
+    ap.add_argument("--rounds", type=int, default=30, help="--fetch-poll rounds")
     args = ap.parse_args(argv)
+    if args.fetch_poll:
+        fetch_poll(args.fetch_poll, args.rounds)
+        return
     if args.log_layer:
         with tempfile.TemporaryDirectory(prefix="kraftlog-logs-", dir=args.keep) as d:
             log_layer(args.log_layer, d)
         return
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
-        run(args.partitions, args.topics, args.rf, args.keep, args.controllers)
+        run(args.partitions, args.topics, args.rf, args.keep, args.controllers, args.acks, not args.no_kill,
+            args.idle_seconds, args.writable_seconds)
         return
     with tempfile.TemporaryDirectory(prefix="kraftlog-scale-") as d:
-        run(args.partitions, args.topics, args.rf, d, args.controllers)
+        run(args.partitions, args.topics, args.rf, d, args.controllers, args.acks, not args.no_kill,
+            args.idle_seconds, args.writable_seconds)
 
 
 if __name__ == "__main__":

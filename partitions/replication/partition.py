@@ -159,6 +159,23 @@ class Partition:
         state.last_fetch_leader_log_end_offset = self.local_log_end_offset
         return self.maybe_increment_high_watermark()
 
+    def restate_follower_fetch(self, broker_id: int, fetch_offset: int, now_ms: int, broker_epoch: int = -1) -> bool:
+        """A fetch-session request left this partition unnamed: the follower fetches again
+        from the same offset. Records it exactly as `update_follower_fetch` would and returns
+        True, or does nothing and returns False when that would do more than refresh the
+        follower's liveness (another offset or registration, not leader): call it then."""
+        state = self.remote_replicas.get(broker_id)
+        if (not self.is_leader or state is None or broker_epoch != state.broker_epoch
+                or fetch_offset != state.log_end_offset):
+            return False
+        if fetch_offset >= self.local_log_end_offset:
+            state.last_caught_up_time_ms = now_ms
+        elif fetch_offset >= state.last_fetch_leader_log_end_offset >= 0:
+            state.last_caught_up_time_ms = max(state.last_caught_up_time_ms, state.last_fetch_time_ms)
+        state.last_fetch_time_ms = now_ms
+        state.last_fetch_leader_log_end_offset = self.local_log_end_offset
+        return True
+
     def maybe_increment_high_watermark(self) -> bool:
         """Move the HW to min LEO over the ISR if that is higher. Leader only; never while
         the metadata ISR is below min.insync.replicas (pending additions do not count: the

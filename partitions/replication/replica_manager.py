@@ -701,13 +701,16 @@ class ReplicaManager:
         gets their error)."""
         now = self._clock_ms()
         stale = []
+        suspended = self.core.suspended
         for key, c in s.partitions.items():
             if key in skip:
                 continue
             part = self.partitions.get(key)
-            if part is None or not part.is_leader or part.leader_epoch != c.leader_epoch:
+            if part is None or not part.is_leader or part.leader_epoch != c.leader_epoch or key in suspended:
                 stale.append(key)
                 continue
+            if part.restate_follower_fetch(replica_id, c.fetch_offset, now, broker_epoch):
+                continue   # only its liveness moved (the common case): no HW work
             try:
                 self._carry_out(self.core.follower_fetched(key, replica_id, c.fetch_offset, now, broker_epoch))
             except KraftlogError:
