@@ -24,6 +24,7 @@ from http_api.broker.group_offsets import validate_group_id
 from http_api.broker.topics import TopicRoutes
 from http_api.kafka import protocol
 from http_api.kafka.classic_groups import ClassicGroupError, ClassicGroups
+from http_api.kafka.fetch_codec import encode_fetch_response
 from http_api.kafka.protocol import API_VERSIONS, API_VERSIONS_KEY, FrameError, build, kafka_error
 from http_api.broker.authorization import CLUSTER, grant_hint
 from http_api.kafka.protocol import Denied
@@ -41,6 +42,7 @@ from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE
 log = logging.getLogger("kraftlog.kafka")
 
 NO_RESPONSE = object()
+FETCH_KEY = 1
 _ZERO_UUID = uuid.UUID(int=0)
 _ADMIN_WAIT_MS_MAX = 30_000
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
@@ -121,8 +123,9 @@ class KafkaApis:
             return None
         return API_VERSIONS.get(api_key)
 
-    async def handle(self, frame: bytes, session: SaslSession | None = None) -> bytes | object:
-        """The answer frame to one request frame (NO_RESPONSE for acks=0). With SASL on,
+    async def handle(self, frame: bytes, session: SaslSession | None = None) -> bytes | list | object:
+        """The answer frame to one request frame (NO_RESPONSE for acks=0; a Fetch answer is a
+        list of buffers, its records not joined into the frame: `writer.writelines`). With SASL on,
         `session` is the connection's: until it authenticated, only ApiVersions,
         SaslHandshake and SaslAuthenticate are served (anything else closes the connection,
         as Kafka's broker does)."""
@@ -154,6 +157,10 @@ class KafkaApis:
             doc = await self._handlers[api_key](request, header)
         if doc is NO_RESPONSE:
             return NO_RESPONSE
+        if api_key == FETCH_KEY:   # hand-tuned: the records are passed on as their own buffers
+            parts = encode_fetch_response(version, correlation_id, doc)
+            if parts is not None:
+                return parts
         return protocol.encode_response(api_key, version, correlation_id,
                                         build(protocol.response_type(api_key, version), doc))
 

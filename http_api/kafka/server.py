@@ -143,7 +143,10 @@ class KafkaListener:
                     return
                 if answer is NO_RESPONSE:
                     continue
-                writer.write(answer)
+                if type(answer) is list:   # a Fetch answer: header parts and records, unjoined
+                    writer.writelines(answer)
+                else:
+                    writer.write(answer)
                 if session is not None and session.close:   # a failed SASL exchange: answered, then closed
                     await writer.drain()
                     return
