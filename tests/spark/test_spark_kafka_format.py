@@ -10,7 +10,9 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from partitions.log import record_batch as rb
 from tests.spark.helpers import batch_reader, produce
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+# run alone (or first), the session's SparkSession and kraftlog node start inside this test's
+# time: 569 s of setup at load 25-35 on 2 shared cores, beyond the default 300 s
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def _kafka_batch(records, codec: int) -> bytes:
