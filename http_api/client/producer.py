@@ -634,6 +634,12 @@ class Producer:
                 return
             try:
                 self._check_sequences_known()
+            except KraftlogError as e:
+                for _, fut in buffered:
+                    if not fut.done():
+                        fut.set_exception(e)
+                raise
+            try:
                 counts: dict[tuple[str, int], int] = {}
                 for r, _ in buffered:
                     tp = (r["topic"], r["partition"])
@@ -643,8 +649,7 @@ class Producer:
                 doc = await self._txn_call("records", {**self._ids(), "records": [r for r, _ in buffered],
                                                        "sequences": sequences})
             except BaseException as e:
-                if not isinstance(e, KraftlogError) or e.code is not ErrorCode.INVALID_TXN_STATE:
-                    self._txn_sequences_unknown = True   # some batches may be written: a new epoch is needed
+                self._txn_sequences_unknown = True   # some batches may be written: a new epoch is needed
                 for _, fut in buffered:
                     if not fut.done():
                         fut.set_exception(e)

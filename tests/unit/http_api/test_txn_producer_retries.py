@@ -79,13 +79,15 @@ async def test_sequences_continue_per_partition_across_transactions_of_an_epoch(
     await p.t.close()
 
 
-async def test_a_failed_records_request_forbids_the_commit_and_the_abort_starts_a_new_epoch():
-    p, calls = _producer([ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER])
+@pytest.mark.parametrize("error", [ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                   ErrorCode.INVALID_TXN_STATE])   # another partition may be written
+async def test_a_failed_records_request_forbids_the_commit_and_the_abort_starts_a_new_epoch(error):
+    p, calls = _producer([error])
     p.begin_transaction()
     fut = await p.send("a", "v", partition=0)
     with pytest.raises(KraftlogError) as e:
         await p.flush()
-    assert e.value.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and fut.exception() is e.value
+    assert e.value.code is error and fut.exception() is e.value
     with pytest.raises(KraftlogError) as e:
         await p.commit_transaction()                            # Kafka: no commit after a failed send
     assert e.value.code is ErrorCode.INVALID_TXN_STATE and "abort_transaction" in e.value.message
