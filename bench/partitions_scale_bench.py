@@ -21,7 +21,9 @@ then one append to each (no flush: brokers leave that to flush.ms), printing ms 
 logs): one leader of N partitions (RF=3), one follower; per round, one append to one
 partition, then (a) a sessionless replica fetch naming all N partitions and (b) an
 incremental fetch-session request naming the one partition whose offset changed (KIP-227),
-alternating, plus the same two with no append (an idle poll). Prints the CPU time per
+alternating, plus the same two with no append (an idle poll) and an idle session poll that
+restates every partition's follower liveness (due once per `FETCH_SESSION_REFRESH_MS`, so on
+every idle long poll of `replica_fetch_wait_max_ms`). Prints the CPU time per
 poll of each and their ratio (same process, same rounds).
 Figures are printed, not asserted (2 shared cores: expect noise).
 """
@@ -269,7 +271,9 @@ def fetch_poll(n: int, rounds: int) -> None:
         sid, _, _ = await rm.replica_fetch_session(2, 0, 0, [ReplicaFetchRequest("t", p, 0, 1) for p in range(n)],
                                                    [], **kw)
         epoch = 1
-        times: dict = {"full, one append": [], "session, one append": [], "full, idle": [], "session, idle": []}
+        times: dict = {"full, one append": [], "session, one append": [], "full, idle": [], "session, idle": [],
+                       "session, idle, liveness refresh due": []}
+        refresh_ms = rm.fetch_session_refresh_ms
 
         async def full_poll() -> None:
             await rm.replica_fetch(2, [ReplicaFetchRequest("t", p, offsets[p], 1) for p in range(n)], **kw)
@@ -294,11 +298,20 @@ def fetch_poll(n: int, rounds: int) -> None:
                                                    [ReplicaFetchRequest("t", p, offsets[p], 1)], [], **kw)
                     epoch += 1
                 times[f"{mode}, idle"].append(time.process_time() - t0)
+                if mode == "session":   # an idle long poll ends every replica_fetch_wait_max_ms: a refresh is due
+                    rm.fetch_session_refresh_ms = 0
+                    t0 = time.process_time()
+                    await rm.replica_fetch_session(2, sid, epoch, [], [], **kw)
+                    times["session, idle, liveness refresh due"].append(time.process_time() - t0)
+                    epoch += 1
+                    rm.fetch_session_refresh_ms = refresh_ms
         med = {k: statistics.mean(v) * 1000 for k, v in times.items()}   # mean: the periodic refresh included
         for k, v in med.items():
             row(f"{n} partitions: leader CPU per poll (mean), {k}", f"{v:.3f} ms")
         row("ratio full / session, one append", f"{med['full, one append'] / med['session, one append']:.1f}x")
         row("ratio full / session, idle poll", f"{med['full, idle'] / med['session, idle']:.1f}x")
+        row("ratio full / session, idle poll with the liveness refresh",
+            f"{med['full, idle'] / med['session, idle, liveness refresh due']:.1f}x")
     asyncio.run(go())
 
 
