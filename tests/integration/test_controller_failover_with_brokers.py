@@ -19,7 +19,7 @@ from tests.rigs.cluster import ReplicatedCluster, http
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]   # 6 processes; minutes at load 30+
 
 SESSION_TIMEOUT_MS = 30_000   # a lease expiry would elect only after this; the fast path takes < 1 s
-WAIT_S = 60                   # generous poll deadlines (2 shared cores): each poll ends once its condition holds
+WAIT_S = 120                  # generous poll deadlines (2 shared cores): each poll ends once its condition holds
 
 
 def _log_bytes(c: ReplicatedCluster, broker_id: int, topic: str = "cf", partition: int = 0) -> int:
@@ -65,7 +65,7 @@ def test_kill_9_active_controller_then_a_partition_leader_loses_no_acknowledged_
         c.create_topic("cf", partitions=2, replication_factor=3)
         prod = BackgroundProducer(c.urls, "cf", [0, 1]).start()
         for p in (0, 1):
-            c.wait_for(lambda: len(prod.acked[p]) >= 30, WAIT_S, f"30 writes to cf-{p} acknowledged")
+            c.wait_for(lambda: len(prod.acked[p]) >= 10, WAIT_S, f"10 writes to cf-{p} acknowledged")
 
         # 1. kill -9 the active controller: another one takes over, the brokers follow it
         old_active = c.controllers.wait_active(WAIT_S)
@@ -74,7 +74,7 @@ def test_kill_9_active_controller_then_a_partition_leader_loses_no_acknowledged_
         new_active = c.controllers.wait_active(WAIT_S, exclude=(old_active,))
         assert new_active != old_active
         n = prod.count()
-        prod.wait_acked(n + 40, WAIT_S)
+        prod.wait_acked(n + 20, WAIT_S)
         # every broker follows the new controller's metadata log
         for b in (1, 2, 3):
             c.wait_for(lambda: http("GET", c.url(b) + "/v1/metadata")[1]["controller_id"] == new_active, WAIT_S,
@@ -119,7 +119,7 @@ def test_kill_9_active_controller_then_a_partition_leader_loses_no_acknowledged_
               f"leads cf-0 after {elected_after:.3f} s")
         for p in (0, 1):   # writes go on on both partitions (cf-0: through its new leader)
             n_p = len(prod.acked[p])
-            c.wait_for(lambda: len(prod.acked[p]) >= n_p + 30, WAIT_S, f"30 more writes to cf-{p} acknowledged")
+            c.wait_for(lambda: len(prod.acked[p]) >= n_p + 10, WAIT_S, f"10 more writes to cf-{p} acknowledged")
         prod.stop()
         logs = {p: c.read_all("cf", p) for p in (0, 1)}
         for p in (0, 1):
