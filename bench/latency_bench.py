@@ -14,7 +14,9 @@ Stages (p50 of each, microseconds; the rows add up to about the total):
   follower fetches woken by the append, the followers' append, their next fetch that
   carries their log end offset, the high watermark advance, the waiter answered;
 - client ack: the HTTP answer until the record's future is resolved;
-- also printed: the broker's own mean produce handler time (kraftlog_produce_latency_seconds).
+- also printed: the broker's own mean produce handler time (kraftlog_produce_latency_seconds),
+  and the HTTP floor with a minimal HTTP/1.1 client on an asyncio protocol (`RawHttp`, one
+  prebuilt request) to the same echo server: how much of the floor is aiohttp's client.
 
 Each sample is an echo round trip, an acks=1 write and an acks=all write back to back, and
 the stage figures are p50s of per-sample differences, so load drifts hit all alike (on a
@@ -101,6 +103,56 @@ class TimedProducer:
         return m["start"] - t0, m["end"] - m["start"], t1 - m["end"], t1 - t0
 
 
+class _RawHttpProtocol(asyncio.Protocol):
+    """Answers of a keep-alive HTTP/1.1 connection, framed by Content-Length."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.waiter: asyncio.Future | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buf[:end].lower()
+        i = head.find(b"content-length:")
+        n = 0
+        if i >= 0:
+            j = head.find(b"\r\n", i)
+            n = int(head[i + 15:j if j >= 0 else len(head)])
+        if len(self.buf) >= end + 4 + n:
+            body, self.buf = self.buf[end + 4:end + 4 + n], self.buf[end + 4 + n:]
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(body)
+
+
+class RawHttp:
+    """A minimal HTTP/1.1 client (one prebuilt request, no aiohttp) for the HTTP floor
+    without aiohttp's client: what a lighter client path could reach."""
+
+    def __init__(self, url: str, path: str, body: bytes) -> None:
+        self.host, port = url.split("//", 1)[1].rsplit(":", 1)
+        self.port = int(port)
+        self.request = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/octet-stream\r\n"
+                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        self.transport = self.protocol = None
+
+    async def connect(self) -> "RawHttp":
+        loop = asyncio.get_running_loop()
+        self.transport, self.protocol = await loop.create_connection(_RawHttpProtocol, self.host, self.port)
+        return self
+
+    async def round_trip(self) -> bytes:
+        self.protocol.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(self.request)
+        return await asyncio.wait_for(self.protocol.waiter, 30)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
 async def breakdown(bootstrap: str, leader_url: str, topic: str, echo_url: str, samples: int,
                     rounds: int) -> list[tuple[str, float]]:
     """Each sample is an echo round trip, an acks=1 write and an acks=all write back to
@@ -110,6 +162,8 @@ async def breakdown(bootstrap: str, leader_url: str, topic: str, echo_url: str, 
     p1 = await TimedProducer(bootstrap, "1").start(topic)
     pa = await TimedProducer(bootstrap, "all").start(topic)
     await echo.request("POST", echo_url + "/x", data=VALUE)
+    raw = await RawHttp(echo_url, "/x", VALUE).connect()
+    await raw.round_trip()
     rows: dict[str, list[float]] = {}
     h_sum = h_cnt = 0.0
     try:
@@ -121,10 +175,14 @@ async def breakdown(bootstrap: str, leader_url: str, topic: str, echo_url: str, 
                 await echo.request("POST", echo_url + "/v1/topics/t/partitions/0/records", data=VALUE,
                                    content_type="application/vnd.kraftlog.batch", params={"acks": "all"})
                 floor = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                await raw.round_trip()
+                raw_floor = time.perf_counter() - t0
                 _, rtt1, _, total1 = await p1.write(topic)
                 send, rtta, ack, total = await pa.write(topic)
                 for k, v in (("send", send), ("floor", floor), ("handler1", rtt1 - floor),
-                             ("replication", rtta - rtt1), ("ack", ack), ("total", total), ("total1", total1)):
+                             ("replication", rtta - rtt1), ("ack", ack), ("total", total), ("total1", total1),
+                             ("raw_floor", raw_floor)):
                     per.setdefault(k, []).append(v)
             s1, c1 = await _handler_mean(leader_url)
             h_sum += s1 - s0
@@ -136,6 +194,7 @@ async def breakdown(bootstrap: str, leader_url: str, topic: str, echo_url: str, 
         await p1.p.close()
         await pa.p.close()
         await echo.close()
+        raw.close()
     med = {k: statistics.median(v) for k, v in rows.items()}
     return [
         ("client send (encode, queue, sender)", med["send"]),
@@ -147,6 +206,7 @@ async def breakdown(bootstrap: str, leader_url: str, topic: str, echo_url: str, 
         ("  p99", med["p99"]),
         ("  acks=1 write, p50", med["total1"]),
         ("  broker's mean produce handler time (acks=1 and all)", h_sum / h_cnt if h_cnt else float("nan")),
+        ("  HTTP floor with a minimal HTTP/1.1 client instead of aiohttp's", med["raw_floor"]),
     ]
 
 
