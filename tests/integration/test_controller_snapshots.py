@@ -15,6 +15,11 @@ from tests.rigs.controllers import ControllerCluster, http_json
 
 pytestmark = pytest.mark.integration
 
+# poll deadlines (each poll ends once its condition holds): three Python controllers starting
+# and electing on 2 shared cores took more than 20 s at load 20-40 (CI failed)
+STARTUP_S = 120
+WAIT_S = 60
+
 COMPACTION_ENTRIES = 40
 
 
@@ -27,13 +32,13 @@ async def test_compaction_restart_and_snapshot_install(tmp_path):
     with ControllerCluster(3, str(tmp_path), extra_args=[
             "--raft-log-compaction-min-entries", str(COMPACTION_ENTRIES)]) as cluster:
         cluster.start_all()
-        cluster.wait_active(20)
-        async with ControllerClient(cluster.urls, request_timeout_ms=10_000) as client:
+        cluster.wait_active(STARTUP_S)
+        async with ControllerClient(cluster.urls, request_timeout_ms=60_000) as client:
             epoch = await client.register_broker(1, "inc-1", "http://127.0.0.1:1")
             await client.heartbeat(1, epoch, 10**9)
             await client.create_topic("t", 2, 1)
             await _writes(client, "1", 3 * COMPACTION_ENTRIES)
-            active = cluster.wait_active(5)
+            active = cluster.wait_active(WAIT_S)
             lagging = next(n for n in cluster.voters if n != active)
             cluster.kill(lagging)
             await _writes(client, "2", 3 * COMPACTION_ENTRIES)
@@ -44,7 +49,7 @@ async def test_compaction_restart_and_snapshot_install(tmp_path):
             # the lagging controller comes back: it needs entries the others compacted away
             cluster.start(lagging)
             url = cluster.voters[lagging].url + "/controller/v1/metadata"
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + WAIT_S
             got = None
             while time.monotonic() < deadline:
                 got = http_json(url)
@@ -56,7 +61,7 @@ async def test_compaction_restart_and_snapshot_install(tmp_path):
             # a broker starting from offset 0 gets a snapshot (the feed tail starts after it)
             cluster.stop_all()
             cluster.start_all()
-            cluster.wait_active(20)
+            cluster.wait_active(STARTUP_S)
             follower = MetadataFollower(client, max_wait_ms=0)
             target = (await client.metadata_json())["metadata_offset"]
             assert target >= expected["metadata_offset"]
