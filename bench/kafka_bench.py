@@ -82,11 +82,16 @@ class CpuMeter:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
 
+    def measure_idle(self) -> None:
+        """The idle broker's CPU rate, over `idle_s` (call it while no client is working)."""
+        b, t = self._broker(), time.perf_counter()
+        time.sleep(self.idle_s)   # a measuring window, not synchronisation
+        self.broker_idle_rate = (self._broker() - b) / (time.perf_counter() - t)
+        self._idle_measured = True
+
     def start(self) -> "CpuMeter":
-        if self.idle_s > 0:
-            b, t = self._broker(), time.perf_counter()
-            time.sleep(self.idle_s)   # a measuring window, not synchronisation
-            self.broker_idle_rate = (self._broker() - b) / (time.perf_counter() - t)
+        if self.idle_s > 0 and not getattr(self, "_idle_measured", False):
+            self.measure_idle()
         self._b0, self._c0, self._t0 = self._broker(), self._client(), time.perf_counter()
         return self
 
@@ -159,6 +164,8 @@ def kafka_consume(bootstrap: str, topic: str, n: int, meter: CpuMeter | None = N
     keeps fetching while the application drains its queue (by default it pauses fetching
     for fetch.queue.backoff.ms = 1 s once 100,000 records wait)."""
     from confluent_kafka import Consumer, TopicPartition
+    if meter:
+        meter.measure_idle()   # before the consumer exists: it starts fetching once assigned
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka-bench", "enable.auto.commit": False,
                   "fetch.max.bytes": 8 << 20, "max.partition.fetch.bytes": 8 << 20, "fetch.wait.max.ms": 100,
                   "queued.min.messages": 10_000_000, "queued.max.messages.kbytes": 1 << 20,
@@ -349,8 +356,8 @@ def _kafka_round(node_cls, n: int) -> dict[str, float]:
 
 def compare(before_tree: str, n: int, rounds: int) -> list[tuple[str, str]]:
     """The confluent-kafka figures against `before_tree`'s broker and this tree's,
-    alternating rounds (before, after, before, ...), each on a fresh node; medians and the
-    ratio after / before."""
+    alternating rounds (before, after, after, before, ...), each on a fresh node; medians and
+    the ratio after / before of each round's pair (load drifts less within a pair)."""
     import statistics
     kinds = {"before": _node_class(before_tree), "after": LocalNode}
     seen: dict[str, list[dict]] = {"before": [], "after": []}
@@ -361,9 +368,11 @@ def compare(before_tree: str, n: int, rounds: int) -> list[tuple[str, str]]:
     for key in seen["after"][0]:
         b = statistics.median(x[key] for x in seen["before"])
         a = statistics.median(x[key] for x in seen["after"])
+        pairs = [x[key] / y[key] for x, y in zip(seen["after"], seen["before"]) if y[key]]
         fmt = "{:,.0f}" if key.endswith("records/s") else "{:.2f}"
         rows.append((f"acks=1 {key}: before / after (median of {rounds})",
-                     f"{fmt.format(b)} / {fmt.format(a)}  ({a / b:.2f}x)"))
+                     f"{fmt.format(b)} / {fmt.format(a)}; after/before per round pair "
+                     + ", ".join(f"{r:.2f}" for r in pairs)))
     return rows
 
 
