@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, str]] = [
     ("partitions.replication.partition", "core"),
     ("partitions.replication.fetcher_state", "core"),
     ("partitions.replication.replica_state", "core"),
+    ("partitions.replication.fetch_session", "core"),   # KIP-227 fetch sessions, both sides
     ("partitions.replication", "shell"),          # replica manager and fetcher: asyncio, files
     ("metadata_quorum.records", "core"),
     ("metadata_quorum.image", "core"),
