@@ -64,7 +64,7 @@ class ControllerCluster:
         for nid in self.voters:
             self.start(nid)
 
-    def kill(self, node_id: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+    def kill(self, node_id: int, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
         """Send `sig` and wait for the exit; a process that outlives `timeout` is killed -9
         (and the timeout raised), so a forgotten controller never outlives its test."""
         p = self.procs.pop(node_id, None)
@@ -91,7 +91,7 @@ class ControllerCluster:
             raise error
 
     def status(self, node_id: int) -> Optional[dict]:
-        return http_json(self.voters[node_id].url + "/controller/v1/status", timeout=1.0)
+        return http_json(self.voters[node_id].url + "/controller/v1/status", timeout=5.0)   # a loaded 2-core machine answers slowly
 
     def active(self) -> Optional[int]:
         for nid in self.procs:
