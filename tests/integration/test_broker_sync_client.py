@@ -1,4 +1,6 @@
 """The synchronous client wrappers against a real node, with compressed batches."""
+import time
+
 import pytest
 
 from deploy.local_node import LocalNode
@@ -24,3 +26,13 @@ def test_sync_producer_consumer_with_zstd(tmp_path):
                 got.extend(consumer.poll(1000))
             consumer.commit()
         assert sorted(r.value for r in got) == sorted(f"value-{i}".encode() * 10 for i in range(100))
+        with SyncConsumer(node.url, auto_offset_reset="earliest") as columns:   # zstd batches as columns
+            columns.assign([("sync", 0), ("sync", 1)])
+            batches = []
+            deadline = time.monotonic() + 120
+            while sum(map(len, batches)) < 100 and time.monotonic() < deadline:
+                batches.extend(columns.poll_columns(1000))
+        assert sorted(v for b in batches for v in b.values) == sorted(f"value-{i}".encode() * 10 for i in range(100))
+        for p in (0, 1):
+            offsets = [o for b in batches if b.partition == p for o in b.offsets]
+            assert offsets == list(range(len(offsets)))
