@@ -229,6 +229,7 @@ class Producer:
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}   # tp -> (producer id, next sequence)
+        self._established: dict[tuple[str, int], int] = {}   # tp -> producer id whose sequences its leader has acknowledged
         self._pid_lock = asyncio.Lock()
         self._open: dict[tuple[str, int], _Batch] = {}
         self._queues: dict[tuple[str, int], asyncio.Queue] = {}
@@ -398,6 +399,13 @@ class Producer:
                 q.task_done()
                 return
             await window.acquire()
+            if prev is not None and not prev.done() and self._established.get(tp) != self.producer_id:
+                # the partition's leader knows no sequence of this producer id yet, and it accepts
+                # an unknown producer's first batch at any sequence (its state may have been
+                # deleted): a later batch overtaking the first on another connection would be
+                # taken as the start, and the first, arriving next, as an old duplicate - acked,
+                # never written. So the first batch of a producer id goes alone.
+                await asyncio.gather(prev, return_exceptions=True)
             try:
                 pid, seq, payload = await self._prepare(tp, batch)
             except Exception as e:  # noqa: BLE001 - no producer id: delivered to the batch's futures
@@ -420,6 +428,8 @@ class Producer:
             except Exception as e:  # noqa: BLE001 - delivered to each record's future
                 err = e
                 self._failed(tp, batch, pid, seq)
+            if err is None and pid >= 0:
+                self._established[tp] = pid   # the leader has this producer's sequences now
             if prev is not None and not prev.done():
                 await asyncio.wait((prev,))
         finally:

@@ -1,6 +1,8 @@
 """Idempotent producer end to end (in-process broker): producer ids from the controller
 through POST /v1/producer-ids, duplicates answered with their original offsets, and the
 Python Producer idempotent by default so a retried batch is written once."""
+import asyncio
+
 from http_api.wire import codecs
 from http_api.client import Consumer, Producer
 from partitions.log import record_batch as rb
@@ -85,3 +87,36 @@ async def test_a_resent_batch_older_than_the_cached_five_is_a_duplicate_with_unk
     assert (await r.json())["offsets"] == [{"partition": 0, "offset": 7, "last_offset": 7}]
     r = await broker.client.get("/v1/topics/old/partitions/0/records", params={"offset": "0"})
     assert [x["value"] for x in (await r.json())["records"]] == [str(i) for i in range(8)]
+
+
+async def test_a_later_batch_cannot_overtake_a_producer_ids_first_batch(broker, monkeypatch):
+    """The leader accepts an unknown producer's first batch at any sequence (its state may
+    have been deleted with old segments). Requests travel on several connections, so if the
+    producer's second batch reached the leader before its first, the first would then look
+    like an old duplicate: answered -1, never written. The first batch goes alone."""
+    await broker.client.post("/v1/topics", json={"name": "ovt", "partitions": 1, "replication_factor": 1})
+    url = broker.config.url
+    async with Producer(url, linger_ms=0, batch_size_bytes=64) as producer:
+        real = producer.t.request
+        seen = []
+
+        async def slow_first(method, u, **kw):
+            if "/records" in u:
+                seen.append(u)
+                if len(seen) == 1:
+                    await asyncio.sleep(0.5)   # the first request is slow on its way
+            return await real(method, u, **kw)
+        monkeypatch.setattr(producer.t, "request", slow_first)
+        futs = [await producer.send("ovt", "v%d-" % i + "x" * 80, partition=0) for i in range(6)]
+        await producer.flush()
+        offsets = [f.result().offset for f in futs]
+    assert len(seen) >= 2, seen      # several batches, so a later one could have overtaken
+    assert offsets == list(range(6)), offsets
+    async with Consumer(url, auto_offset_reset="earliest") as consumer:
+        consumer.assign([("ovt", 0)])
+        got = []
+        for _ in range(10):
+            got.extend(await consumer.poll(200))
+            if len(got) >= 6:
+                break
+    assert [r.value for r in got] == [b"v%d-" % i + b"x" * 80 for i in range(6)]
