@@ -19,6 +19,10 @@ first; the leader refuses it with OUT_OF_ORDER_SEQUENCE_NUMBER, and the producer
 batch n to be written, then resends n+1 (a batch already written is answered as a
 duplicate with its original offsets: the leader remembers each producer's last 5
 batches, hence at most 5 in flight with idempotence). Futures resolve in send order.
+The exception is a producer id's first batch to a partition: a leader accepts an unknown
+producer's first batch at any sequence (its state may have gone with deleted segments), so
+that batch goes alone, and the others follow once it is acknowledged (requests use several
+connections; an overtaking batch would otherwise make the first look like an old duplicate).
 Without idempotence (acks=0/1), a retried batch can land after a later one, as in Kafka.
 
 High-rate path: `send_batch(topic, values)` queues a whole column of values (optionally
