@@ -9,9 +9,12 @@ batch with producer_id >= 0 and base_sequence >= 0 (`check`):
 - same epoch, (first_seq, last_seq) equal to one of the last 5 batches
                                           -> duplicate: the original offsets are returned
                                              (AppendInfo.duplicate=True), nothing is written
-- same epoch, first_seq <= last_seq <= the last appended sequence (a batch older than the
-  5 cached ones; sequences only grow per producer per partition)
+- same epoch, start_seq <= first_seq <= last_seq <= the last appended sequence (a batch older
+  than the 5 cached ones; sequences only grow per producer per partition; start_seq is the
+  epoch's first sequence this log saw)
                                           -> duplicate with unknown offsets (-1), nothing written
+  A batch below start_seq was never seen here (e.g. it arrived after a later batch of an
+  unknown producer): OutOfOrderSequenceError, never an acknowledged duplicate.
   A request is answered as a duplicate only when all its batches are; duplicates followed
   by new batches in one request are OutOfOrderSequenceError (nothing is written).
 - same epoch, first_seq != last_seq + 1   -> OutOfOrderSequenceError
@@ -73,12 +76,15 @@ class BatchMetadata(NamedTuple):
 
 @dataclass(slots=True)
 class ProducerStateEntry:
-    """One producer id: its epoch and its last batches, oldest first."""
+    """One producer id: its epoch, its last batches (oldest first) and `start_seq`, the first
+    sequence of the epoch this log has seen: a batch below it was never seen here, so it is
+    out of order, never an old duplicate (its first batch may have arrived after a later one)."""
 
     producer_id: int
     producer_epoch: int = -1
     batches: deque = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
     last_timestamp: int = -1
+    start_seq: int = 0
 
     @property
     def last_seq(self) -> int:
@@ -165,8 +171,11 @@ class ProducerStateManager:
         """(offset, producers) of a snapshot document (raises ValueError/KeyError/TypeError)."""
         data = json.loads(text)
         producers = {}
-        for pid, epoch, last_ts, batches in data["producers"]:
-            entry = ProducerStateEntry(int(pid), int(epoch), last_timestamp=int(last_ts))
+        for item in data["producers"]:
+            pid, epoch, last_ts, batches = item[:4]
+            # start_seq: absent in snapshots written before it existed (0: the old rule)
+            entry = ProducerStateEntry(int(pid), int(epoch), last_timestamp=int(last_ts),
+                                       start_seq=int(item[4]) if len(item) > 4 else 0)
             for b in batches:
                 entry.batches.append(BatchMetadata(*(int(x) for x in b)))
             producers[entry.producer_id] = entry
@@ -258,7 +267,7 @@ class ProducerStateManager:
                 continue
             if pid not in pending and known is not None:
                 dup = known.find_duplicate(seq, last_seq)
-                if dup is None and known.batches and seq <= last_seq <= known.last_seq:
+                if dup is None and known.batches and known.start_seq <= seq <= last_seq <= known.last_seq:
                     dup = BatchMetadata(seq, last_seq, -1, -1, -1)  # appended before the cached window
                 if dup is not None:
                     duplicates.append(dup)
@@ -295,10 +304,11 @@ class ProducerStateManager:
                max_ts: int) -> None:
         entry = self.producers.get(pid)
         if entry is None:
-            entry = self.producers[pid] = ProducerStateEntry(pid, epoch)
+            entry = self.producers[pid] = ProducerStateEntry(pid, epoch, start_seq=first_seq)
         elif epoch != entry.producer_epoch:
             entry.producer_epoch = epoch
             entry.batches.clear()
+            entry.start_seq = first_seq
         entry.batches.append(BatchMetadata(first_seq, last_seq, first_offset, last_offset, max_ts))
         entry.last_timestamp = max_ts
 
@@ -324,7 +334,7 @@ class ProducerStateManager:
         body = {
             "offset": offset,
             "producers": [
-                [e.producer_id, e.producer_epoch, e.last_timestamp, [list(b) for b in e.batches]]
+                [e.producer_id, e.producer_epoch, e.last_timestamp, [list(b) for b in e.batches], e.start_seq]
                 for e in self.producers.values()
             ],
         }

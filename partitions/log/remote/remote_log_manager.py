@@ -408,7 +408,8 @@ class RemoteLogManager:
                 for entry in list(ps.producers.values()):
                     batches = [list(b) for b in entry.batches if b.last_offset < next_offset]
                     if batches:
-                        producers.append([entry.producer_id, entry.producer_epoch, entry.last_timestamp, batches])
+                        producers.append([entry.producer_id, entry.producer_epoch, entry.last_timestamp, batches,
+                                          entry.start_seq])
         return json.dumps({"offset": next_offset, "producers": producers}).encode()
 
     # ------------------------------------------------------------------ retention

@@ -176,3 +176,33 @@ def test_idle_producers_expire(tmp_path):
     assert lg.producer_state.last_entry(7) is None and lg.producer_state.last_entry(8) is not None
     # an expired producer is unknown again: any sequence is accepted
     assert not lg.append_as_leader(_pb(9, pid=7), 0).duplicate
+
+
+def test_a_first_batch_arriving_after_a_later_one_is_refused_not_an_old_duplicate(tmp_path):
+    # an unknown producer's first batch is accepted at any sequence; if that was a later
+    # batch (it overtook the first on another connection), the first is out of order: a
+    # duplicate answer would acknowledge records that are never written
+    lg = _open(tmp_path)
+    lg.append_as_leader(_pb(54, n=12), 0)
+    with pytest.raises(OutOfOrderSequenceError):
+        lg.append_as_leader(_pb(0, n=54), 0)
+    assert lg.log_end_offset == 12
+
+
+def test_an_old_duplicate_at_or_above_the_first_sequence_seen_is_still_answered_unwritten(tmp_path):
+    lg = _open(tmp_path)
+    for i in range(7):
+        lg.append_as_leader(_pb(2 * i), 0)
+    dup = lg.append_as_leader(_pb(0), 0)    # older than the 5 cached batches, seen from 0
+    assert dup.duplicate and dup.first_offset == -1 and lg.log_end_offset == 14
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_the_first_sequence_seen_survives_reopening(tmp_path, clean):
+    lg = _open(tmp_path)
+    lg.append_as_leader(_pb(54, n=12), 0)
+    lg.close() if clean else lg.close_without_flush()
+    lg = _open(tmp_path, clean=clean)
+    assert lg.producer_state.producers[7].start_seq == 54
+    with pytest.raises(OutOfOrderSequenceError):
+        lg.append_as_leader(_pb(0, n=54), 0)
