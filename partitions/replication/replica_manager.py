@@ -617,17 +617,24 @@ class ReplicaManager:
             keys = [TopicPartition(r.topic, r.partition) for r in requests]
             for key in keys:
                 self._fetch_waiters.setdefault(key, []).append(fut)
-            handle = loop.call_later(remaining, _resolve, fut)
-            self.replica_fetches_waiting += 1
             try:
-                await fut
+                await self._park(fut, remaining)
             finally:
-                self.replica_fetches_waiting -= 1
-                handle.cancel()
                 for key in keys:
                     lst = self._fetch_waiters.get(key)
                     if lst is not None and fut in lst:
                         lst.remove(fut)
+
+    async def _park(self, fut: asyncio.Future, remaining_s: float) -> None:
+        """A follower's long poll waits: until `fut` is woken by an append (the caller
+        registered it) or `remaining_s` passes; counted in `replica_fetches_waiting`."""
+        handle = asyncio.get_running_loop().call_later(remaining_s, _resolve, fut)
+        self.replica_fetches_waiting += 1
+        try:
+            await fut
+        finally:
+            self.replica_fetches_waiting -= 1
+            handle.cancel()
 
     async def replica_fetch_session(self, replica_id: int, session_id: int, session_epoch: int,
                                     requests: list[ReplicaFetchRequest], forgotten: list[tuple[str, int]], *,
@@ -673,13 +680,9 @@ class ReplicaManager:
                 break
             fut = loop.create_future()
             self._session_waiters[s.session_id] = fut
-            handle = loop.call_later(remaining, _resolve, fut)
-            self.replica_fetches_waiting += 1
             try:
-                await fut
+                await self._park(fut, remaining)
             finally:
-                self.replica_fetches_waiting -= 1
-                handle.cancel()
                 if self._session_waiters.get(s.session_id) is fut:
                     del self._session_waiters[s.session_id]
             keys = cache.take_dirty(s)
