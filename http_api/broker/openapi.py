@@ -59,7 +59,8 @@ _X = {"name": "txid", "in": "path", "required": True, "schema": {"type": "string
 _TXN_ERRORS = {"400": _err("PRODUCER_FENCED (a newer init of the id) / INVALID_PRODUCER_ID_MAPPING / "
                            "INVALID_TRANSACTION_TIMEOUT / INVALID_REQUEST"),
                "404": _err("UNKNOWN_TOPIC_OR_PARTITION (a record's topic or partition)"),
-               "409": _err("CONCURRENT_TRANSACTIONS (retry) / INVALID_TXN_STATE"),
+               "409": _err("CONCURRENT_TRANSACTIONS (retry) / INVALID_TXN_STATE / OUT_OF_ORDER_SEQUENCE_NUMBER "
+                           "(records with sequences: a gap)"),
                "421": _err("NOT_COORDINATOR with coordinator_id, coordinator_url (retry)")}
 # transactions (http_api/broker/transactions.py, API.md "Transactions")
 _TRANSACTION_PATHS = {
