@@ -25,10 +25,12 @@ from typing import Optional
 
 import aiohttp
 from aiohttp import web
+import prometheus_client as prom
 
 from http_api.broker.app import BrokerDeps, create_app
 from http_api.broker.config import BrokerConfig
 from http_api.broker.group_offsets import GroupOffsetStore
+from http_api.broker.loop_lag import EventLoopLagMonitor
 from http_api.broker.internal_auth import CLUSTER_SECRET_ENV, broker_cluster_secret, internal_token
 from http_api.broker.metadata_view import MetadataView
 from http_api.broker.producer_ids import ProducerIdAllocator
@@ -161,6 +163,10 @@ class Broker:
                 connector=aiohttp.TCPConnector(ssl=client_ssl), headers=auth_headers)
         if self.tls is not None:
             deps.registry.register(TlsMetricsCollector([self.tls]))
+        self.loop_lag = EventLoopLagMonitor()   # kraftlog_event_loop_lag_ms (issue 25)
+        prom.Gauge("kraftlog_event_loop_lag_ms", "Longest event-loop stall of the last 10-20 s (ms)",
+                   registry=deps.registry).set_function(self.loop_lag.lag_ms)
+        self.tasks.append(asyncio.create_task(self.loop_lag.run(), name="event-loop-lag"))
         app = create_app(cfg, deps)
         # handler_cancellation: a long poll whose client went away stops waiting (frees its slot)
         # hardened edge: head/body deadlines, connection caps, rate-limited rejection log

@@ -1,0 +1,81 @@
+"""EventLoopLagMonitor: how long the broker's event loop was held by one synchronous step
+(issue 25; asyncio shell around a pure window).
+
+A task sleeps `event_loop_lag_interval_ms` (100 ms) again and again; how much later than
+asked it wakes is how long some callback held the loop. `/metrics` shows the largest such
+stall of the current and the previous window of `event_loop_lag_window_ms` (10 s) as
+`kraftlog_event_loop_lag_ms`; a stall above `event_loop_lag_warn_ms` (1 s) is logged. A
+broker whose loop stalls for seconds misses its controller heartbeats and its followers'
+long-poll answers: the figure says which broker, py-spy says which step.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+EVENT_LOOP_LAG_INTERVAL_MS = 100
+EVENT_LOOP_LAG_WINDOW_MS = 10_000
+EVENT_LOOP_LAG_WARN_MS = 1_000
+
+
+class LagWindow:
+    """Largest stall (ms) per window of `window_ms`; `max_ms(now)` covers the current and the
+    previous window, so a scrape never sees a fresh, empty window only. Pure."""
+
+    def __init__(self, window_ms: int = EVENT_LOOP_LAG_WINDOW_MS) -> None:
+        self.window_ms = window_ms
+        self._start_ms: float | None = None
+        self._current = 0.0
+        self._previous = 0.0
+
+    def _roll(self, now_ms: float) -> None:
+        if self._start_ms is None:
+            self._start_ms = now_ms
+            return
+        elapsed = now_ms - self._start_ms
+        if elapsed >= self.window_ms:
+            # one window passed: the current becomes the previous; more: both are stale
+            self._previous = self._current if elapsed < 2 * self.window_ms else 0.0
+            self._current = 0.0
+            self._start_ms = now_ms - elapsed % self.window_ms
+
+    def record(self, now_ms: float, lag_ms: float) -> None:
+        self._roll(now_ms)
+        self._current = max(self._current, lag_ms)
+
+    def max_ms(self, now_ms: float) -> float:
+        self._roll(now_ms)
+        return max(self._current, self._previous)
+
+
+class EventLoopLagMonitor:
+    """Measures the running loop's stalls into a `LagWindow` (see the module docstring)."""
+
+    def __init__(self, *, interval_ms: int = EVENT_LOOP_LAG_INTERVAL_MS, window_ms: int = EVENT_LOOP_LAG_WINDOW_MS,
+                 warn_ms: int = EVENT_LOOP_LAG_WARN_MS, clock_ms: Callable[[], float] | None = None) -> None:
+        self.interval_ms = interval_ms
+        self.warn_ms = warn_ms
+        self.window = LagWindow(window_ms)
+        self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
+        self.max_lag_ms_ever = 0.0
+
+    def lag_ms(self) -> float:
+        """Largest stall of the current and the previous window (ms)."""
+        return round(self.window.max_ms(self.clock_ms()), 1)
+
+    async def run(self) -> None:
+        while True:
+            t0 = self.clock_ms()
+            await asyncio.sleep(self.interval_ms / 1000)
+            now = self.clock_ms()
+            lag = max(0.0, now - t0 - self.interval_ms)
+            self.window.record(now, lag)
+            self.max_lag_ms_ever = max(self.max_lag_ms_ever, lag)
+            if lag > self.warn_ms:
+                log.warning("event loop held for %.0f ms (heartbeats and replica fetch answers wait that long; "
+                            "py-spy dump --pid %d shows the step)", lag, os.getpid())

@@ -1,0 +1,34 @@
+"""EventLoopLagMonitor / LagWindow (issue 25): the broker's longest event-loop stall."""
+import asyncio
+import time
+
+from http_api.broker.loop_lag import EventLoopLagMonitor, LagWindow
+
+
+def test_window_keeps_the_largest_stall_of_this_and_the_previous_window():
+    w = LagWindow(window_ms=1000)
+    w.record(0, 5)
+    w.record(500, 120)
+    w.record(900, 7)
+    assert w.max_ms(950) == 120
+    w.record(1200, 3)              # next window: the previous one's 120 still shows
+    assert w.max_ms(1300) == 120
+    w.record(2100, 9)              # two windows on: 120 is gone
+    assert w.max_ms(2150) == 9
+    assert w.max_ms(5000) == 0     # long quiet: both windows stale
+
+
+def test_monitor_measures_a_blocking_callback():
+    async def main():
+        m = EventLoopLagMonitor(interval_ms=10)
+        t = asyncio.create_task(m.run())
+        try:
+            await asyncio.sleep(0.05)
+            time.sleep(0.3)        # the stall under test: hold the loop 300 ms
+            deadline = time.monotonic() + 10
+            while m.lag_ms() < 250 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return m.lag_ms()
+        finally:
+            t.cancel()
+    assert asyncio.run(main()) >= 250
