@@ -1,4 +1,5 @@
-"""Guard against pysyncobj 0.3.17 truncating a follower's log needlessly.
+"""Guard against pysyncobj 0.3.17 truncating a follower's log needlessly, and against its
+chunked transmission of large entries.
 
 pysyncobj's follower truncates every entry after `prevLogIdx` whenever its log is longer,
 even when those entries match the leader's (Raft only deletes entries that *conflict*).
@@ -15,10 +16,26 @@ is safe: the follower's last entry has the leader's current term, so by Raft's L
 property the follower's log up to it equals the leader's log (only the leader of a term
 creates entries of that term, and a leader never truncates its own log). The message then
 appends only entries the follower lacks, and truncates nothing.
+
+Large entries (a command of `appendEntriesBatchSizeBytes`, 64 KiB, or more, sent alone) go
+as a "transmission": the pickled entry cut into 'start', 'process'... 'finish' messages of
+64 KiB, all with the same prevLogIdx. Two pysyncobj bugs there (raft/README.md, "Large
+entries"), both handled by `TransmissionReassembly` on the follower:
+- the leader marks a chunk 'finish' when `pos + batch >= len(command)`, not the pickled
+  entry's length (24 bytes more), so when a multiple of 64 KiB falls between the two the
+  chunk before the last is marked 'finish' too: the follower unpickles a truncated entry
+  and the exception aborts its raft tick (`failed _onTick`, `pickle data was truncated`).
+  Here a 'finish' whose bytes do not unpickle yet is handled as a 'process';
+- a transmission's 'finish' carried its entry past `rewrite_append_entries`, so a resent
+  large entry still truncated entries the follower had acknowledged. Here the reassembled
+  entry is handed on as a plain AppendEntries of one entry, which the rewrite covers.
+The reassembly buffers per leader connection; the 'start'/'process' messages reach
+pysyncobj with empty data (it still answers them and resets its election timer), so an
+entry is buffered once.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 
 def rewrite_append_entries(message: dict, last_idx: int, last_term: int) -> Optional[dict]:
@@ -42,9 +59,50 @@ def rewrite_append_entries(message: dict, last_idx: int, last_term: int) -> Opti
     return rewritten
 
 
+class TransmissionReassembly:
+    """Reassembles pysyncobj's chunked large entries per sending node (module docstring).
+    `receive` maps each transmission message to the message pysyncobj should handle:
+    'start'/'process' (and a premature 'finish') with their data taken out, and the last
+    'finish' as a plain AppendEntries carrying the whole entry. Invariant: at most one
+    partial entry is buffered per node; a 'start' discards the previous one."""
+
+    def __init__(self, loads: Optional[Callable[[bytes], object]] = None) -> None:
+        if loads is None:
+            from pysyncobj import pickle as pysyncobj_pickle
+
+            loads = pysyncobj_pickle.loads
+        self._loads = loads
+        self._partial: dict = {}   # node -> bytearray of the pickled entry so far
+
+    def buffered_bytes(self) -> int:
+        return sum(len(b) for b in self._partial.values())
+
+    def receive(self, node, message: dict) -> dict:
+        transmission = message.get("transmission")
+        data = message.get("data")
+        if transmission == "start":
+            self._partial[node] = bytearray(data)
+            return dict(message, data=b"")
+        buffered = self._partial.get(node)
+        if buffered is None or transmission not in ("process", "finish"):
+            return message   # not started here: pysyncobj's own handling
+        buffered += data
+        if transmission == "process":
+            return dict(message, data=b"")
+        try:
+            entry = self._loads(bytes(buffered))
+        except Exception:   # a 'finish' before the last chunk (pysyncobj's length bug)
+            return dict(message, transmission="process", data=b"")
+        del self._partial[node]
+        plain = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        plain["entries"] = [entry]
+        return plain
+
+
 def install_append_entries_guard(syncobj) -> bool:
-    """Filter the messages `syncobj` receives through `rewrite_append_entries`. Runs on the
-    raft thread, like the handler it wraps; adds no attribute to the SyncObj."""
+    """Filter the messages `syncobj` receives through `TransmissionReassembly` and
+    `rewrite_append_entries`. Runs on the raft thread, like the handler it wraps; adds no
+    attribute to the SyncObj."""
     transport = getattr(syncobj, "_SyncObj__transport", None)
     journal = getattr(syncobj, "_SyncObj__raftLog", None)
     if transport is None or journal is None:
@@ -52,13 +110,17 @@ def install_append_entries_guard(syncobj) -> bool:
     handler = transport._onMessageReceivedCallback
     if handler is None:
         return False
+    transmissions = TransmissionReassembly()
 
     def guarded(node, message):
-        if isinstance(message, dict) and message.get("type") == "append_entries" and len(journal):
-            last = journal[len(journal) - 1]
-            rewritten = rewrite_append_entries(message, last[1], last[2])
-            if rewritten is not None:
-                message = rewritten
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            if message.get("transmission") is not None:
+                message = transmissions.receive(node, message)
+            if len(journal):
+                last = journal[len(journal) - 1]
+                rewritten = rewrite_append_entries(message, last[1], last[2])
+                if rewritten is not None:
+                    message = rewritten
         return handler(node, message)
 
     transport.setOnMessageReceivedCallback(guarded)
