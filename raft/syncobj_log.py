@@ -16,7 +16,8 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
 - a tick callback pings every peer every `peer_ping_interval_s` so idle links are
   detected dead before they are needed (otherwise the first use after a failure wastes an
   election round);
-- followers never truncate entries that match the leader's (raft/append_entries_guard.py);
+- followers never truncate entries that match the leader's, and reassemble large entries
+  (pysyncobj's chunked "transmissions") themselves (raft/append_entries_guard.py);
 - a peer announcing a frame over `frame_max_bytes` is dropped before its frame is buffered,
   and frames failing the password's check are counted (raft/frame_guard.py, `peer_stats`);
 - pre-vote (raft/prevote.py, opt-in with RaftConfig.prevote): a node starts an election only
