@@ -254,8 +254,10 @@ class FollowerSession:
     full_fetches: int = 0
     incremental_fetches: int = 0
 
-    def build(self, wanted: dict) -> tuple[int, int, list, list]:
+    def build(self, wanted: dict, candidates: set | None = None) -> tuple[int, int, list, list]:
         """`wanted`: key -> (fetch_offset, leader_epoch) of every partition to fetch now.
+        `candidates`: the only keys whose entry may differ from the last request's (issue 25:
+        the caller tracks them, so no walk of `wanted`); None: compare them all.
         -> (session_id, epoch, keys to name in the request, forgotten keys). A full fetch
         (no session yet) names them all."""
         self._pending = dict(wanted)
@@ -263,8 +265,12 @@ class FollowerSession:
             self.full_fetches += 1
             return NO_SESSION, INITIAL_EPOCH, list(wanted), []
         self.incremental_fetches += 1
-        named = [k for k, v in wanted.items() if self.sent.get(k) != v]
-        forgotten = [k for k in self.sent if k not in wanted]
+        if candidates is None:
+            named = [k for k, v in wanted.items() if self.sent.get(k) != v]
+            forgotten = [k for k in self.sent if k not in wanted]
+        else:
+            named = [k for k in candidates if k in wanted and self.sent.get(k) != wanted[k]]
+            forgotten = [k for k in candidates if k in self.sent and k not in wanted]
         return self.session_id, self.epoch, named, forgotten
 
     def view(self) -> dict:

@@ -10,6 +10,13 @@ follows from that leader, in one of two phases:
 
 Invariants: a partition is in at most one leader's state; a change of leader epoch puts it
 back to TRUNCATING; a partition in error backs off until `retry_at_ms` (others keep going).
+
+Incremental (issue 25): the fetcher must not walk every followed partition per poll. So the
+state keeps the keys of TRUNCATING partitions and of backed-off ones, and a set of keys that
+changed since the fetcher last asked (`take_changed`): every add, remove, phase or epoch
+change, back-off and back-off expiry, plus `log_changed` (the fetcher appended, truncated or
+reset the local log). A fetch session names only partitions whose fetch offset or epoch
+changed; those are a subset of the changed keys.
 """
 from __future__ import annotations
 
@@ -60,6 +67,11 @@ class LeaderFetchState:
             return 0
         return max(0, now_ms - self.unanswered_since_ms)
 
+    # keys in TRUNCATING phase / with a back-off set / changed since `take_changed`
+    truncating: set = field(default_factory=set)
+    backed_off: set = field(default_factory=set)
+    changed: set = field(default_factory=set)
+
     def set_partition(self, topic: str, partition: int, leader_epoch: int) -> bool:
         """Follow (topic, partition) under `leader_epoch`. A new partition or a new epoch
         starts TRUNCATING; returns True when something changed."""
@@ -68,35 +80,72 @@ class LeaderFetchState:
         if cur is not None and cur.leader_epoch == leader_epoch:
             return False
         self.partitions[key] = PartitionFetchState(topic, partition, leader_epoch)
+        self.truncating.add(key)
+        self.backed_off.discard(key)
+        self.changed.add(key)
         return True
 
     def remove(self, topic: str, partition: int) -> None:
-        self.partitions.pop((topic, partition), None)
+        key = (topic, partition)
+        if self.partitions.pop(key, None) is not None:
+            self.truncating.discard(key)
+            self.backed_off.discard(key)
+            self.changed.add(key)
 
     def ready(self, phase: str, now_ms: int) -> list[PartitionFetchState]:
+        """Partitions in `phase` not backing off (TRUNCATING: from its index, no walk)."""
+        if phase == TRUNCATING:
+            parts = (self.partitions[k] for k in self.truncating)
+            return [s for s in parts if s.retry_at_ms <= now_ms]
         return [s for s in self.partitions.values() if s.phase == phase and s.retry_at_ms <= now_ms]
 
     def truncated(self, topic: str, partition: int, leader_epoch: int) -> None:
         """Divergence resolved: start fetching (ignored if the epoch moved on meanwhile)."""
-        s = self.partitions.get((topic, partition))
+        key = (topic, partition)
+        s = self.partitions.get(key)
         if s is not None and s.leader_epoch == leader_epoch:
             s.phase = FETCHING
             s.retry_at_ms = 0
+            self.truncating.discard(key)
+            self.backed_off.discard(key)
+            self.changed.add(key)
 
     def must_truncate(self, topic: str, partition: int, leader_epoch: int) -> None:
         """The leader says our log is ahead/diverged (e.g. OFFSET_OUT_OF_RANGE): truncate again."""
-        s = self.partitions.get((topic, partition))
+        key = (topic, partition)
+        s = self.partitions.get(key)
         if s is not None and s.leader_epoch == leader_epoch:
             s.phase = TRUNCATING
+            self.truncating.add(key)
+            self.changed.add(key)
 
     def back_off(self, topic: str, partition: int, now_ms: int, backoff_ms: int) -> None:
-        s = self.partitions.get((topic, partition))
+        key = (topic, partition)
+        s = self.partitions.get(key)
         if s is not None:
             s.retry_at_ms = now_ms + backoff_ms
+            self.backed_off.add(key)
+            self.changed.add(key)
+
+    def log_changed(self, topic: str, partition: int) -> None:
+        """The local log of a followed partition moved (append, truncation, reset)."""
+        if (topic, partition) in self.partitions:
+            self.changed.add((topic, partition))
+
+    def take_changed(self, now_ms: int) -> set:
+        """Keys changed since the last call, plus those whose back-off expired by `now_ms`
+        (their back-off is cleared); empties the changed set."""
+        expired = [k for k in self.backed_off if self.partitions[k].retry_at_ms <= now_ms]
+        for k in expired:
+            self.partitions[k].retry_at_ms = 0
+            self.backed_off.discard(k)
+        out, self.changed = self.changed, set()
+        out.update(expired)
+        return out
 
     def next_retry_ms(self) -> int | None:
         """Earliest retry time among backed-off partitions (None if none waits)."""
-        times = [s.retry_at_ms for s in self.partitions.values() if s.retry_at_ms > 0]
+        times = [self.partitions[k].retry_at_ms for k in self.backed_off]
         return min(times) if times else None
 
 

@@ -46,6 +46,7 @@ REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
 REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_BACKOFF_MS = 200
 TRUNCATION_ROUNDS_MAX = 50
+FOLLOWER_RESYNC_MS = 5_000   # full walk of the followed partitions at least this often (a safety net)
 
 
 class FetchedPartition(Protocol):
@@ -86,6 +87,12 @@ class _LeaderFetcher:
         self.rotation = 0
         # incremental fetch session with this leader (None: the transport has none)
         self.session = FollowerSession() if getattr(mgr.transport, "supports_fetch_sessions", False) else None
+        # every partition to fetch now, kept
+        # up to date from the state's changed keys (no walk per poll); a full walk at the latest
+        # every FOLLOWER_RESYNC_MS
+        self.wanted: dict[tuple[str, int], tuple[int, int]] = {}   # (fetch offset, leader epoch)
+        self.wanted_hw: dict[tuple[str, int], int] = {}              # the local HW sent with it
+        self.resync_at_ms = 0
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
@@ -193,6 +200,7 @@ class _LeaderFetcher:
                     log.info("%s-%s: truncating from %d to %d (leader %s has epoch %d up to %d)", topic, p,
                              lg.log_end_offset, offset, self.state.leader_id, epoch, end_offset)
                     rm.follower_truncate(topic, p, s.leader_epoch, offset)
+                    self.state.log_changed(topic, p)
             except KraftlogError:
                 self.state.back_off(topic, p, self.mgr.now_ms(), self.mgr.backoff_ms)
                 continue
@@ -201,40 +209,75 @@ class _LeaderFetcher:
                 self.state.truncated(topic, p, s.leader_epoch)
         return True
 
+    def _wanted_entry(self, s, now: int, throttle, throttled: set) -> tuple | None:
+        """(fetch offset, leader epoch, local HW) of a partition to fetch now, or None (not
+        FETCHING, backing off, throttled until its bucket refills, or no local log)."""
+        if s.phase != FETCHING or s.retry_at_ms > now:
+            return None
+        if throttle is not None and throttle.follower_throttled(s.topic, s.partition):
+            wait_ms = throttle.follower.wait_ms(now)
+            if wait_ms > 0:   # the bucket is empty: leave this copy out until it refills
+                self.state.back_off(s.topic, s.partition, now, min(wait_ms, self.mgr.fetch_wait_max_ms))
+                return None
+            throttled.add((s.topic, s.partition))
+        try:
+            part, lg = self.mgr.rm.follower_partition(s.topic, s.partition, s.leader_epoch)
+        except KraftlogError:
+            self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
+            return None
+        return lg.log_end_offset, s.leader_epoch, part.high_watermark
+
+    def _set_wanted(self, key, entry) -> None:
+        if entry is None:
+            self.wanted.pop(key, None)
+            self.wanted_hw.pop(key, None)
+        else:
+            self.wanted[key] = entry[:2]
+            self.wanted_hw[key] = entry[2]
+
+    def _update_wanted(self, now: int, throttle, throttled: set) -> set | None:
+        """Bring `self.wanted` (key -> (fetch offset, leader epoch) of every partition to fetch
+        now) up to date. Incremental (issue 25): only keys that changed since the last poll
+        (`LeaderFetchState.take_changed`) and throttled ones are looked at; the whole set is
+        walked only without an established session, or every `FOLLOWER_RESYNC_MS`.
+        -> the keys looked at (None: all of them)."""
+        changed = self.state.take_changed(now)
+        if self.session is None or self.session.session_id == 0 or now >= self.resync_at_ms:
+            self.resync_at_ms = now + FOLLOWER_RESYNC_MS
+            self.wanted, self.wanted_hw = {}, {}
+            for s in list(self.state.partitions.values()):
+                self._set_wanted((s.topic, s.partition), self._wanted_entry(s, now, throttle, throttled))
+            self.state.changed.clear()   # back-offs set by this walk are applied already
+            return None
+        if throttle is not None and throttle.follower.rate is not None:
+            changed.update(k for k, reps in throttle.throttled.items() if self.mgr.broker_id in reps)
+        for key in changed:
+            s = self.state.partitions.get(key)
+            self._set_wanted(key, self._wanted_entry(s, now, throttle, throttled) if s is not None else None)
+        self.state.changed.difference_update(changed)   # back-offs set just now are applied
+        return changed
+
     async def _fetch_ready(self) -> bool:
         rm = self.mgr.rm
         now = self.mgr.now_ms()
-        reqs = []
-        sent: dict[tuple[str, int], tuple[int, int]] = {}
         throttle = getattr(rm, "throttle", None)   # reassignment copies: the follower side of the throttle
         if throttle is not None:
             throttle.update(getattr(rm, "_image", None), now)
         throttled: set = set()
-        for s in self.state.ready(FETCHING, now):
-            if throttle is not None and throttle.follower_throttled(s.topic, s.partition):
-                wait_ms = throttle.follower.wait_ms(now)
-                if wait_ms > 0:   # the bucket is empty: leave this copy out until it refills
-                    self.state.back_off(s.topic, s.partition, now, min(wait_ms, self.mgr.fetch_wait_max_ms))
-                    continue
-                throttled.add((s.topic, s.partition))
-            try:
-                part, lg = rm.follower_partition(s.topic, s.partition, s.leader_epoch)
-            except KraftlogError:
-                self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
-                continue
-            reqs.append({"topic": s.topic, "partition": s.partition, "offset": lg.log_end_offset,
-                         "leader_epoch": s.leader_epoch, "high_watermark": part.high_watermark})
-            sent[(s.topic, s.partition)] = (s.leader_epoch, lg.log_end_offset)
-        if not reqs:
+        looked_at = self._update_wanted(now, throttle, throttled)
+        if not self.wanted:
             return False
+        sent = dict(self.wanted)   # key -> (fetch offset, leader epoch) this request fetches
         kwargs = {}
+        keys = self.wanted
         if self.session is not None:
             # name only what changed since the session's last answered request
-            sid, epoch, named, forgotten = self.session.build({k: (v[1], v[0]) for k, v in sent.items()})
+            sid, epoch, named, forgotten = self.session.build(self.wanted, candidates=looked_at)
             if sid:
-                named_set = set(named)
-                reqs = [r for r in reqs if (r["topic"], r["partition"]) in named_set]
+                keys = named
             kwargs["session"] = (sid, epoch, [{"topic": t, "partition": p} for t, p in forgotten])
+        reqs = [{"topic": k[0], "partition": k[1], "offset": sent[k][0], "leader_epoch": sent[k][1],
+                 "high_watermark": self.wanted_hw[k]} for k in keys]
         if reqs:
             # rotate the order: the leader fills max_bytes in request order, so no partition starves
             self.rotation = (self.rotation + 1) % len(reqs)
@@ -273,9 +316,11 @@ class _LeaderFetcher:
         for res in results:
             key = (res.topic, res.partition)
             s = self.state.partitions.get(key)
-            if s is None or key not in sent or sent[key][0] != s.leader_epoch or s.phase != FETCHING:
+            if s is None or key not in sent or sent[key][1] != s.leader_epoch or s.phase != FETCHING:
                 continue
-            epoch, offset = sent[key]
+            offset, epoch = sent[key]
+            if res.records:
+                self.state.log_changed(res.topic, res.partition)   # the fetch offset moves
             try:
                 part, lg = rm.follower_partition(res.topic, res.partition, epoch)
                 if lg.log_end_offset != offset:
@@ -303,6 +348,7 @@ class _LeaderFetcher:
             if lso is not None and lg.log_end_offset < int(lso):
                 log.info("%s-%s: below the leader's log start %s; restarting there", topic, p, lso)
                 self.mgr.rm.follower_reset(topic, p, epoch, int(lso))
+                self.state.log_changed(topic, p)
                 return
             self.state.must_truncate(topic, p, epoch)  # ahead of the leader: diverged
             return
