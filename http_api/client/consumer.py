@@ -204,7 +204,7 @@ class Consumer:
                        else {})},
             # a fetch is safe to repeat: a leader silent past its long poll plus one attempt
             # timeout is marked suspect and the next poll refreshes metadata (part E)
-            timeout_s=max_wait_ms / 1000 + self.t.attempt_timeout_s)
+            timeout_s=max_wait_ms / 1000 + self.t.attempt_timeout_s, hot=True)
         return body, headers
 
     async def poll(self, timeout_ms: int | None = None) -> list[ConsumerRecord]:

@@ -548,7 +548,7 @@ class Producer:
         topic, p = tp
         task = asyncio.ensure_future(self.t.request(
             "POST", f"{url}/v1/topics/{topic}/partitions/{p}/records?acks={self.acks}", data=payload,
-            content_type=codecs.RAW_BATCH))
+            content_type=codecs.RAW_BATCH, hot=True))
         wait_s = self.t.attempt_timeout_s
         try:
             while True:

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 import aiohttp
 
+from http_api.client.http1 import Http1Pool
 from http_api.wire import codecs
 from http_api.wire.auth import client_headers_from_env
 from http_api.wire.tls import cli_client_context
@@ -99,6 +100,11 @@ class Transport:
         self._suspect: dict[str, float] = {}   # broker base URL -> monotonic time it stops being suspect
         self._session = session
         self._own = session is None
+        # produce and fetch requests (`hot=True`) go through the client's own keep-alive HTTP/1.1
+        # connections (http1.py), everything else through aiohttp; a session given by the caller
+        # carries every request (its connector's TLS settings apply). False: aiohttp for all.
+        self.own_http_connections = session is None
+        self._pool: Http1Pool | None = None
         self._next = random.randrange(len(self.urls))
 
     @property
@@ -141,25 +147,35 @@ class Transport:
 
     async def request(self, method: str, url: str, *, json_body: Any = None, data: bytes | None = None,
                       content_type: str | None = None, accept: str = codecs.JSON, params: dict | None = None,
-                      timeout_s: float | None = None) -> tuple[int, Any, bytes]:
+                      timeout_s: float | None = None, hot: bool = False) -> tuple[int, Any, bytes]:
         """-> (status, headers, body); raises KraftlogError for 4xx/5xx, and
-        BROKER_NOT_AVAILABLE for connection failures."""
-        s = await self.session()
+        BROKER_NOT_AVAILABLE for connection failures. `hot` (produce and fetch requests):
+        through the client's own HTTP/1.1 connections unless `own_http_connections` is off."""
         headers = {"Accept": accept, "X-Client-Id": self.client_id, **self.auth_headers}
         if json_body is not None:
             data = json.dumps(json_body).encode()
             content_type = codecs.JSON
         if content_type:
             headers["Content-Type"] = content_type
-        to = aiohttp.ClientTimeout(total=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000 + 5,
-                                   sock_connect=self.connect_timeout_ms / 1000)
+        total_s = timeout_s if timeout_s is not None else self.request_timeout_ms / 1000 + 5
         try:
+            if hot and self.own_http_connections:
+                if self._pool is None:
+                    self._pool = Http1Pool(self.ssl_context)
+                status, resp_headers, body = await self._pool.request(
+                    method, url, headers=headers, body=data, params=params, timeout_s=total_s,
+                    connect_timeout_s=self.connect_timeout_ms / 1000)
+                if status >= 400:
+                    raise _error_from(status, body)
+                return status, resp_headers, body
+            s = await self.session()
+            to = aiohttp.ClientTimeout(total=total_s, sock_connect=self.connect_timeout_ms / 1000)
             async with s.request(method, url, data=data, headers=headers, params=params, timeout=to) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
                     raise _error_from(resp.status, body)
                 return resp.status, resp.headers, body
-        except aiohttp.ClientSSLError as e:
+        except (aiohttp.ClientSSLError, ssl.SSLError, ssl.CertificateError) as e:
             self.mark_suspect(url)
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"TLS handshake with the broker at {url} failed: {e}; give the cluster's CA "
@@ -189,6 +205,9 @@ class Transport:
         raise last  # type: ignore[misc]
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._own and self._session is not None:
             await self._session.close()
             self._session = None
