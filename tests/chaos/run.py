@@ -85,13 +85,16 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
                     kinds: Optional[list] = None, partitions: int = 3, hold_s=(2.0, 5.0), quiet_s=(2.0, 4.0),
                     warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print,
                     log_level: str = "WARNING", secure: bool = False,
-                    transactions: bool = False, raft_prevote: bool = False) -> tuple[dict, object]:
+                    transactions: bool = False, raft_prevote: bool = False,
+                    settle_max_s: float = 60.0) -> tuple[dict, object]:
     """`secure`: TLS, authentication and ACLs on (ClusterSettings.secure; the workload is the
-    super user admin). `raft_prevote`: the controllers run raft pre-vote."""
+    super user admin). `raft_prevote`: the controllers run raft pre-vote. `settle_max_s`:
+    before the next fault, wait at most this long for the cluster to recover from the last
+    one (Schedule.settle; 0 = only the quiet time)."""
     kinds = kinds or list(ALL_NEMESES)
     cluster = ChaosCluster(root, ClusterSettings(log_level=log_level, secure=secure, raft_prevote=raft_prevote))
     history = History()
-    schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s)
+    schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s, settle_max_s=settle_max_s)
     rng = random.Random(seed)
     t0 = time.monotonic()
     poller = CleanerStatsPoller(cluster)
@@ -124,9 +127,12 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
                     if stop_faults.is_set() or (deadline and time.monotonic() > deadline):
                         break
                     rec = schedule.run_one(cluster, kind, rng, history.now, time.sleep)
+                    schedule.settle(cluster, rec, rng.uniform(*quiet_s), history.now, stop_faults.wait)
+                    settled = (f"settled {rec.recovery_s:.2f}s after the heal" if rec.settled
+                               else f"NOT settled within {settle_max_s:g}s: {'; '.join(rec.unsettled)}"
+                               if rec.settled is False else "no settle wait")
                     log(f"[{rec.start:7.1f}s] fault {n + 1}: {rec.kind}: {rec.description}"
-                        f"{' ERROR ' + rec.error if rec.error else ''}")
-                    stop_faults.wait(rng.uniform(*quiet_s))
+                        f"{' ERROR ' + rec.error if rec.error else ''} ({settled}; load {rec.load1})")
                 schedule.heal_all(cluster)
 
             try:
@@ -156,7 +162,8 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
     result = check(history)
     meta = {"seed": seed, "minutes": minutes, "fault_count": fault_count, "kinds": kinds,
             "partitions": partitions, "duration_s": round(time.monotonic() - t0, 1), "root": root,
-            "secure": secure, "transactions": transactions}
+            "secure": secure, "transactions": transactions, "hold_s": list(hold_s), "quiet_s": list(quiet_s),
+            "settle_max_s": settle_max_s}
     if out_dir:
         figs = write_report(out_dir, history, result, schedule.faults, meta, log_cleaner=cleaner)
     else:
@@ -187,6 +194,9 @@ def main(argv=None) -> int:
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--hold", default="2,5", help="seconds a fault stays, MIN,MAX (default 2,5)")
     p.add_argument("--quiet", default="2,4", help="healed seconds between faults, MIN,MAX (default 2,4)")
+    p.add_argument("--settle-max", type=float, default=60.0,
+                   help="before each fault wait up to this many seconds for the cluster to recover from the "
+                        "last one (processes up, brokers unfenced, full ISRs, an active controller); 0 = no wait")
     p.add_argument("--log-level", default="WARNING", help="of the cluster processes (INFO shows replication)")
     p.add_argument("--secure", action="store_true",
                    help="TLS, authentication and ACLs on, as `kraftlog cluster up --secure` (clients: admin)")
@@ -210,7 +220,8 @@ def main(argv=None) -> int:
                                          partitions=args.partitions, out_dir=args.report, log_level=args.log_level,
                                          hold_s=_range(args.hold), quiet_s=_range(args.quiet),
                                          log=lambda m: print(m, flush=True), secure=args.secure,
-                                         transactions=args.transactions, raft_prevote=args.raft_prevote))
+                                         transactions=args.transactions, raft_prevote=args.raft_prevote,
+                                         settle_max_s=args.settle_max))
     figs.pop("_faults", None)
     print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))
     print(result.summary(limit=20))

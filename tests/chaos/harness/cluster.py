@@ -427,6 +427,19 @@ class ChaosCluster:
                 return i
         return None
 
+    def settle_snapshot(self):
+        """The inputs of harness/settle.py's `unsettled_reasons`, read now: which processes
+        run, which brokers answer /healthz, the active controller and its metadata."""
+        from tests.chaos.harness.settle import SettleSnapshot
+        snap = SettleSnapshot(broker_ids=list(self.ids),
+                              processes_up={key: spec.alive() and not spec.paused for key, spec in self.procs.items()})
+        snap.healthy_brokers = {i for i in self.ids if snap.processes_up[("broker", i)] and self._healthy(i)}
+        snap.active_controller = self.active_controller()
+        if snap.active_controller is not None:
+            snap.metadata = self.get_json(self.controller_direct_url(snap.active_controller)
+                                          + "/controller/v1/metadata", timeout=2.0)
+        return snap
+
     def source_label(self, peer_port: int, local_port: int) -> str:
         """Which of our processes opened this connection ("broker-2", "controller-1", else "client")."""
         pids = {spec.pid: f"{role}-{i}" for (role, i), spec in self.procs.items() if spec.alive()}

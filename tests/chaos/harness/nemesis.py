@@ -309,22 +309,35 @@ ALL_NEMESES = {
 
 @dataclass
 class FaultRecord:
+    """One fault: `start` (injected) and `end` (healed) on the history's clock. After the
+    heal `Schedule.settle` sets `settled` (the cluster recovered within `settle_max_s`),
+    `recovery_s` (heal -> settled; None if it did not settle) and `unsettled` (what was
+    still missing at the limit). `load1`: the machine's 1-minute load at the start."""
+
     kind: str
     description: str
     start: float
     end: float = -1.0
     error: Optional[str] = None
+    settled: Optional[bool] = None
+    recovery_s: Optional[float] = None
+    unsettled: list = field(default_factory=list)
+    load1: Optional[float] = None
 
 
 @dataclass
 class Schedule:
-    """A seeded sequence of faults: `hold_s` with the fault active, then `quiet_s` healed."""
+    """A seeded sequence of faults: `hold_s` with the fault active, then healed until the
+    cluster has settled (`settle`, at most `settle_max_s`; 0 = no wait) and at least a
+    drawn `quiet_s` has passed since the heal."""
 
     seed: int
     kinds: list = field(default_factory=lambda: list(ALL_NEMESES))
     hold_s: tuple = (2.0, 5.0)
     quiet_s: tuple = (2.0, 4.0)
     faults: list = field(default_factory=list)
+    settle_max_s: float = 60.0
+    settle_poll_s: float = 0.25
 
     def plan(self, count: int) -> list[str]:
         """`count` fault kinds in rounds: every kind once per round, each round in a seeded
@@ -339,7 +352,7 @@ class Schedule:
 
     def run_one(self, c, kind: str, rng: random.Random, clock, sleep) -> FaultRecord:
         nem = ALL_NEMESES[kind]()
-        rec = FaultRecord(kind, "", clock())
+        rec = FaultRecord(kind, "", clock(), load1=round(os.getloadavg()[0], 1))
         try:
             rec.description = nem.start(c, rng)
             sleep(rng.uniform(*self.hold_s))
@@ -352,6 +365,30 @@ class Schedule:
         rec.end = clock()
         self.faults.append(rec)
         return rec
+
+    def settle(self, c, rec: FaultRecord, quiet_s: float, clock, wait) -> None:
+        """After `rec`'s heal: poll until the cluster has settled (harness/settle.py) or
+        `settle_max_s` has passed since the heal, record that in `rec`, then wait out the
+        rest of `quiet_s` (a minimum, counted from the heal). `wait(s)` sleeps and returns
+        True when the run is being stopped (threading.Event.wait)."""
+        from tests.chaos.harness.settle import unsettled_reasons
+        healed = rec.end if rec.end >= 0 else clock()
+        reasons: list = []
+        while self.settle_max_s > 0:
+            reasons = unsettled_reasons(c.settle_snapshot())
+            now = clock()
+            if not reasons:
+                rec.settled, rec.recovery_s = True, round(now - healed, 2)
+                break
+            if now - healed >= self.settle_max_s:
+                rec.settled, rec.unsettled = False, reasons
+                break
+            if wait(min(self.settle_poll_s, healed + self.settle_max_s - now)):
+                rec.settled, rec.unsettled = False, reasons + ["run stopped"]
+                return
+        rest = healed + quiet_s - clock()
+        if rest > 0:
+            wait(rest)
 
     def heal_all(self, c) -> None:
         """Every process running and resumed, every link healed."""

@@ -11,6 +11,7 @@ from typing import Optional
 
 from tests.chaos.harness.checker import CheckResult, unavailability_windows
 from tests.chaos.harness.history import History
+from tests.chaos.harness.settle import EXCLUDED_CLASSES, fault_class
 
 
 def timeline(history: History, bucket_s: float = 1.0) -> list[dict]:
@@ -58,12 +59,17 @@ def figures(history: History, result: CheckResult, faults: list, min_gap_s: floa
 
 
 def windows_by_fault_kind(history: History, faults: list, f: str = "produce") -> dict:
-    """Per fault kind: the longest window without an acknowledged write of one partition
-    (issue 24), over the faults of that kind. A fault's span runs from its start to the next
-    fault's start (hold, heal and quiet period), the last one to the last operation of kind
-    `f` (the writers stop before the final reads); within
-    it, per (topic, partition), the longest stretch without an `ok` of kind `f` (clipped to
-    the span). -> {kind: {"faults", "max_s", "worst": "topic-partition at start s", "p50_s"}}"""
+    """Per fault class (the kind; kill-several split by what it killed, settle.fault_class):
+    the longest window without an acknowledged write of one partition (issue 24), over the
+    faults of that class. A fault's span runs from its start to the next fault's start
+    (hold, heal, settle wait and quiet period), the last one to the last operation of kind
+    `f` (the writers stop before the final reads); within it, per (topic, partition), the
+    longest stretch without an `ok` of kind `f` (clipped to the span). Next to it the
+    recovery time (heal -> settled, Schedule.settle) and how many faults of the class
+    started while the previous fault had not settled within its limit (their windows are
+    not one fault's). -> {class: {"faults", "max_s", "p50_s", "worst": "topic-partition at
+    start s", "recovery_max_s", "recovery_p50_s", "not_settled", "after_unsettled",
+    "after_unsettled_at", "excluded" (why, for a class the goal excludes)}}"""
     oks: dict = defaultdict(list)
     end = 0.0
     for op in history.ops:
@@ -76,7 +82,7 @@ def windows_by_fault_kind(history: History, faults: list, f: str = "produce") ->
         times.sort()
     keys = sorted({op.key for op in history.ops if op.f == f}, key=str)
     ordered = sorted((x for x in faults if x.end >= 0), key=lambda x: x.start)
-    per_kind: dict = defaultdict(list)   # kind -> [(longest s, key, fault start)]
+    per_kind: dict = defaultdict(list)   # class -> [(longest s, key, fault start, fault, previous fault)]
     for n, fault in enumerate(ordered):
         a = fault.start
         b = ordered[n + 1].start if n + 1 < len(ordered) else max(end, fault.end)
@@ -86,14 +92,40 @@ def windows_by_fault_kind(history: History, faults: list, f: str = "produce") ->
             gap = max((y - x for x, y in zip(pts, pts[1:])), default=0.0)
             if gap > worst[0]:
                 worst = (gap, key)
-        per_kind[fault.kind].append((worst[0], worst[1], a))
+        per_kind[fault_class(fault.kind, fault.description)].append(
+            (worst[0], worst[1], a, fault, ordered[n - 1] if n else None))
     out = {}
     for kind, rows in sorted(per_kind.items()):
         rows.sort(key=lambda r: r[0])
         top = rows[-1]
+        rec = sorted(r[3].recovery_s for r in rows if r[3].recovery_s is not None)
+        after = [r for r in rows if r[4] is not None and r[4].settled is False]
         out[kind] = {"faults": len(rows), "max_s": round(top[0], 2), "p50_s": round(rows[len(rows) // 2][0], 2),
-                     "worst": f"{top[1][0]}-{top[1][1]} at {top[2]:.1f}s" if top[1] else None}
+                     "worst": f"{top[1][0]}-{top[1][1]} at {top[2]:.1f}s" if top[1] else None,
+                     "recovery_max_s": rec[-1] if rec else None,
+                     "recovery_p50_s": rec[len(rec) // 2] if rec else None,
+                     "not_settled": sum(1 for r in rows if r[3].settled is False),
+                     "after_unsettled": len(after),
+                     "after_unsettled_at": [f"{r[2]:.1f}s ({r[0]:.2f} s)" for r in sorted(after, key=lambda r: r[2])]}
+        if kind in EXCLUDED_CLASSES:
+            out[kind]["excluded"] = EXCLUDED_CLASSES[kind]
     return out
+
+
+def windows_table(by_kind: dict, goal_s: float = 3.0) -> list[str]:
+    """The per-class table of report.md (Markdown lines), worst window first."""
+    def cell(v):
+        return "-" if v is None else f"{v:.2f}"
+    lines = ["| fault class | faults | longest window (s) | median (s) | recovery max (s) | recovery median (s) "
+             "| not settled | after an unsettled fault | worst |", "|---|---|---|---|---|---|---|---|---|"]
+    for kind, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["max_s"]):
+        flag = " (excluded)" if v.get("excluded") else (" **over**" if v["max_s"] > goal_s else "")
+        lines.append(f"| {kind}{flag} | {v['faults']} | {v['max_s']:.2f} | {v['p50_s']:.2f} | "
+                     f"{cell(v['recovery_max_s'])} | {cell(v['recovery_p50_s'])} | {v['not_settled']} | "
+                     f"{v['after_unsettled']}{' at ' + ', '.join(v['after_unsettled_at']) if v['after_unsettled'] else ''}"
+                     f" | {v['worst']} |")
+    lines += [f"- excluded: {k}: {v['excluded']}" for k, v in sorted(by_kind.items()) if v.get("excluded")]
+    return lines
 
 
 def svg_plot(points: list[dict], faults: list, width: int = 1000, height: int = 420) -> str:
@@ -158,6 +190,19 @@ def svg_plot(points: list[dict], faults: list, width: int = 1000, height: int = 
     return "\n".join(out)
 
 
+def _settle_note(x) -> str:
+    if x.settled:
+        return f" (settled {x.recovery_s:.2f} s after the heal)"
+    if x.settled is False:
+        return " (NOT SETTLED within the limit: " + "; ".join(x.unsettled) + ")"
+    return ""
+
+
+def _load_range(faults: list) -> str:
+    loads = sorted(f.load1 for f in faults if getattr(f, "load1", None) is not None)
+    return f"{loads[0]}-{loads[-1]} (median {loads[len(loads) // 2]})" if loads else "not recorded"
+
+
 def write_report(out_dir: str, history: History, result: CheckResult, faults: list, meta: Optional[dict] = None,
                  min_gap_s: float = 1.0, log_cleaner: Optional[dict] = None) -> dict:
     os.makedirs(out_dir, exist_ok=True)
@@ -179,15 +224,17 @@ def write_report(out_dir: str, history: History, result: CheckResult, faults: li
              f"windows, {figs['unavailable_s_total']} s total, longest {figs['unavailable_s_max']} s; per partition "
              f"{figs['unavailability_by_partition']}",
              f"- nemesis errors: {len(figs['fault_errors'])}",
-             "- longest window without an acknowledged write of one partition, per fault kind "
-             "(span: the fault's start to the next fault's start): " + "; ".join(
-                 f"{k} {v['max_s']} s (p50 {v['p50_s']} s, {v['faults']} faults)"
-                 for k, v in figs["windows_by_fault_kind"].items()),
              f"- log cleaner (summed over broker processes, last sample of each): {json.dumps(log_cleaner or {})}",
+             f"- machine load (1 min) at the faults' starts: {_load_range(faults)}",
+             "", "## Longest window without an acknowledged write of one partition, per fault class", "",
+             "Span: the fault's start to the next fault's start. Recovery: heal -> settled (every process "
+             "up, brokers registered and unfenced, full ISRs, an active controller). 'After an unsettled "
+             "fault': started while the previous fault had not settled within the limit (not a single "
+             "fault's window).", ""] + windows_table(figs["windows_by_fault_kind"]) + [
              "", "![](throughput_latency.svg)", "",
              "## Faults", ""]
     lines += [f"- {x.start:7.1f}s - {x.end:7.1f}s {x.kind}: {x.description}{' ERROR ' + x.error if x.error else ''}"
-              for x in faults]
+              f"{_settle_note(x)}" for x in faults]
     lines += ["", "## Anomalies", ""] + [f"- {a}" for a in result.anomalies[:200]]
     lines += ["", "## Unavailability windows", ""] + [
         f"- {w['start_s']}s - {w['end_s']}s ({w['length_s']} s)" for w in figs["unavailability_windows"]]
