@@ -133,6 +133,9 @@ class ReplicaState:
         # led partitions whose leadership is suspended: this broker lost the controller and
         # the partition's followers (issue 24 part D, `update_isolation`)
         self.suspended: set[TopicPartition] = set()
+        # the partitions this broker leads (issue 25: the ISR, silence and isolation rules walk
+        # these, not every hosted replica); kept by `apply_leader_and_isr` / `remove_replica`
+        self.led: dict[TopicPartition, Partition] = {}
 
     # ---- replicas ----------------------------------------------------------------------
 
@@ -152,6 +155,7 @@ class ReplicaState:
         eff = Effects()
         part = self.partitions.pop(tp, None)
         self.logs.pop(tp, None)
+        self.led.pop(tp, None)
         self.suspended.discard(tp)
         self._hw_floor.pop(tp, None)
         if part is not None:
@@ -186,6 +190,10 @@ class ReplicaState:
                 replicas=list(state.replicas), isr=list(state.isr), leader_id=state.leader,
                 leader_epoch=state.leader_epoch, partition_epoch=state.partition_epoch,
                 log_end_offset=lg.log_end_offset, high_watermark=part.high_watermark)
+        if part.is_leader:
+            self.led[tp] = part
+        else:
+            self.led.pop(tp, None)
         if not changed:
             return eff
         self.suspended.discard(tp)   # the controller's word is newer than our isolation
@@ -231,9 +239,12 @@ class ReplicaState:
         `heartbeat_silence_ms`: None when no heartbeat failed yet."""
         eff = Effects()
         isolated = heartbeat_silence_ms is not None and heartbeat_silence_ms >= leader_lease_ms
-        for tp, part in self.partitions.items():
-            suspend = (isolated and part.is_leader
-                       and bool(self._silent_isr_members(part, now_ms, replica_silence_report_ms)))
+        if not isolated:   # the common case: nothing is suspended, no walk
+            self.suspended.clear()
+            return eff
+        self.suspended.intersection_update(self.led)   # no longer led: not suspended
+        for tp, part in self.led.items():
+            suspend = bool(self._silent_isr_members(part, now_ms, replica_silence_report_ms))
             if suspend and tp not in self.suspended:
                 self.suspended.add(tp)
                 self._fail_ack_waiters(tp, eff, ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -309,7 +320,7 @@ class ReplicaState:
         once its own heartbeats and probe agree (issue 24 part B). A busy follower that
         fetches, however slowly, is never silent."""
         out: dict[int, int] = {}
-        for part in self.partitions.values():
+        for part in self.led.values():
             for r, silent in self._silent_isr_members(part, now_ms, replica_silence_report_ms).items():
                 out[r] = max(out.get(r, 0), silent)
         return out
@@ -458,7 +469,7 @@ class ReplicaState:
         sends AlterPartition with `part.broker_epochs(new_isr)` (KIP-903). Proposed additions
         hold the HW back from now on."""
         out = []
-        for tp, part in self.partitions.items():
+        for tp, part in self.led.items():
             new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
                                               acks_waiting_offset=self.acks_waiting_offset(tp))
