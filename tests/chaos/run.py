@@ -28,6 +28,7 @@ from tests.chaos.harness.cluster import ChaosCluster, ClusterSettings
 from tests.chaos.harness.history import History
 from tests.chaos.harness.nemesis import ALL_NEMESES, Schedule
 from tests.chaos.harness.report import write_report
+from tests.chaos.harness.settle import AckTracker
 from tests.chaos.harness.workload import Workload
 
 
@@ -119,6 +120,7 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
             wl.start()
             await asyncio.sleep(warmup_s)
             stop_faults = threading.Event()
+            acks = AckTracker(history)
 
             def nemesis_thread():
                 deadline = time.monotonic() + minutes * 60 if minutes else None
@@ -127,7 +129,8 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
                     if stop_faults.is_set() or (deadline and time.monotonic() > deadline):
                         break
                     rec = schedule.run_one(cluster, kind, rng, history.now, time.sleep)
-                    schedule.settle(cluster, rec, rng.uniform(*quiet_s), history.now, stop_faults.wait)
+                    schedule.settle(cluster, rec, rng.uniform(*quiet_s), history.now, stop_faults.wait,
+                                    writes=acks.missing_since)
                     settled = (f"settled {rec.recovery_s:.2f}s after the heal" if rec.settled
                                else f"NOT settled within {settle_max_s:g}s: {'; '.join(rec.unsettled)}"
                                if rec.settled is False else "no settle wait")

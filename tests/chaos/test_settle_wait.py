@@ -121,3 +121,22 @@ def test_report_columns_recovery_unsettled_predecessors_and_the_excluded_class()
     table = "\n".join(windows_table(out))
     assert "| kill-several/2-brokers (excluded) | 1 |" in table
     assert "| kill-broker | 2 | 1.00 | 1.00 | 4.50 | 4.50 | 0 | 1 at 10.0s (1.00 s) |" in table
+
+
+def test_settled_also_needs_an_acknowledged_write_on_every_partition_since_the_heal():
+    from tests.chaos.harness.settle import AckTracker
+    now = [0.0]
+    h = History(clock=lambda: now[0])
+    for t, p in [(1.0, 0), (1.0, 1), (2.0, 0), (2.0, 1), (12.0, 0)]:   # in time order, as a live history
+        now[0] = t - 0.01
+        op = h.invoke(f"writer-{p}", "produce", topic="t", partition=p, value=str(t))
+        now[0] = t
+        h.ok(op, offsets=[0])
+    tracker = AckTracker(h)
+    assert tracker.missing_since(10.0) == [("t", 1)]
+    assert tracker.missing_since(1.5) == []
+    sched, clock = Schedule(seed=1, settle_max_s=2.0, settle_poll_s=0.5), _Clock()
+    rec = FaultRecord("kill-broker", "kill -9 broker 3", 5.0, 10.0)
+    sched.settle(_FakeCluster(polls_unsettled=0), rec, quiet_s=1.0, clock=clock, wait=clock.wait,
+                 writes=tracker.missing_since)
+    assert rec.settled is False and rec.unsettled == ["t-1 no acknowledged write since the heal"]

@@ -366,16 +366,20 @@ class Schedule:
         self.faults.append(rec)
         return rec
 
-    def settle(self, c, rec: FaultRecord, quiet_s: float, clock, wait) -> None:
+    def settle(self, c, rec: FaultRecord, quiet_s: float, clock, wait, writes=None) -> None:
         """After `rec`'s heal: poll until the cluster has settled (harness/settle.py) or
         `settle_max_s` has passed since the heal, record that in `rec`, then wait out the
         rest of `quiet_s` (a minimum, counted from the heal). `wait(s)` sleeps and returns
-        True when the run is being stopped (threading.Event.wait)."""
+        True when the run is being stopped (threading.Event.wait). `writes(since)`, if
+        given: the partitions without an acknowledged write since `since` (AckTracker);
+        settled also needs none."""
         from tests.chaos.harness.settle import unsettled_reasons
         healed = rec.end if rec.end >= 0 else clock()
         reasons: list = []
         while self.settle_max_s > 0:
             reasons = unsettled_reasons(c.settle_snapshot())
+            if writes is not None:
+                reasons += [f"{t}-{p} no acknowledged write since the heal" for t, p in writes(healed)]
             now = clock()
             if not reasons:
                 rec.settled, rec.recovery_s = True, round(now - healed, 2)

@@ -9,7 +9,9 @@ Settled means all of:
 - every process (controllers and brokers) running and not paused;
 - an active controller, whose metadata is the reference below;
 - every broker answers /healthz, is registered and not fenced;
-- every partition of every topic has its whole replica set in its ISR and a leader.
+- every partition of every topic has its whole replica set in its ISR and a leader;
+- (with an `AckTracker`) every partition the workload writes to has had an acknowledged
+  write since the heal.
 """
 from __future__ import annotations
 
@@ -76,3 +78,36 @@ EXCLUDED_CLASSES = {
                               "min.insync.replicas=2): acks=all cannot succeed until one of the two is "
                               "restarted and back in the ISR, as if every replica needed were gone",
 }
+
+
+class AckTracker:
+    """Which partitions the workload writes to have had no acknowledged write since a time:
+    a fault has not been recovered from while a writer is still failing, even once the
+    metadata looks healed (the writer may still be following it). Reads `history` (appended
+    by the workload's thread) incrementally: the partitions written so far are collected
+    once, and each query scans the events back to `since` only."""
+
+    def __init__(self, history, f: str = "produce"):
+        self.h = history
+        self.f = f
+        self.keys: set = set()
+        self._seen_ops = 0
+
+    def missing_since(self, since: float) -> list:
+        ops = self.h.ops
+        n = len(ops)
+        for op in ops[self._seen_ops:n]:
+            if op.f == self.f and op.key[0] is not None:
+                self.keys.add(op.key)
+        self._seen_ops = n
+        acked: set = set()
+        events = self.h.events
+        for k in range(len(events) - 1, -1, -1):
+            ev = events[k]
+            if ev.get("time", 0.0) < since:
+                break
+            if ev["type"] == "ok":
+                op = ops[ev["op"]]
+                if op.f == self.f:
+                    acked.add(op.key)
+        return sorted(self.keys - acked, key=str)
