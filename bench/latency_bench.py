@@ -14,11 +14,16 @@ Stages (p50 of each, microseconds; the rows add up to about the total):
   follower fetches woken by the append, the followers' append, their next fetch that
   carries their log end offset, the high watermark advance, the waiter answered;
 - client ack: the HTTP answer until the record's future is resolved;
-- also printed: the broker's own mean produce handler time (kraftlog_produce_latency_seconds),
+- also printed: the client process's CPU time of one acks=all write and of one echo
+  request, the broker's own mean produce handler time (kraftlog_produce_latency_seconds),
   and the HTTP floor with a minimal HTTP/1.1 client on an asyncio protocol (`RawHttp`, one
-  prebuilt request) to the same echo server: how much of the floor is aiohttp's client.
+  prebuilt request) to the same echo server.
 
-Each sample is an echo round trip, an acks=1 write and an acks=all write back to back, and
+Every column is measured twice in the same samples, alternating: "own" (the client's own
+HTTP/1.1 connections, http_api/client/http1.py, the default) and "aiohttp" (produce
+requests through aiohttp's client, `Transport.own_http_connections = False`).
+
+Each sample is, per client, an echo round trip, an acks=1 write and an acks=all write back to back, and
 the stage figures are p50s of per-sample differences, so load drifts hit all alike (on a
 shared, loaded machine the absolute figures still move a lot between runs).
 
@@ -77,8 +82,9 @@ class TimedProducer:
     """A Producer writing one record at a time; per write: send -> request start, the
     request's round trip, answer -> future resolved, total."""
 
-    def __init__(self, bootstrap: str, acks: str) -> None:
+    def __init__(self, bootstrap: str, acks: str, own_http: bool = True) -> None:
         self.p = Producer(bootstrap, acks=acks, linger_ms=0)
+        self.p.t.own_http_connections = own_http   # False: produce requests through aiohttp's client
         self.marks: dict[str, float] = {}
 
     async def start(self, topic: str) -> "TimedProducer":
@@ -95,12 +101,15 @@ class TimedProducer:
         self.p.t.request = timed_request
         return self
 
-    async def write(self, topic: str) -> tuple[float, float, float, float]:
+    async def write(self, topic: str) -> tuple[float, float, float, float, float]:
+        """-> (send, round trip, ack, total, client CPU of the write) in seconds."""
+        c0 = time.process_time()
         t0 = time.perf_counter()
         await (await self.p.send(topic, VALUE, partition=0))
         t1 = time.perf_counter()
+        cpu = time.process_time() - c0
         m = self.marks
-        return m["start"] - t0, m["end"] - m["start"], t1 - m["end"], t1 - t0
+        return m["start"] - t0, m["end"] - m["start"], t1 - m["end"], t1 - t0, cpu
 
 
 class _RawHttpProtocol(asyncio.Protocol):
@@ -153,61 +162,79 @@ class RawHttp:
             self.transport.close()
 
 
+CLIENTS = ("own", "aiohttp")   # the client's own HTTP/1.1 connections, aiohttp's client
+
+
 async def breakdown(bootstrap: str, leader_url: str, topic: str, echo_url: str, samples: int,
-                    rounds: int) -> list[tuple[str, float]]:
-    """Each sample is an echo round trip, an acks=1 write and an acks=all write back to
-    back, so the differences are taken under the same load; medians of per-round p50s."""
+                    rounds: int) -> dict[str, list[tuple[str, float]]]:
+    """Each sample is, for each client (own connections, then aiohttp's), an echo round trip,
+    an acks=1 write and an acks=all write back to back, so the differences and the two
+    clients are taken under the same load; medians of per-round p50s. -> {client: rows}."""
     from http_api.client.transport import Transport
     echo = Transport(echo_url, client_id="bench", request_timeout_ms=30_000)
-    p1 = await TimedProducer(bootstrap, "1").start(topic)
-    pa = await TimedProducer(bootstrap, "all").start(topic)
-    await echo.request("POST", echo_url + "/x", data=VALUE)
+    prods = {c: (await TimedProducer(bootstrap, "1", c == "own").start(topic),
+                 await TimedProducer(bootstrap, "all", c == "own").start(topic)) for c in CLIENTS}
+    for c in CLIENTS:
+        await echo.request("POST", echo_url + "/x", data=VALUE, hot=c == "own")
     raw = await RawHttp(echo_url, "/x", VALUE).connect()
     await raw.round_trip()
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, dict[str, list[float]]] = {c: {} for c in CLIENTS}
     h_sum = h_cnt = 0.0
     try:
         for _ in range(rounds):
             s0, c0 = await _handler_mean(leader_url)
-            per: dict[str, list[float]] = {}
+            per: dict[str, dict[str, list[float]]] = {c: {} for c in CLIENTS}
             for _ in range(samples):
-                t0 = time.perf_counter()
-                await echo.request("POST", echo_url + "/v1/topics/t/partitions/0/records", data=VALUE,
-                                   content_type="application/vnd.kraftlog.batch", params={"acks": "all"})
-                floor = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                await raw.round_trip()
-                raw_floor = time.perf_counter() - t0
-                _, rtt1, _, total1 = await p1.write(topic)
-                send, rtta, ack, total = await pa.write(topic)
-                for k, v in (("send", send), ("floor", floor), ("handler1", rtt1 - floor),
-                             ("replication", rtta - rtt1), ("ack", ack), ("total", total), ("total1", total1),
-                             ("raw_floor", raw_floor)):
-                    per.setdefault(k, []).append(v)
+                for c in CLIENTS:
+                    p1, pa = prods[c]
+                    cpu0 = time.process_time()
+                    t0 = time.perf_counter()
+                    await echo.request("POST", echo_url + "/v1/topics/t/partitions/0/records", data=VALUE,
+                                       content_type="application/vnd.kraftlog.batch", params={"acks": "all"},
+                                       hot=c == "own")
+                    floor = time.perf_counter() - t0
+                    floor_cpu = time.process_time() - cpu0
+                    t0 = time.perf_counter()
+                    await raw.round_trip()
+                    raw_floor = time.perf_counter() - t0
+                    _, rtt1, _, total1, _ = await p1.write(topic)
+                    send, rtta, ack, total, cpu = await pa.write(topic)
+                    for k, v in (("send", send), ("floor", floor), ("handler1", rtt1 - floor),
+                                 ("replication", rtta - rtt1), ("ack", ack), ("total", total), ("total1", total1),
+                                 ("raw_floor", raw_floor), ("floor_cpu", floor_cpu), ("cpu", cpu)):
+                        per[c].setdefault(k, []).append(v)
             s1, c1 = await _handler_mean(leader_url)
             h_sum += s1 - s0
             h_cnt += c1 - c0
-            for k, v in per.items():
-                rows.setdefault(k, []).append(pct(v, 0.5))
-            rows.setdefault("p99", []).append(pct(per["total"], 0.99))
+            for c in CLIENTS:
+                for k, v in per[c].items():
+                    rows[c].setdefault(k, []).append(pct(v, 0.5))
+                rows[c].setdefault("p99", []).append(pct(per[c]["total"], 0.99))
     finally:
-        await p1.p.close()
-        await pa.p.close()
+        for p1, pa in prods.values():
+            await p1.p.close()
+            await pa.p.close()
         await echo.close()
         raw.close()
-    med = {k: statistics.median(v) for k, v in rows.items()}
-    return [
-        ("client send (encode, queue, sender)", med["send"]),
-        ("HTTP floor (aiohttp client + loopback + aiohttp server)", med["floor"]),
-        ("broker handler, acks=1 (route, checks, append)", med["handler1"]),
-        ("replication (acks=all - acks=1: follower wake-up, fetch, HW)", med["replication"]),
-        ("client ack (answer -> future resolved)", med["ack"]),
-        ("= one acks=all write, p50", med["total"]),
-        ("  p99", med["p99"]),
-        ("  acks=1 write, p50", med["total1"]),
-        ("  broker's mean produce handler time (acks=1 and all)", h_sum / h_cnt if h_cnt else float("nan")),
-        ("  HTTP floor with a minimal HTTP/1.1 client instead of aiohttp's", med["raw_floor"]),
-    ]
+    out = {}
+    for c in CLIENTS:
+        med = {k: statistics.median(v) for k, v in rows[c].items()}
+        out[c] = [
+            ("client send (encode, queue, sender)", med["send"]),
+            ("HTTP floor (client + loopback + aiohttp server)", med["floor"]),
+            ("broker handler, acks=1 (route, checks, append)", med["handler1"]),
+            ("replication (acks=all - acks=1: follower wake-up, fetch, HW)", med["replication"]),
+            ("client ack (answer -> future resolved)", med["ack"]),
+            ("= one acks=all write, p50", med["total"]),
+            ("  p99", med["p99"]),
+            ("  acks=1 write, p50", med["total1"]),
+            ("  client CPU of one acks=all write, p50", med["cpu"]),
+            ("  client CPU of one echo request (HTTP floor), p50", med["floor_cpu"]),
+            ("  broker's mean produce handler time (acks=1 and all, both clients)",
+             h_sum / h_cnt if h_cnt else float("nan")),
+            ("  HTTP floor, bench's minimal HTTP/1.1 client (RawHttp)", med["raw_floor"]),
+        ]
+    return out
 
 
 async def run(samples: int, rounds: int, rf3: bool) -> dict[str, list[tuple[str, float]]]:
@@ -219,13 +246,16 @@ async def run(samples: int, rounds: int, rf3: bool) -> dict[str, list[tuple[str,
         node = LocalNode(os.path.join(tmp, "kl1"), extra_args=["--log-level", "WARNING"]).start()
         status, body = http("POST", node.url + "/v1/topics", {"name": "lat", "partitions": 1, "replication_factor": 1})
         assert status == 201, body
-        out["1 node"] = await breakdown(node.url, node.url, "lat", echo_url, samples, rounds)
+        for c, rows in (await breakdown(node.url, node.url, "lat", echo_url, samples, rounds)).items():
+            out[f"1 node, {c}"] = rows
         if rf3:
             cluster = ReplicatedCluster(os.path.join(tmp, "kl3"), brokers=3,
                                         broker_config={"min_insync_replicas": 2}).start()
             cluster.create_topic("lat", partitions=1, replication_factor=3)
             leader = cluster.url(cluster.partition("lat")["leader"])
-            out["3 nodes RF=3"] = await breakdown(",".join(cluster.urls), leader, "lat", echo_url, samples, rounds)
+            for c, rows in (await breakdown(",".join(cluster.urls), leader, "lat", echo_url, samples,
+                                            rounds)).items():
+                out[f"RF=3, {c}"] = rows
     finally:
         echo_proc.terminate()
         echo_proc.wait(10)
@@ -249,9 +279,11 @@ def main(argv: list[str] | None = None) -> None:
     cols = list(res)
     print(f"\none acks=all write of a 100 B record, per stage, p50 us (medians of {args.rounds} rounds x "
           f"{args.samples} writes; the Python Producer, linger_ms=0)")
-    print(" " * width + "  " + "  ".join(f"{c:>14}" for c in cols))
+    print("(own: the client's own HTTP/1.1 connections for produce; aiohttp: aiohttp's client; same samples, "
+          "alternating)")
+    print(" " * width + "  " + "  ".join(f"{c:>16}" for c in cols))
     for i, n in enumerate(names):
-        print(f"{n:<{width}}  " + "  ".join(f"{res[c][i][1] * 1e6:>14,.0f}" for c in cols))
+        print(f"{n:<{width}}  " + "  ".join(f"{res[c][i][1] * 1e6:>16,.0f}" for c in cols))
     print()
 
 

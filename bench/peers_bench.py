@@ -66,10 +66,11 @@ def _wait_port(port: int, timeout_s: float = 20.0) -> None:
 # ---- kraftlog -------------------------------------------------------------------------
 
 async def kl_async_produce(url: str, topic: str, n: int, acks: str, batch: bool, in_flight: int = 5,
-                           batch_records: int = SEND_BATCH_RECORDS) -> float:
+                           batch_records: int = SEND_BATCH_RECORDS, own_http: bool = True) -> float:
     from http_api.client import Producer
     async with Producer(url, acks=acks, linger_ms=5, batch_size_bytes=256 * 1024,
                         max_in_flight_requests_per_connection=in_flight) as p:
+        p.t.own_http_connections = own_http   # False: produce requests through aiohttp's client
         t0 = time.perf_counter()
         if batch:
             values = [VALUE] * batch_records
@@ -86,21 +87,27 @@ async def kl_async_produce(url: str, topic: str, n: int, acks: str, batch: bool,
         return n / (time.perf_counter() - t0)
 
 
-async def kl_one_at_a_time(url: str, topic: str, samples: int, acks: str) -> list[float]:
+async def kl_one_at_a_time(url: str, topic: str, samples: int, acks: str,
+                           own_http: bool = True) -> tuple[list[float], float]:
+    """-> (seconds of each write, the client process's CPU seconds per write)."""
     from http_api.client import Producer
     out = []
     async with Producer(url, acks=acks, linger_ms=0) as p:
+        p.t.own_http_connections = own_http
         await (await p.send(topic, VALUE, partition=0))   # connection + producer id
+        c0 = time.process_time()
         for _ in range(samples):
             t0 = time.perf_counter()
             await (await p.send(topic, VALUE, partition=0))
             out.append(time.perf_counter() - t0)
-    return out
+        cpu = (time.process_time() - c0) / samples
+    return out, cpu
 
 
-async def kl_consume(url: str, topic: str, n: int) -> float:
+async def kl_consume(url: str, topic: str, n: int, own_http: bool = True) -> float:
     from http_api.client import Consumer
     async with Consumer(url, auto_offset_reset="earliest", max_bytes=4 << 20, max_wait_ms=100) as c:
+        c.t.own_http_connections = own_http
         c.assign([(topic, 0)])
         await c.seek_to_beginning((topic, 0))
         got = 0
@@ -110,11 +117,12 @@ async def kl_consume(url: str, topic: str, n: int) -> float:
         return got / (time.perf_counter() - t0)
 
 
-async def kl_consume_columns(url: str, topic: str, n: int) -> float:
+async def kl_consume_columns(url: str, topic: str, n: int, own_http: bool = True) -> float:
     """Consumer.poll_columns(): each batch's values as a column (views of the fetched bytes);
     every value's length is read, as a consumer that looks at every record would."""
     from http_api.client import Consumer
     async with Consumer(url, auto_offset_reset="earliest", max_bytes=4 << 20, max_wait_ms=100) as c:
+        c.t.own_http_connections = own_http
         c.assign([(topic, 0)])
         await c.seek_to_beginning((topic, 0))
         got = size = 0
@@ -291,7 +299,13 @@ def _missing() -> dict[str, str]:
     return out
 
 
-async def run(n: int, rounds: int, samples: int, rf3: bool) -> tuple[dict, dict]:
+async def _one(url: str, topic: str, samples: int, own_http: bool, add, key: str) -> None:
+    lat, cpu = await kl_one_at_a_time(url, topic, samples, "all", own_http)
+    add(key, lat)
+    add(key + ".cpu", cpu)
+
+
+async def run(n: int, rounds: int, samples: int, rf3: bool, aiohttp_too: bool = False) -> tuple[dict, dict]:
     missing = _missing()
     tmp = tempfile.mkdtemp(prefix="kraftlog-peers-")
     res: dict[str, list] = {}
@@ -318,9 +332,21 @@ async def run(n: int, rounds: int, samples: int, rf3: bool) -> tuple[dict, dict]
             add("kl.batch.acksall", await kl_async_produce(node.url, f"ba-{r}", n, "all", batch=True))
             add("kl.batch5k.acks1", await kl_async_produce(node.url, f"b5-{r}", n, "1", batch=True,
                                                            batch_records=5 * SEND_BATCH_RECORDS))
-            add("kl.one", await kl_one_at_a_time(node.url, f"s-{r}", samples, "all"))
+            await _one(node.url, f"s-{r}", samples, True, add, "kl.one")
             add("kl.consume", await kl_consume(node.url, f"b1-{r}", n))
             add("kl.consume.columns", await kl_consume_columns(node.url, f"b1-{r}", n))
+            if aiohttp_too:   # the same phases through aiohttp's client, in the same round
+                for name in (f"xa1-{r}", f"xb1-{r}", f"xba-{r}", f"xs-{r}"):
+                    _create(node.url, name, 1)
+                add("aio.async.acks1", await kl_async_produce(node.url, f"xa1-{r}", n, "1", batch=False,
+                                                              own_http=False))
+                add("aio.batch.acks1", await kl_async_produce(node.url, f"xb1-{r}", n, "1", batch=True,
+                                                              own_http=False))
+                add("aio.batch.acksall", await kl_async_produce(node.url, f"xba-{r}", n, "all", batch=True,
+                                                                own_http=False))
+                await _one(node.url, f"xs-{r}", samples, False, add, "aio.one")
+                add("aio.consume", await kl_consume(node.url, f"b1-{r}", n, own_http=False))
+                add("aio.consume.columns", await kl_consume_columns(node.url, f"b1-{r}", n, own_http=False))
             if cluster is not None:
                 for name in (f"r3a-{r}", f"r3b-{r}", f"r3s-{r}", f"r3e-{r}", f"r3i-{r}"):
                     cluster.create_topic(name, partitions=1, replication_factor=3)
@@ -331,7 +357,10 @@ async def run(n: int, rounds: int, samples: int, rf3: bool) -> tuple[dict, dict]
                                                                   in_flight=1))
                 leader = cluster.url(cluster.partition(f"r3b-{r}")["leader"])
                 add("kl3.batch", await kl_async_produce(leader, f"r3b-{r}", n, "all", batch=True))
-                add("kl3.one", await kl_one_at_a_time(",".join(cluster.urls), f"r3s-{r}", samples, "all"))
+                await _one(",".join(cluster.urls), f"r3s-{r}", samples, True, add, "kl3.one")
+                if aiohttp_too:
+                    cluster.create_topic(f"xr3s-{r}", partitions=1, replication_factor=3)
+                    await _one(",".join(cluster.urls), f"xr3s-{r}", samples, False, add, "aio3.one")
                 add("kl3.e2e", await kl_e2e(",".join(cluster.urls), f"r3e-{r}", samples))
             print(f"round {r + 1}/{rounds}: kraftlog done", file=sys.stderr, flush=True)
             if nats_srv is not None:
@@ -420,8 +449,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=300, help="one-at-a-time writes per round")
     ap.add_argument("--no-rf3", action="store_true", help="skip the 3-broker kraftlog cluster")
+    ap.add_argument("--aiohttp", action="store_true",
+                    help="also run kraftlog's phases with produce/fetch through aiohttp's client (same rounds)")
     args = ap.parse_args(argv)
-    res, missing = asyncio.run(run(args.records, args.rounds, args.samples, not args.no_rf3))
+    res, missing = asyncio.run(run(args.records, args.rounds, args.samples, not args.no_rf3, args.aiohttp))
     for why in missing.values():
         print(why)
     rows = table(summarize(res))
@@ -432,6 +463,38 @@ def main(argv: list[str] | None = None) -> None:
     for r in [head] + rows:
         print(" | ".join(c.ljust(w) for c, w in zip(r, widths)))
     print()
+    m = summarize(res)
+    own = client_table(m)
+    if own:
+        print("kraftlog client: own HTTP/1.1 connections vs aiohttp's client, same rounds (own/aiohttp: > 1 is "
+              "the own connections ahead; latency and CPU: aiohttp / own)")
+        for r in own:
+            print(" | ".join(r))
+        print()
+
+
+def client_table(m: dict[str, float]) -> list[tuple[str, str, str, str]]:
+    """Rows (figure, own, aiohttp, ratio) for the phases run both ways."""
+    rows = []
+    for label, own, aio, kind in (
+            ("send() per record, 1 node, acks=1", "kl.async.acks1", "aio.async.acks1", "rate"),
+            ("send_batch() of 1000, acks=1", "kl.batch.acks1", "aio.batch.acks1", "rate"),
+            ("send_batch() of 1000, acks=all", "kl.batch.acksall", "aio.batch.acksall", "rate"),
+            ("one record at a time, 1 node, acks=all, p50", "kl.one.p50", "aio.one.p50", "us"),
+            ("  p99", "kl.one.p99", "aio.one.p99", "us"),
+            ("  client CPU per write", "kl.one.cpu", "aio.one.cpu", "us"),
+            ("one record at a time, RF=3, p50", "kl3.one.p50", "aio3.one.p50", "us"),
+            ("  p99", "kl3.one.p99", "aio3.one.p99", "us"),
+            ("  client CPU per write", "kl3.one.cpu", "aio3.one.cpu", "us"),
+            ("consume catch-up, poll()", "kl.consume", "aio.consume", "rate"),
+            ("consume catch-up, poll_columns()", "kl.consume.columns", "aio.consume.columns", "rate")):
+        if own not in m or aio not in m:
+            continue
+        if kind == "rate":
+            rows.append((label, f"{m[own] / 1000:,.0f}k/s", f"{m[aio] / 1000:,.0f}k/s", f"{m[own] / m[aio]:.2f}x"))
+        else:
+            rows.append((label, f"{m[own] * 1e6:,.0f} us", f"{m[aio] * 1e6:,.0f} us", f"{m[aio] / m[own]:.2f}x"))
+    return rows
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ class Http1Connection(asyncio.BufferedProtocol):
         if not self._keep_alive and self.transport is not None:
             self.transport.close()
         if waiter is not None and not waiter.done():
-            waiter.set_result((self._status, self._headers, bytes(body)))
+            # a Content-Length body is the bytearray the socket read into (no copy), others bytes
+            waiter.set_result((self._status, self._headers, body if isinstance(body, bytearray) else bytes(body)))
 
     # ---- parsing ------------------------------------------------------------------------
 
@@ -174,7 +175,7 @@ class Http1Connection(asyncio.BufferedProtocol):
                     raise ValueError("body longer than its Content-Length")
                 self._buf = bytearray()
                 if len(rest) == length:
-                    self._finish(rest)
+                    self._finish(bytes(rest))
                     return
                 self._body = bytearray(length)
                 self._body[:len(rest)] = rest
@@ -199,7 +200,7 @@ class Http1Connection(asyncio.BufferedProtocol):
                 if buf[eol:eol + 4] != b"\r\n\r\n" and end < 0:
                     break
                 self._buf = bytearray()
-                self._finish(self._chunks)
+                self._finish(bytes(self._chunks))
                 return
             if len(buf) < eol + 2 + size + 2:
                 break
@@ -248,7 +249,9 @@ class Http1Pool:
 
     async def request(self, method: str, url: str, *, headers: dict[str, str], body: bytes | None = None,
                       params: dict | None = None, timeout_s: float, connect_timeout_s: float):
-        """One request on an idle or new connection; -> (status, headers, body)."""
+        """One request on an idle or new connection; -> (status, headers, body). The body is
+        bytes, or for a Content-Length body longer than the first read the bytearray the
+        socket read into (not copied again: fetches of megabytes)."""
         if self.closed:
             raise ConnectionError("the client is closed")
         key, raw = build_request(method, url, headers=headers, body=body, params=params)

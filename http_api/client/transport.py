@@ -166,7 +166,7 @@ class Transport:
                     method, url, headers=headers, body=data, params=params, timeout_s=total_s,
                     connect_timeout_s=self.connect_timeout_ms / 1000)
                 if status >= 400:
-                    raise _error_from(status, body)
+                    raise _error_from(status, bytes(body))
                 return status, resp_headers, body
             s = await self.session()
             to = aiohttp.ClientTimeout(total=total_s, sock_connect=self.connect_timeout_ms / 1000)

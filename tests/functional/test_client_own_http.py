@@ -27,6 +27,11 @@ async def test_produce_and_fetch_reuse_one_own_connection_each(broker):
                 values += b.values.tolist()
         assert values == [b"v%d" % i for i in range(30)] + [b"b%d" % i for i in range(1000)]
         assert c.t._pool.connects <= 2   # the fetch ahead may overlap a poll's own fetch
+        c.seek(("own", 0), 0)
+        records = []
+        while len(records) < 1030:
+            records += await c.poll(5000)
+        assert [r.value for r in records] == values and {type(r.value) for r in records} == {bytes}
         with pytest.raises(KraftlogError) as e:   # a broker's error answer on the own connection
             await c.t.request("GET", f"{url}/v1/topics/own/partitions/0/records", params={"offset": "99999"},
                               accept=codecs.RAW_BATCH, hot=True)
