@@ -35,7 +35,9 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
+import urllib.request
 
 import aiohttp
 
@@ -129,6 +131,45 @@ def leaders(url: str) -> dict:
     return out
 
 
+def loop_lag_ms(url: str) -> float | None:
+    """The broker's `kraftlog_event_loop_lag_ms` (longest event-loop stall of the last 10-20 s)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except Exception:  # noqa: BLE001 - a broker too busy to answer: no figure
+        return None
+    for line in text.splitlines():
+        if line.startswith("kraftlog_event_loop_lag_ms "):
+            return float(line.split()[1])
+    return None
+
+
+class LagSampler:
+    """Samples every broker's event-loop lag every `every_s` in a thread; `take()` -> the
+    largest stall per broker since the last take (ms; None: never answered)."""
+
+    def __init__(self, urls: dict, every_s: float = 5.0) -> None:
+        self.urls, self.every_s = urls, every_s
+        self.max: dict = {b: None for b in urls}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            for b, u in self.urls.items():
+                v = loop_lag_ms(u)
+                if v is not None:
+                    self.max[b] = v if self.max[b] is None else max(self.max[b], v)
+
+    def take(self) -> str:
+        out, self.max = self.max, {b: None for b in self.urls}
+        return " / ".join("-" if out[b] is None else f"{out[b]:.0f}" for b in sorted(out))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def pct(values: list, q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -146,6 +187,7 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
         base_broker = {b: rss_mb(c.procs[b].pid) for b in c.procs}
         base_ctl = rss_mb(ctl_pid)
         print("| figure" + " " * 57 + "| value" + " " * 26 + "|")
+        lag = LagSampler({b: c.url(b) for b in c.procs})
         for i in range(topics):
             name = f"scale{i}"
             t0 = time.monotonic()
@@ -165,11 +207,14 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
                 row(f"{name}: every partition writable, acks={acks} (from the create call)", f"{answered + w:.2f} s")
                 row(f"{name}: wall time per partition replica on a broker",
                     f"{(answered + w) * 1000 / (partitions * rf / 3):.3f} ms")
+            row(f"{name}: max event-loop stall per broker, create + writable", f"{lag.take()} ms")
             if idle_s > 0:
                 time.sleep(2.0)   # let the create's follow-up work (ISR, first fetches) finish
+                lag.take()
                 cpu = idle_cpu({b: c.procs[b].pid for b in c.procs}, idle_s)
                 row(f"idle broker CPU at {partitions * (i + 1)} partitions (% of a core, per broker)",
                     " / ".join(f"{cpu[b]:.1f}" for b in sorted(cpu)))
+                row("max event-loop stall per broker, idle", f"{lag.take()} ms")
         total = partitions * topics
         time.sleep(2.0)
         for b in sorted(c.procs):

@@ -6,14 +6,19 @@ asked it wakes is how long some callback held the loop. `/metrics` shows the lar
 stall of the current and the previous window of `event_loop_lag_window_ms` (10 s) as
 `kraftlog_event_loop_lag_ms`; a stall above `event_loop_lag_warn_ms` (1 s) is logged. A
 broker whose loop stalls for seconds misses its controller heartbeats and its followers'
-long-poll answers: the figure says which broker, py-spy says which step.
+long-poll answers. To say which step holds it, a watchdog thread (`StallWatchdog`) logs the
+loop thread's stack while the loop has not ticked for more than `event_loop_lag_warn_ms`
+(once, then every `EVENT_LOOP_STALL_STACK_EVERY_MS` while the stall lasts).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import sys
+import threading
 import time
+import traceback
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -21,6 +26,7 @@ log = logging.getLogger(__name__)
 EVENT_LOOP_LAG_INTERVAL_MS = 100
 EVENT_LOOP_LAG_WINDOW_MS = 10_000
 EVENT_LOOP_LAG_WARN_MS = 1_000
+EVENT_LOOP_STALL_STACK_EVERY_MS = 2_000
 
 
 class LagWindow:
@@ -63,13 +69,26 @@ class EventLoopLagMonitor:
         self.window = LagWindow(window_ms)
         self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
         self.max_lag_ms_ever = 0.0
+        self.watchdog: StallWatchdog | None = None
 
     def lag_ms(self) -> float:
         """Largest stall of the current and the previous window (ms)."""
         return round(self.window.max_ms(self.clock_ms()), 1)
 
-    async def run(self) -> None:
+    async def run(self, *, watchdog: bool = True) -> None:
+        if watchdog:
+            self.watchdog = StallWatchdog(self.warn_ms)
+            self.watchdog.start()
+        try:
+            await self._measure()
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
+
+    async def _measure(self) -> None:
         while True:
+            if self.watchdog is not None:
+                self.watchdog.tick()
             t0 = self.clock_ms()
             await asyncio.sleep(self.interval_ms / 1000)
             now = self.clock_ms()
@@ -79,3 +98,46 @@ class EventLoopLagMonitor:
             if lag > self.warn_ms:
                 log.warning("event loop held for %.0f ms (heartbeats and replica fetch answers wait that long; "
                             "py-spy dump --pid %d shows the step)", lag, os.getpid())
+
+
+class StallWatchdog:
+    """A daemon thread logging the event-loop thread's stack while the loop is stalled (no
+    `tick()` for more than `warn_ms`). `tick()` is called from the loop (cheap)."""
+
+    def __init__(self, warn_ms: int = EVENT_LOOP_LAG_WARN_MS,
+                 stack_every_ms: int = EVENT_LOOP_STALL_STACK_EVERY_MS) -> None:
+        self.warn_ms = warn_ms
+        self.stack_every_ms = stack_every_ms
+        self.loop_thread_id = threading.get_ident()
+        self.last_tick = time.monotonic()
+        self.stacks_logged = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="event-loop-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        logged_for = None   # the tick whose stall was logged last, and when
+        next_log = 0.0
+        while not self._stop.wait(self.warn_ms / 4000):
+            tick = self.last_tick
+            stalled_ms = (time.monotonic() - tick) * 1000
+            if stalled_ms <= self.warn_ms:
+                continue
+            if logged_for == tick and time.monotonic() < next_log:
+                continue
+            frame = sys._current_frames().get(self.loop_thread_id)
+            if frame is None:
+                continue
+            stack = "".join(traceback.format_stack(frame, limit=14))
+            log.warning("event loop stalled for %.0f ms so far; the loop thread is at:\n%s", stalled_ms, stack)
+            self.stacks_logged += 1
+            logged_for, next_log = tick, time.monotonic() + self.stack_every_ms / 1000

@@ -770,10 +770,10 @@ class ReplicaManager:
                                                    replica_silence_report_ms=replica_silence_report_ms))
         if self.core.suspended - before:
             log.warning("broker %s: leaderships suspended (no heartbeat succeeded for %s ms and followers silent): "
-                        "%s", self.broker_id, heartbeat_silence_ms, sorted(self.core.suspended - before))
+                        "%s", self.broker_id, heartbeat_silence_ms, _some(self.core.suspended - before))
         if before - self.core.suspended:
             log.warning("broker %s: leaderships resumed (a heartbeat succeeded or a follower fetched again): %s",
-                        self.broker_id, sorted(before - self.core.suspended))
+                        self.broker_id, _some(before - self.core.suspended))
 
     def replica_lag_time_max_ms(self, topic: str, default_ms: int) -> int:
         """The topic's `replica.lag.time.max.ms`, else the broker's."""
@@ -873,6 +873,13 @@ class ReplicaManager:
         """(partitions hosted, partitions led) for metrics."""
         leaders = sum(1 for p in self.partitions.values() if p.is_leader)
         return len(self.partitions), leaders
+
+
+def _some(keys: set, shown: int = 10) -> str:
+    """`keys` for a log line: how many, and the first few (thousands at scale)."""
+    first = sorted(keys)[:shown] if len(keys) <= 1000 else sorted(list(keys)[:shown])
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f"{len(keys)} partition(s): " + ", ".join(f"{k[0]}-{k[1]}" for k in first) + more
 
 
 def _read_json(path: str) -> dict:

@@ -32,3 +32,23 @@ def test_monitor_measures_a_blocking_callback():
         finally:
             t.cancel()
     assert asyncio.run(main()) >= 250
+
+
+def test_watchdog_logs_the_stack_of_the_step_holding_the_loop(caplog):
+    def hold_the_loop_for_a_while():
+        time.sleep(0.6)
+
+    async def main():
+        m = EventLoopLagMonitor(interval_ms=10, warn_ms=200)
+        t = asyncio.create_task(m.run())
+        try:
+            await asyncio.sleep(0.05)
+            hold_the_loop_for_a_while()
+            await asyncio.sleep(0.05)
+            return m.watchdog.stacks_logged
+        finally:
+            t.cancel()
+    with caplog.at_level("WARNING", logger="http_api.broker.loop_lag"):
+        logged = asyncio.run(main())
+    assert logged >= 1
+    assert any("hold_the_loop_for_a_while" in r.getMessage() for r in caplog.records)
