@@ -226,9 +226,11 @@ def write_report(out_dir: str, history: History, result: CheckResult, faults: li
              f"- nemesis errors: {len(figs['fault_errors'])}",
              f"- log cleaner (summed over broker processes, last sample of each): {json.dumps(log_cleaner or {})}",
              f"- machine load (1 min) at the faults' starts: {_load_range(faults)}",
+             f"- acknowledged writes: {result.stats.get('acknowledged_values', 0)}",
              "", "## Longest window without an acknowledged write of one partition, per fault class", "",
              "Span: the fault's start to the next fault's start. Recovery: heal -> settled (every process "
-             "up, brokers registered and unfenced, full ISRs, an active controller). 'After an unsettled "
+             "up, brokers registered and unfenced, full ISRs, an active controller, an acknowledged write on "
+             "every partition since the heal). 'After an unsettled "
              "fault': started while the previous fault had not settled within the limit (not a single "
              "fault's window).", ""] + windows_table(figs["windows_by_fault_kind"]) + [
              "", "![](throughput_latency.svg)", "",
