@@ -317,18 +317,31 @@ class ControllerServer:
                 await self.security.maintenance()   # users bootstrap, expired tokens
             except Exception as exc:   # retried next round
                 log.info("security maintenance failed: %s", exc)
-            now = self.clock.monotonic_ms()
-            rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
-            if rebalance:
-                self._last_rebalance_ms = now
-            self._probe_silent_brokers(now)
-            try:
-                await self.write(lambda img: self.controller.maintenance(img, now, rebalance),
-                                 reason=lambda records: self._maintenance_reason(records, now))
-            except KraftlogError as exc:
-                log.info("maintenance write failed: %s", exc)
-            except Exception:
-                log.exception("maintenance failed")
+            await self.maintenance_once()
+
+    async def maintenance_once(self) -> None:
+        """One round of the active controller's periodic work (controller.maintenance): fence
+        an expired session, elect leaders, rebalance. The decision log states the lease the
+        decision saw, not one a heartbeat renewed while the fencing was being committed."""
+        now = self.clock.monotonic_ms()
+        rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
+        if rebalance:
+            self._last_rebalance_ms = now
+        self._probe_silent_brokers(now)
+        seen: dict = {}
+
+        def decide(img: MetadataImage) -> list:
+            records = self.controller.maintenance(img, now, rebalance)
+            seen.clear()
+            seen.update(self.controller.sessions)   # the leases this decision was made on
+            return records
+
+        try:
+            await self.write(decide, reason=lambda records: self._maintenance_reason(records, now, seen))
+        except KraftlogError as exc:
+            log.info("maintenance write failed: %s", exc)
+        except Exception:
+            log.exception("maintenance failed")
 
     def _probe_silent_brokers(self, now_ms: int) -> None:
         """Start a probe of every broker the core counts as silent (part B), one at a time each."""
@@ -374,11 +387,12 @@ class ControllerServer:
         finally:
             self._probing.discard(target)
 
-    def _maintenance_reason(self, records: list, now_ms: int) -> str:
-        """Why the maintenance loop wrote `records` (for the INFO log of fencing decisions)."""
+    def _maintenance_reason(self, records: list, now_ms: int, sessions: Optional[dict] = None) -> str:
+        """Why the maintenance loop wrote `records` (for the INFO log of fencing decisions).
+        `sessions`: the leases the decision saw (default: the current ones)."""
         fenced = [r.broker_id for r in records if isinstance(r, FenceBrokerRecord)]
         if fenced:
-            last = self.controller.sessions.get(fenced[0])
+            last = (self.controller.sessions if sessions is None else sessions).get(fenced[0])
             silent = f"{now_ms - last} ms" if last is not None else "too long"
             return (f"session expired: no heartbeat from broker {fenced[0]} for {silent} "
                     f"(broker_session_timeout_ms={self.config.settings.broker_session_timeout_ms})")
