@@ -1,7 +1,13 @@
 """An in-process TCP proxy for network faults between kraftlog nodes.
 
-One asyncio loop in a thread hosts every open `Proxy` (stopped and joined when the last one
-closes). A proxy listens on a host:port and
+One asyncio loop in a thread hosts every open `Proxy` of one `loop_name` (stopped and joined
+when the last of them closes). The chaos cluster gives the raft links between controllers a
+loop of their own (`RAFT_LOOP`): under load the shared loop fell behind a storm of HTTP
+connections (brokers and probes retrying, accept queues full, 1,300+ accepted connections
+whose clients had already given up), and a raft connection waited behind them longer than
+pysyncobj's 1.5 s handshake timeout, redial after redial, so no controller was connected to
+any other and none campaigned (raft/README.md, "A quorum that stops campaigning").
+A proxy listens on a host:port and
 forwards to one target port. It knows *who* is connecting: the peer's source port is looked
 up in /proc/net/tcp and the owning process found among known pids (`resolver`), so faults
 can be set per link (source label -> this proxy's destination), e.g. "broker-2" -> broker 1.
@@ -28,35 +34,41 @@ from typing import Callable, Optional
 CHUNK_BYTES = 64 * 1024
 
 
+DEFAULT_LOOP = "chaos-proxy"
+RAFT_LOOP = "chaos-proxy-raft"
+
+
 class _Loop:
-    """The asyncio loop (in its own thread) shared by every open Proxy; counted users: when
-    the last proxy closes, its connections are cancelled, the loop stops and the thread is
-    joined (nothing outlives the cluster that used it)."""
+    """The asyncio loop (in its own thread, with its own executor for naming connections)
+    shared by every open Proxy of one name; counted users: when the last of them closes,
+    its connections are cancelled, the loop stops and the thread is joined (nothing outlives
+    the cluster that used it)."""
 
     _lock = threading.Lock()
-    _instance: Optional["_Loop"] = None
+    _instances: dict = {}   # loop name -> _Loop
 
-    def __init__(self):
+    def __init__(self, name: str):
+        self.name = name
         self.users = 0
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="chaos-proxy", daemon=True)
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.thread.start()
 
     @classmethod
-    def acquire(cls) -> "_Loop":
+    def acquire(cls, name: str = DEFAULT_LOOP) -> "_Loop":
         with cls._lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            cls._instance.users += 1
-            return cls._instance
+            if name not in cls._instances:
+                cls._instances[name] = cls(name)
+            cls._instances[name].users += 1
+            return cls._instances[name]
 
     def release(self, timeout_s: float = 5.0) -> None:
         with _Loop._lock:
             self.users -= 1
             if self.users > 0:
                 return
-            if _Loop._instance is self:
-                _Loop._instance = None
+            if _Loop._instances.get(self.name) is self:
+                del _Loop._instances[self.name]
 
         async def _cancel_all():
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -174,10 +186,13 @@ class Proxy:
     "controller-1", "client", ...); without one every connection is "client". `scheme` only
     names the URL: TLS bytes are forwarded as they are (the proxy never terminates TLS).
     `faults` counts what the rules did per (what, source label): connections refused or
-    severed, chunks dropped or delayed (evidence that a fault reached the processes it targets)."""
+    severed, chunks dropped or delayed (evidence that a fault reached the processes it targets).
+    `loop_name` picks the loop (module docstring): proxies of different names never wait for
+    each other's connections."""
 
     def __init__(self, target_port: int, name: str = "", host: str = "127.0.0.1", port: Optional[int] = None,
-                 resolver: Optional[Callable[[int, int], str]] = None, scheme: str = "http"):
+                 resolver: Optional[Callable[[int, int], str]] = None, scheme: str = "http",
+                 loop_name: str = DEFAULT_LOOP):
         self.target_port = target_port
         self.scheme = scheme
         self.faults: Counter = Counter()   # (what, source label) -> count
@@ -186,7 +201,7 @@ class Proxy:
         self.resolver = resolver
         self.rules: dict[str, Rule] = {}
         self._conns: dict = {}          # writer -> source label
-        self._lp = _Loop.acquire()
+        self._lp = _Loop.acquire(loop_name)
         self._closed = False
         try:
             self._server = self._lp.call(self._start(port or 0))
