@@ -56,7 +56,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tests.chaos.harness.proxy import Proxy, free_port
+from tests.chaos.harness.proxy import RAFT_LOOP, Proxy, free_port
 
 CONTROLLER_HOST = "127.0.0.2"
 COPY_ATTEMPTS = 5                # copy_broker_logs: tries while the broker deletes files   # controllers are advertised (and proxied) here
@@ -171,7 +171,8 @@ class ChaosCluster:
                                    port=self.ctl_port[j], resolver=self.source_label, scheme=self.scheme)
                           for j in self.ids}
         self.raft_proxy = {j: Proxy(self.raft_port[j], f"raft-{j}", host=CONTROLLER_HOST,
-                                    port=self.raft_port[j], resolver=self.source_label) for j in self.ids}
+                                    port=self.raft_port[j], resolver=self.source_label,
+                                    loop_name=RAFT_LOOP) for j in self.ids}   # never behind HTTP storms
         os.makedirs(self.root, exist_ok=True)
         if self.s.secure:
             self._make_secrets()
