@@ -100,6 +100,14 @@ class EventLoopLagMonitor:
                             "py-spy dump --pid %d shows the step)", lag, os.getpid())
 
 
+def _project_frames(frames: list, innermost: int = 3) -> list:
+    """The frames of our own code (not the standard library's or site-packages'), plus the
+    `innermost` frames wherever they are: what a stall report needs."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ours = [f for f in frames[:-innermost] if f.filename.startswith(root) and "site-packages" not in f.filename]
+    return ours + list(frames[-innermost:])
+
+
 class StallWatchdog:
     """A daemon thread logging the event-loop thread's stack while the loop is stalled (no
     `tick()` for more than `warn_ms`). `tick()` is called from the loop (cheap)."""
@@ -137,7 +145,7 @@ class StallWatchdog:
             frame = sys._current_frames().get(self.loop_thread_id)
             if frame is None:
                 continue
-            stack = "".join(traceback.format_stack(frame, limit=14))
+            stack = "".join(traceback.format_list(_project_frames(traceback.extract_stack(frame))))
             log.warning("event loop stalled for %.0f ms so far; the loop thread is at:\n%s", stalled_ms, stack)
             self.stacks_logged += 1
             logged_for, next_log = tick, time.monotonic() + self.stack_every_ms / 1000

@@ -378,12 +378,57 @@ class ReplicaFetcherManager:
         self.backoff_s = backoff_ms / 1000
         self.on_leader_unreachable = on_leader_unreachable
         self.fetchers: dict[int, _LeaderFetcher] = {}
+        self._owner: dict[tuple[str, int], int] = {}   # followed partition -> its leader's fetcher
+        self._urls: dict[int, str] | None = None        # the brokers' addresses at the last sync
         self.closed = False
 
     def sync(self, image: MetadataImage | None) -> None:
-        """Match the fetchers to the replica manager's follower set (after each metadata apply)."""
+        """Match the fetchers to the replica manager's follower set (after each metadata apply).
+        Incremental (issue 25): only partitions whose role changed since the last sync
+        (`ReplicaState.take_role_changes`) are looked at, unless the brokers' addresses
+        changed (or on the first sync): then every followed partition is."""
         if self.closed:
             return
+        core = getattr(self.rm, "core", None)
+        changes = core.take_role_changes() if core is not None else None
+        urls = {b: reg.url for b, reg in image.brokers.items() if reg.url} if image is not None else {}
+        if changes is None or urls != self._urls:
+            self._urls = urls
+            self._full_sync(image)
+            return
+        touched: set = set()
+        for tp in changes:
+            key = (tp[0], tp[1])
+            want = core.followed(tp)
+            if want is not None and want[0] not in urls:
+                want = None   # no address for its leader: not followed until the metadata has one
+            owner = self._owner.get(key)
+            if owner is not None and (want is None or want[0] != owner):
+                f = self.fetchers.get(owner)
+                if f is not None:
+                    f.state.remove(*key)
+                    touched.add(owner)
+                del self._owner[key]
+            if want is None:
+                continue
+            leader_id, epoch = want
+            f = self.fetchers.get(leader_id)
+            if f is None:
+                f = self.fetchers[leader_id] = _LeaderFetcher(self, leader_id, urls[leader_id])
+                f.start()
+            self._owner[key] = leader_id
+            if f.state.set_partition(key[0], key[1], epoch):
+                touched.add(leader_id)
+        for leader_id in touched:
+            f = self.fetchers.get(leader_id)
+            if f is None:
+                continue
+            if not f.state.partitions:
+                self._stop(leader_id)
+            else:
+                f.wakeup.set()
+
+    def _full_sync(self, image: MetadataImage | None) -> None:
         wanted: dict[int, dict[tuple[str, int], int]] = {}
         urls: dict[int, str] = {}
         for topic, p, leader, epoch in self.rm.followed_partitions():
@@ -396,6 +441,7 @@ class ReplicaFetcherManager:
             f = self.fetchers[leader_id]
             if leader_id not in wanted or f.state.leader_url != urls[leader_id]:
                 self._stop(leader_id)
+        self._owner = {}
         for leader_id, parts in wanted.items():
             f = self.fetchers.get(leader_id)
             if f is None:
@@ -407,6 +453,7 @@ class ReplicaFetcherManager:
                 changed = True
             for (topic, p), epoch in parts.items():
                 changed = f.state.set_partition(topic, p, epoch) or changed
+                self._owner[(topic, p)] = leader_id
             if changed:
                 f.wakeup.set()
 

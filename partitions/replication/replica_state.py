@@ -136,6 +136,9 @@ class ReplicaState:
         # the partitions this broker leads (issue 25: the ISR, silence and isolation rules walk
         # these, not every hosted replica); kept by `apply_leader_and_isr` / `remove_replica`
         self.led: dict[TopicPartition, Partition] = {}
+        # partitions whose role (leader, leader epoch) changed or that were removed since the
+        # replica fetcher last took them (`take_role_changes`): its sync looks at these only
+        self.role_changes: set[TopicPartition] = set()
 
     # ---- replicas ----------------------------------------------------------------------
 
@@ -156,6 +159,7 @@ class ReplicaState:
         part = self.partitions.pop(tp, None)
         self.logs.pop(tp, None)
         self.led.pop(tp, None)
+        self.role_changes.add(tp)
         self.suspended.discard(tp)
         self._hw_floor.pop(tp, None)
         if part is not None:
@@ -194,6 +198,8 @@ class ReplicaState:
             self.led[tp] = part
         else:
             self.led.pop(tp, None)
+        if changed or (part.is_leader, part.leader_epoch) != (was_leader, old_epoch):
+            self.role_changes.add(tp)
         if not changed:
             return eff
         self.suspended.discard(tp)   # the controller's word is newer than our isolation
@@ -487,6 +493,18 @@ class ReplicaState:
             raise KraftlogError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                 f"{tp[0]}-{tp[1]} is no longer a follower in epoch {leader_epoch}")
         return part, self.logs[tp]
+
+    def take_role_changes(self) -> set[TopicPartition]:
+        """Partitions whose role changed or that were removed since the last call."""
+        out, self.role_changes = self.role_changes, set()
+        return out
+
+    def followed(self, tp: TopicPartition) -> tuple[int, int] | None:
+        """(leader id, leader epoch) when `tp` is a local follower with a leader, else None."""
+        p = self.partitions.get(tp)
+        if p is None or p.is_leader or p.leader_id < 0:
+            return None
+        return p.leader_id, p.leader_epoch
 
     def followed_partitions(self) -> list[tuple[str, int, int, int]]:
         """(topic, partition, leader_id, leader_epoch) of every local follower with a leader."""

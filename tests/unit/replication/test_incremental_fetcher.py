@@ -106,3 +106,73 @@ async def test_fetcher_looks_only_at_partitions_that_changed(pair, monkeypatch):
     assert len(looked) - answered <= 2 * polls < PARTITIONS * polls, (len(looked), answered, polls)
     await caught_up(rms)
     assert rms[2].logs[("t", 7)].log_end_offset == 3
+
+
+class _SilentTransport:
+    """A leader that never answers: the fetchers only hold state in this test."""
+
+    supports_fetch_sessions = True
+
+    async def fetch(self, *a, **kw):
+        await asyncio.Event().wait()
+
+    async def epoch_end_offsets(self, *a, **kw):
+        await asyncio.Event().wait()
+
+
+def _three_broker_image(leaders: dict, epochs: dict, extra_broker_url: str | None = None):
+    from metadata_quorum.image import MetadataImage
+    from metadata_quorum.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
+    img = MetadataImage("c")
+    for b in (1, 2, 3):
+        url = extra_broker_url if (b == 3 and extra_broker_url) else f"http://b{b}"
+        img.replay(RegisterBrokerRecord(b, f"i{b}", -1, url, None, False))
+    img.replay(TopicRecord("t", "tid"))
+    for p, leader in leaders.items():
+        img.replay(PartitionRecord("t", "tid", p, (1, 2, 3), (1, 2, 3), leader, epochs[p], epochs[p]))
+    return img
+
+
+def _fetcher_view(fm) -> dict:
+    return {k: (leader_id, s.leader_epoch) for leader_id, f in fm.fetchers.items()
+            for k, s in f.state.partitions.items()}
+
+
+async def test_sync_looks_only_at_role_changes_and_matches_a_full_sync():
+    import random
+    from partitions.replication.replica_fetcher import ReplicaFetcherManager
+    from partitions.replication.replica_manager import ReplicaManager
+    from tests.unit.replication.fake_log import MemoryLogManager
+    rng = random.Random(25)
+    n = 40
+    rm = ReplicaManager(1, MemoryLogManager())
+    fm = ReplicaFetcherManager(rm, _SilentTransport(), 1)
+    full_walks = []
+    real = rm.followed_partitions
+    rm.followed_partitions = lambda: full_walks.append(1) or real()
+    leaders = {p: rng.choice((1, 2, 3)) for p in range(n)}
+    epochs = {p: 0 for p in range(n)}
+    try:
+        img = _three_broker_image(leaders, epochs)
+        await rm.apply_metadata(img)
+        fm.sync(img)
+        assert len(full_walks) == 1                         # the first sync walks everything
+        for _ in range(30):                                 # leaders move: partial syncs only
+            for p in rng.sample(range(n), 3):
+                leaders[p] = rng.choice((1, 2, 3))
+                epochs[p] += 1
+            img = _three_broker_image(leaders, epochs)
+            await rm.apply_metadata(img)
+            fm.sync(img)
+            expected = {("t", p): (leaders[p], epochs[p]) for p in range(n) if leaders[p] != 1}
+            assert _fetcher_view(fm) == expected
+            assert set(fm.fetchers) == {leaders[p] for p in range(n) if leaders[p] != 1}
+        assert len(full_walks) == 1
+        img = _three_broker_image(leaders, epochs, extra_broker_url="http://b3-moved")
+        await rm.apply_metadata(img)
+        fm.sync(img)                                        # an address changed: a full sync
+        assert len(full_walks) == 2
+        if 3 in fm.fetchers:
+            assert fm.fetchers[3].state.leader_url == "http://b3-moved"
+    finally:
+        await fm.close()
