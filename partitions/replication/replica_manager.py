@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # applying metadata (issue 25): role changes per yield to the loop, logs per executor
 # call, executor calls at once (their fsyncs overlap)
 APPLY_CHUNK_PARTITIONS = 256
+READ_CHUNK_PARTITIONS = 256   # partitions a replica fetch reads per turn of the event loop
 CREATE_BATCH_PARTITIONS = 512
 CREATE_PARALLELISM = 3
 # creating at least this many logs at once: no full (generation 2) garbage collection while
@@ -672,12 +673,22 @@ class ReplicaManager:
         results: dict = {}
         record = True
         while True:
-            news = self._read_session_partitions(s, keys, results, replica_id, broker_epoch, record,
-                                                 max_bytes, partition_max_bytes)
+            news, budget = False, max_bytes
+            # a full fetch reads thousands of partitions: in chunks, the loop serves between them
+            for i in range(0, len(keys), READ_CHUNK_PARTITIONS):
+                if i:
+                    await asyncio.sleep(0)
+                chunk_news, budget = self._read_session_partitions(
+                    s, keys[i:i + READ_CHUNK_PARTITIONS], results, replica_id, broker_epoch, record,
+                    budget, partition_max_bytes)
+                news = news or chunk_news
             record = False
             remaining = deadline - loop.time()
             if news or remaining <= 0 or self._closing or not s.partitions:
                 break
+            if s.dirty and len(keys) > READ_CHUNK_PARTITIONS:
+                keys = cache.take_dirty(s)   # changed while the loop served between chunks: read, do not park
+                continue
             fut = loop.create_future()
             self._session_waiters[s.session_id] = fut
             try:
@@ -721,10 +732,11 @@ class ReplicaManager:
         return stale
 
     def _read_session_partitions(self, s: FetchSession, keys: list, results: dict, replica_id: int,
-                                 broker_epoch: int, record: bool, max_bytes: int, partition_max_bytes: int) -> bool:
-        """Read `keys` of session `s` into `results`; -> True when one has records or an error."""
+                                 broker_epoch: int, record: bool, budget: int,
+                                 partition_max_bytes: int) -> tuple[bool, int]:
+        """Read `keys` of session `s` into `results` within `budget` bytes; -> (True when one
+        has records or an error, the budget left)."""
         news = False
-        budget = max_bytes
         now = self._monotonic_ms()
         self.throttle.update(self._image, now)
         for key in keys:
@@ -751,7 +763,7 @@ class ReplicaManager:
             except log_errors.OffsetOutOfRangeError as e:  # retention raced with us
                 news = True
                 results[key] = KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE, str(e))
-        return news
+        return news, budget
 
     def epoch_end_offset(self, topic: str, partition: int, epoch: int,
                          leader_epoch: int | None = None) -> tuple[int, int]:
