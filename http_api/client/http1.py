@@ -15,6 +15,7 @@ malformed response), `asyncio.TimeoutError` or `OSError`/`ssl.SSLError` from the
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import time
 from urllib.parse import urlencode, urlsplit
@@ -212,26 +213,31 @@ class Http1Connection(asyncio.BufferedProtocol):
             del buf[:pos]
 
 
-def build_request(method: str, url: str, *, headers: dict[str, str], body: bytes | None,
-                  params: dict | None = None) -> tuple[tuple[str, str, int], bytes]:
-    """-> ((scheme, host, port), the request's bytes: head and body)."""
+@functools.lru_cache(maxsize=1024)
+def _split_url(url: str) -> tuple[tuple[str, str, int], str, str, str]:
+    """-> ((scheme, host, port), path, query, Host header) of a URL (cached: a producer asks
+    for the same few URLs again and again)."""
     u = urlsplit(url)
     scheme = u.scheme or "http"
     host = u.hostname or "127.0.0.1"
     port = u.port or (443 if scheme == "https" else 80)
-    target = u.path or "/"
-    query = u.query
+    return (scheme, host, port), u.path or "/", u.query, u.netloc.rsplit("@", 1)[-1]
+
+
+def build_request(method: str, url: str, *, headers: dict[str, str], body: bytes | None,
+                  params: dict | None = None) -> tuple[tuple[str, str, int], bytes]:
+    """-> ((scheme, host, port), the request's bytes: head and body)."""
+    key, target, query, host_header = _split_url(url)
     if params:
         query = f"{query}&{urlencode(params)}" if query else urlencode(params)
     if query:
         target = f"{target}?{query}"
-    host_header = u.netloc.rsplit("@", 1)[-1]
     lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     if body is not None or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body) if body is not None else 0}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return (scheme, host, port), (head + body if body else head)
+    return key, (head + body if body else head)
 
 
 class Http1Pool:
