@@ -38,6 +38,7 @@ async def test_regression_restarted_leader_with_torn_tail_does_not_truncate_ackn
     lines = []
     figs, result = await run_chaos(str(tmp_path / "cluster"), 3, fault_count=5, kinds=["torn-tail"],
                                    hold_s=(0.5, 1.0), quiet_s=(2.0, 3.0), warmup_s=1.5,
-                                   out_dir=str(tmp_path / "report"), log=lines.append)
+                                   out_dir=str(tmp_path / "report"), log=lines.append,
+                                   settle_max_s=0)   # restarts back to back, as when the bug was found
     assert figs["operations"].get("produce:ok", 0) > 100
     assert result.valid, result.summary(limit=5) + "\n" + "\n".join(lines)

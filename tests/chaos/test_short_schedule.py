@@ -25,6 +25,9 @@ from tests.chaos.run import run_chaos
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(280)]
 
 SEED = int(os.environ.get("KRAFTLOG_CHAOS_SEED", "20261122"))
+# one fault at a time, each waited for at most this long (a cluster that does not settle
+# costs at most 18 x 8 s here, inside the timeout; the log names what was missing)
+SETTLE_MAX_S = 8.0
 
 
 async def test_short_fault_schedule_keeps_every_acknowledged_write(tmp_path):
@@ -39,7 +42,7 @@ async def run_short_schedule(tmp_path, kinds: list, *, secure: bool = False, hol
     lines = []
     figs, result = await run_chaos(str(tmp_path / "cluster"), SEED, fault_count=len(kinds), kinds=kinds,
                                    hold_s=hold_s, quiet_s=quiet_s, warmup_s=1.5, out_dir=str(out),
-                                   log=lines.append, secure=secure)
+                                   log=lines.append, secure=secure, settle_max_s=SETTLE_MAX_S)
     where = f"seed {SEED}; secure {secure}; report {out}/report.md; log:\n" + "\n".join(lines)
     if not result.valid:  # keep the evidence: pytest's tmp dirs rotate
         keep = os.path.join(tempfile.gettempdir(), "kraftlog-chaos-failures",
