@@ -46,6 +46,7 @@ REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
 REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_BACKOFF_MS = 200
 TRUNCATION_ROUNDS_MAX = 50
+FETCHER_CHUNK_PARTITIONS = 256   # partitions walked or applied per turn of the event loop
 FOLLOWER_RESYNC_MS = 5_000   # full walk of the followed partitions at least this often (a safety net)
 
 
@@ -235,7 +236,7 @@ class _LeaderFetcher:
             self.wanted[key] = entry[:2]
             self.wanted_hw[key] = entry[2]
 
-    def _update_wanted(self, now: int, throttle, throttled: set) -> set | None:
+    async def _update_wanted(self, now: int, throttle, throttled: set) -> set | None:
         """Bring `self.wanted` (key -> (fetch offset, leader epoch) of every partition to fetch
         now) up to date. Incremental (issue 25): only keys that changed since the last poll
         (`LeaderFetchState.take_changed`) and throttled ones are looked at; the whole set is
@@ -245,10 +246,13 @@ class _LeaderFetcher:
         if self.session is None or self.session.session_id == 0 or now >= self.resync_at_ms:
             self.resync_at_ms = now + FOLLOWER_RESYNC_MS
             self.wanted, self.wanted_hw = {}, {}
-            for s in list(self.state.partitions.values()):
+            for i, s in enumerate(list(self.state.partitions.values())):
+                if i and i % FETCHER_CHUNK_PARTITIONS == 0:
+                    await asyncio.sleep(0)   # thousands of partitions: the loop serves between chunks
+                if self.state.partitions.get((s.topic, s.partition)) is not s:
+                    continue                 # removed or replaced meanwhile: it is in the changed set
                 self._set_wanted((s.topic, s.partition), self._wanted_entry(s, now, throttle, throttled))
-            self.state.changed.clear()   # back-offs set by this walk are applied already
-            return None
+            return None   # keys changed meanwhile (and back-offs set by this walk) are looked at next time
         if throttle is not None and throttle.follower.rate is not None:
             changed.update(k for k, reps in throttle.throttled.items() if self.mgr.broker_id in reps)
         for key in changed:
@@ -264,7 +268,7 @@ class _LeaderFetcher:
         if throttle is not None:
             throttle.update(getattr(rm, "_image", None), now)
         throttled: set = set()
-        looked_at = self._update_wanted(now, throttle, throttled)
+        looked_at = await self._update_wanted(now, throttle, throttled)
         if not self.wanted:
             return False
         sent = dict(self.wanted)   # key -> (fetch offset, leader epoch) this request fetches
@@ -313,7 +317,9 @@ class _LeaderFetcher:
             log.debug("replica fetch session with %s: %s; fetching in full", self.state.leader_url,
                       getattr(results, "session_error", None))
             return True
-        for res in results:
+        for i, res in enumerate(results):
+            if i and i % FETCHER_CHUNK_PARTITIONS == 0:
+                await asyncio.sleep(0)   # a full answer of thousands of partitions: let the loop serve
             key = (res.topic, res.partition)
             s = self.state.partitions.get(key)
             if s is None or key not in sent or sent[key][1] != s.leader_epoch or s.phase != FETCHING:

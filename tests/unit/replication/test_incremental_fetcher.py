@@ -176,3 +176,38 @@ async def test_sync_looks_only_at_role_changes_and_matches_a_full_sync():
             assert fm.fetchers[3].state.leader_url == "http://b3-moved"
     finally:
         await fm.close()
+
+
+async def test_full_walk_of_the_followed_partitions_yields_between_chunks(monkeypatch):
+    from partitions.replication.replica_fetcher import ReplicaFetcherManager
+    from partitions.replication.replica_manager import ReplicaManager
+    from tests.unit.replication.fake_log import MemoryLogManager
+    monkeypatch.setattr(replica_fetcher, "FETCHER_CHUNK_PARTITIONS", 4)
+    n = 20
+    rm = ReplicaManager(1, MemoryLogManager())
+    fm = ReplicaFetcherManager(rm, _SilentTransport(), 1)
+    img = _three_broker_image({p: 2 for p in range(n)}, {p: 0 for p in range(n)})
+    await rm.apply_metadata(img)
+    fm.sync(img)
+    f = fm.fetchers[2]
+    f.task.cancel()                    # drive the walk by hand
+    for p in range(n):
+        f.state.truncated("t", p, 0)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+    t = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    try:
+        before = ticks
+        assert await f._update_wanted(0, None, set()) is None     # no session yet: a full walk
+        during = ticks - before
+    finally:
+        t.cancel()
+        await fm.close()
+    assert sorted(f.wanted) == [("t", p) for p in range(n)]
+    assert during >= n // 4 - 1
