@@ -84,6 +84,10 @@ class _LeaderFetcher:
         self.mgr = mgr
         self.state = LeaderFetchState(leader_id, leader_url)
         self.wakeup = asyncio.Event()
+        # cancels the request in flight; with an established session, new partitions do not
+        # (they join the next request, within one long poll) since a cancelled session
+        # request costs a full fetch of every partition (issue 25)
+        self.interrupt = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.rotation = 0
         # incremental fetch session with this leader (None: the transport has none)
@@ -101,6 +105,7 @@ class _LeaderFetcher:
     async def _run(self) -> None:
         while not self.mgr.closed:
             self.wakeup.clear()
+            self.interrupt.clear()
             try:
                 did = await self._truncate_ready()
                 did = await self._fetch_ready() or did
@@ -120,11 +125,18 @@ class _LeaderFetcher:
                 except asyncio.TimeoutError:
                     pass
 
+    def partitions_changed(self, only_added: bool) -> None:
+        """The partition set changed: wake the loop; cancel the request in flight unless
+        `only_added` and a session is established (see `interrupt`)."""
+        self.wakeup.set()
+        if not only_added or self.session is None or not self.session.session_id:
+            self.interrupt.set()
+
     async def _cancellable(self, coro):
-        """Run a request; a wakeup (partition set changed) cancels it. None if cancelled."""
+        """Run a request; an interrupt (partition set changed) cancels it. None if cancelled."""
         req = asyncio.ensure_future(coro)
         req.add_done_callback(_retrieve)   # an abandoned request's error is not "never retrieved"
-        waker = asyncio.ensure_future(self.wakeup.wait())
+        waker = asyncio.ensure_future(self.interrupt.wait())
         try:
             done, _ = await asyncio.wait({req, waker}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -402,7 +414,7 @@ class ReplicaFetcherManager:
             self._urls = urls
             self._full_sync(image)
             return
-        touched: set = set()
+        touched: dict = {}   # leader id -> only partitions added (True)
         for tp in changes:
             key = (tp[0], tp[1])
             want = core.followed(tp)
@@ -413,7 +425,7 @@ class ReplicaFetcherManager:
                 f = self.fetchers.get(owner)
                 if f is not None:
                     f.state.remove(*key)
-                    touched.add(owner)
+                    touched[owner] = False
                 del self._owner[key]
             if want is None:
                 continue
@@ -423,16 +435,17 @@ class ReplicaFetcherManager:
                 f = self.fetchers[leader_id] = _LeaderFetcher(self, leader_id, urls[leader_id])
                 f.start()
             self._owner[key] = leader_id
+            added = key not in f.state.partitions
             if f.state.set_partition(key[0], key[1], epoch):
-                touched.add(leader_id)
-        for leader_id in touched:
+                touched[leader_id] = touched.get(leader_id, True) and added
+        for leader_id, only_added in touched.items():
             f = self.fetchers.get(leader_id)
             if f is None:
                 continue
             if not f.state.partitions:
                 self._stop(leader_id)
             else:
-                f.wakeup.set()
+                f.partitions_changed(only_added)
 
     def _full_sync(self, image: MetadataImage | None) -> None:
         wanted: dict[int, dict[tuple[str, int], int]] = {}
@@ -453,15 +466,17 @@ class ReplicaFetcherManager:
             if f is None:
                 f = self.fetchers[leader_id] = _LeaderFetcher(self, leader_id, urls[leader_id])
                 f.start()
-            changed = False
+            changed, only_added = False, True
             for key in [k for k in f.state.partitions if k not in parts]:
                 f.state.remove(*key)
-                changed = True
+                changed, only_added = True, False
             for (topic, p), epoch in parts.items():
-                changed = f.state.set_partition(topic, p, epoch) or changed
+                added = (topic, p) not in f.state.partitions
+                if f.state.set_partition(topic, p, epoch):
+                    changed, only_added = True, only_added and added
                 self._owner[(topic, p)] = leader_id
             if changed:
-                f.wakeup.set()
+                f.partitions_changed(only_added)
 
     def _stop(self, leader_id: int) -> None:
         f = self.fetchers.pop(leader_id, None)

@@ -211,3 +211,18 @@ async def test_full_walk_of_the_followed_partitions_yields_between_chunks(monkey
         await fm.close()
     assert sorted(f.wanted) == [("t", p) for p in range(n)]
     assert during >= n // 4 - 1
+
+
+async def test_new_partitions_join_the_session_without_cancelling_its_poll(pair):  # noqa: F811
+    rms, fetchers, transport, apply = pair
+    fetchers[2].fetch_wait_max_ms = 300
+    await apply(image(leader=1, epoch=1, partitions=4))
+    for p in range(4):
+        await rms[1].append("t", p, batch(b"x"), acks=1)
+    await caught_up(rms, range(4))
+    session = fetchers[2].fetchers[1].session
+    assert session.full_fetches == 1
+    await apply(image(leader=1, epoch=1, partitions=6))     # a topic grows: partitions 4 and 5 added
+    await rms[1].append("t", 5, batch(b"y"), acks=1)
+    await caught_up(rms, range(6))
+    assert session.full_fetches == 1 and transport.session_errors == []   # no cancel, no full fetch
