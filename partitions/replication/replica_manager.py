@@ -773,13 +773,16 @@ class ReplicaManager:
         return self.core.epoch_end_offset(TopicPartition(topic, partition), epoch, leader_epoch)
 
     def update_isolation(self, heartbeat_silence_ms: int | None, *, leader_lease_ms: int,
-                         replica_silence_report_ms: int) -> None:
+                         replica_silence_report_ms: int, now_ms: int | None = None,
+                         silent_partitions: set | None = None) -> None:
         """Suspend or resume led partitions by the isolation rule (issue 24 part D,
-        `ReplicaState.update_isolation`)."""
+        `ReplicaState.update_isolation`; `silent_partitions` from `ReplicaState.silence_scan`
+        at `now_ms`, when the caller has them)."""
         before = set(self.core.suspended)
-        self._carry_out(self.core.update_isolation(self._clock_ms(), heartbeat_silence_ms,
-                                                   leader_lease_ms=leader_lease_ms,
-                                                   replica_silence_report_ms=replica_silence_report_ms))
+        self._carry_out(self.core.update_isolation(self._clock_ms() if now_ms is None else now_ms,
+                                                   heartbeat_silence_ms, leader_lease_ms=leader_lease_ms,
+                                                   replica_silence_report_ms=replica_silence_report_ms,
+                                                   silent_partitions=silent_partitions))
         if self.core.suspended - before:
             log.warning("broker %s: leaderships suspended (no heartbeat succeeded for %s ms and followers silent): "
                         "%s", self.broker_id, heartbeat_silence_ms, _some(self.core.suspended - before))

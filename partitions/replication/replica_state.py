@@ -232,7 +232,7 @@ class ReplicaState:
                 "the leadership); refresh metadata and send to the leader it names")
 
     def update_isolation(self, now_ms: int, heartbeat_silence_ms: int | None, *, leader_lease_ms: int,
-                         replica_silence_report_ms: int) -> Effects:
+                         replica_silence_report_ms: int, silent_partitions: set | None = None) -> Effects:
         """An isolated leader stops leading (issue 24 part D, KIP-966's rule that a leader
         takes no writes it cannot replicate). A led partition is suspended while this
         broker's heartbeats have not succeeded for `leader_lease_ms` (the session timeout
@@ -242,7 +242,9 @@ class ReplicaState:
         followers is never suspended). Suspended: produce and fetch answer
         NOT_LEADER_OR_FOLLOWER, acks=all waiters fail with it (clients move); lifted as soon
         as both conditions no longer hold, or the metadata gives the partition a new state.
-        `heartbeat_silence_ms`: None when no heartbeat failed yet."""
+        `heartbeat_silence_ms`: None when no heartbeat failed yet. `silent_partitions`: the
+        led partitions with a silent ISR member at `now_ms`, if the caller has them already
+        (`silence_scan`, one walk for both rules)."""
         eff = Effects()
         isolated = heartbeat_silence_ms is not None and heartbeat_silence_ms >= leader_lease_ms
         if not isolated:   # the common case: nothing is suspended, no walk
@@ -250,7 +252,8 @@ class ReplicaState:
             return eff
         self.suspended.intersection_update(self.led)   # no longer led: not suspended
         for tp, part in self.led.items():
-            suspend = bool(self._silent_isr_members(part, now_ms, replica_silence_report_ms))
+            suspend = (tp in silent_partitions if silent_partitions is not None
+                       else bool(self._silent_isr_members(part, now_ms, replica_silence_report_ms)))
             if suspend and tp not in self.suspended:
                 self.suspended.add(tp)
                 self._fail_ack_waiters(tp, eff, ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -330,6 +333,19 @@ class ReplicaState:
             for r, silent in self._silent_isr_members(part, now_ms, replica_silence_report_ms).items():
                 out[r] = max(out.get(r, 0), silent)
         return out
+
+    def silence_scan(self, now_ms: int, replica_silence_report_ms: int) -> tuple[dict[int, int], set]:
+        """One walk of the led partitions for both silence rules: (`silent_followers`'s
+        answer, the led partitions with a silent ISR member for `update_isolation`)."""
+        out: dict[int, int] = {}
+        silent_parts: set = set()
+        for tp, part in self.led.items():
+            members = self._silent_isr_members(part, now_ms, replica_silence_report_ms)
+            if members:
+                silent_parts.add(tp)
+                for r, silent in members.items():
+                    out[r] = max(out.get(r, 0), silent)
+        return out, silent_parts
 
     def _silent_isr_members(self, part: Partition, now_ms: int, silence_ms: int) -> dict[int, int]:
         out: dict[int, int] = {}

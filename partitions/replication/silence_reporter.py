@@ -49,25 +49,32 @@ class PeerSilenceReporter:
         self._in_flight: dict[int, asyncio.Task] = {}
         self.reports_sent = 0
 
-    def silent_peers(self) -> dict[int, int]:
-        """Peer broker id -> how long it has been silent (ms), both rules merged."""
+    def silent_peers(self, silent_followers: dict[int, int] | None = None) -> dict[int, int]:
+        """Peer broker id -> how long it has been silent (ms), both rules merged.
+        `silent_followers`: `ReplicaState.silence_scan`'s first half, if the caller has it."""
         limit = self.replica_silence_report_ms
         out = dict(self.fetchers.silent_leaders(limit))
-        for b, ms in self.rm.core.silent_followers(self.rm._clock_ms(), limit).items():
+        if silent_followers is None:
+            silent_followers = self.rm.core.silent_followers(self.rm._clock_ms(), limit)
+        for b, ms in silent_followers.items():
             out[b] = max(out.get(b, 0), ms)
         out.pop(self.broker_id, None)
         return out
 
     def check_once(self) -> list[int]:
         """Report every silent live peer not reported within the interval; -> the ids reported.
-        Then suspend or resume leaderships by the isolation rule (part D)."""
+        Then suspend or resume leaderships by the isolation rule (part D). One walk of the
+        led partitions serves both rules (`ReplicaState.silence_scan`)."""
+        scan_ms = self.rm._clock_ms()
+        followers, silent_parts = self.rm.core.silence_scan(scan_ms, self.replica_silence_report_ms)
         if self.isolation is not None:
             heartbeat_silence_ms, leader_lease_ms = self.isolation()
             self.rm.update_isolation(heartbeat_silence_ms, leader_lease_ms=leader_lease_ms,
-                                     replica_silence_report_ms=self.replica_silence_report_ms)
+                                     replica_silence_report_ms=self.replica_silence_report_ms,
+                                     now_ms=scan_ms, silent_partitions=silent_parts)
         now = self.clock.monotonic_ms()
         sent = []
-        for target, silent_ms in sorted(self.silent_peers().items()):
+        for target, silent_ms in sorted(self.silent_peers(followers).items()):
             if not self.is_live(target):
                 continue
             if now - self._last_report_ms.get(target, -10**12) < self.replica_silence_report_ms:

@@ -42,3 +42,27 @@ def test_a_partition_taken_over_counts_for_silence_and_isolation():
     assert core.suspended == {tps[1]}
     core.update_isolation(clock.now_ms(), None, leader_lease_ms=5000, replica_silence_report_ms=SILENCE_MS)
     assert core.suspended == set()  # a heartbeat succeeded: resumed, no walk needed
+
+
+def test_silence_scan_answers_both_rules_in_one_walk():
+    clock = ManualClock()
+    core, tps = core_with(6)
+    for i, tp in enumerate(tps):   # leads 0..3 with followers 2 and 3, follows 4 and 5
+        core.apply_leader_and_isr(tp, LeaderAndIsr(1 if i < 4 else 2, 0, (1, 2, 3), (1, 2, 3), 0),
+                                  now_ms=clock.now_ms())
+    for tp in tps[:4]:
+        core.replica_read(tp, replica_id=2, offset=0, leader_epoch=0, max_bytes=1 << 20, now_ms=clock.now_ms())
+        core.replica_read(tp, replica_id=3, offset=0, leader_epoch=0, max_bytes=1 << 20, now_ms=clock.now_ms())
+    clock.advance(2000)
+    for tp in tps[:2]:             # 3 keeps fetching 0 and 1; 2 went silent everywhere
+        core.replica_read(tp, replica_id=3, offset=0, leader_epoch=0, max_bytes=1 << 20, now_ms=clock.now_ms())
+    walked = []
+    real = core._silent_isr_members
+    core._silent_isr_members = lambda part, now, ms: walked.append(part) or real(part, now, ms)
+    followers, parts = core.silence_scan(clock.now_ms(), SILENCE_MS)
+    assert len(walked) == 4        # the led partitions, once each
+    assert followers == core.silent_followers(clock.now_ms(), SILENCE_MS) == {2: 2000, 3: 2000}
+    assert parts == set(tps[:4])   # each has a silent ISR member (2)
+    core.update_isolation(clock.now_ms(), 10_000, leader_lease_ms=5000, replica_silence_report_ms=SILENCE_MS,
+                          silent_partitions={tps[1]})
+    assert core.suspended == {tps[1]}
