@@ -326,27 +326,42 @@ async def run(n: int, rounds: int, samples: int, rf3: bool, aiohttp_too: bool = 
             # kraftlog, 1 node
             for name in (f"a1-{r}", f"aa-{r}", f"b1-{r}", f"ba-{r}", f"b5-{r}", f"s-{r}"):
                 _create(node.url, name, 1)
-            add("kl.async.acks1", await kl_async_produce(node.url, f"a1-{r}", n, "1", batch=False))
-            add("kl.async.acksall", await kl_async_produce(node.url, f"aa-{r}", n, "all", batch=False))
-            add("kl.batch.acks1", await kl_async_produce(node.url, f"b1-{r}", n, "1", batch=True))
-            add("kl.batch.acksall", await kl_async_produce(node.url, f"ba-{r}", n, "all", batch=True))
-            add("kl.batch5k.acks1", await kl_async_produce(node.url, f"b5-{r}", n, "1", batch=True,
-                                                           batch_records=5 * SEND_BATCH_RECORDS))
-            await _one(node.url, f"s-{r}", samples, True, add, "kl.one")
-            add("kl.consume", await kl_consume(node.url, f"b1-{r}", n))
-            add("kl.consume.columns", await kl_consume_columns(node.url, f"b1-{r}", n))
-            if aiohttp_too:   # the same phases through aiohttp's client, in the same round
+            async def both(key: str, phase, *, topic_own: str | None = None, topic_aio: str | None = None):
+                """`phase(topic, own_http)` with the own connections ("kl." + key) and, with
+                --aiohttp, through aiohttp ("aio." + key) back to back, the order swapped
+                every round."""
+                runs = [(True, topic_own)] + ([(False, topic_aio or topic_own)] if aiohttp_too else [])
+                for own, topic in (runs if r % 2 == 0 else runs[::-1]):
+                    await phase(topic, own, ("kl." if own else "aio.") + key)
+
+            if aiohttp_too:
                 for name in (f"xa1-{r}", f"xb1-{r}", f"xba-{r}", f"xs-{r}"):
                     _create(node.url, name, 1)
-                add("aio.async.acks1", await kl_async_produce(node.url, f"xa1-{r}", n, "1", batch=False,
-                                                              own_http=False))
-                add("aio.batch.acks1", await kl_async_produce(node.url, f"xb1-{r}", n, "1", batch=True,
-                                                              own_http=False))
-                add("aio.batch.acksall", await kl_async_produce(node.url, f"xba-{r}", n, "all", batch=True,
-                                                                own_http=False))
-                await _one(node.url, f"xs-{r}", samples, False, add, "aio.one")
-                add("aio.consume", await kl_consume(node.url, f"b1-{r}", n, own_http=False))
-                add("aio.consume.columns", await kl_consume_columns(node.url, f"b1-{r}", n, own_http=False))
+
+            def rate_phase(acks: str, batch: bool):
+                async def phase(topic, own, key):
+                    add(key, await kl_async_produce(node.url, topic, n, acks, batch=batch, own_http=own))
+                return phase
+
+            await both("async.acks1", rate_phase("1", False), topic_own=f"a1-{r}", topic_aio=f"xa1-{r}")
+            add("kl.async.acksall", await kl_async_produce(node.url, f"aa-{r}", n, "all", batch=False))
+            await both("batch.acks1", rate_phase("1", True), topic_own=f"b1-{r}", topic_aio=f"xb1-{r}")
+            await both("batch.acksall", rate_phase("all", True), topic_own=f"ba-{r}", topic_aio=f"xba-{r}")
+            add("kl.batch5k.acks1", await kl_async_produce(node.url, f"b5-{r}", n, "1", batch=True,
+                                                           batch_records=5 * SEND_BATCH_RECORDS))
+
+            async def one_phase(topic, own, key):
+                await _one(node.url, topic, samples, own, add, key)
+
+            async def consume_phase(topic, own, key):
+                add(key, await kl_consume(node.url, topic, n, own_http=own))
+
+            async def columns_phase(topic, own, key):
+                add(key, await kl_consume_columns(node.url, topic, n, own_http=own))
+
+            await both("one", one_phase, topic_own=f"s-{r}", topic_aio=f"xs-{r}")
+            await both("consume", consume_phase, topic_own=f"b1-{r}")
+            await both("consume.columns", columns_phase, topic_own=f"b1-{r}")
             if cluster is not None:
                 for name in (f"r3a-{r}", f"r3b-{r}", f"r3s-{r}", f"r3e-{r}", f"r3i-{r}"):
                     cluster.create_topic(name, partitions=1, replication_factor=3)
@@ -357,10 +372,17 @@ async def run(n: int, rounds: int, samples: int, rf3: bool, aiohttp_too: bool = 
                                                                   in_flight=1))
                 leader = cluster.url(cluster.partition(f"r3b-{r}")["leader"])
                 add("kl3.batch", await kl_async_produce(leader, f"r3b-{r}", n, "all", batch=True))
-                await _one(",".join(cluster.urls), f"r3s-{r}", samples, True, add, "kl3.one")
+                cluster.create_topic(f"r3b5-{r}", partitions=1, replication_factor=3)
+                leader = cluster.url(cluster.partition(f"r3b5-{r}")["leader"])
+                add("kl3.batch5k", await kl_async_produce(leader, f"r3b5-{r}", n, "all", batch=True,
+                                                          batch_records=5 * SEND_BATCH_RECORDS))
                 if aiohttp_too:
                     cluster.create_topic(f"xr3s-{r}", partitions=1, replication_factor=3)
-                    await _one(",".join(cluster.urls), f"xr3s-{r}", samples, False, add, "aio3.one")
+
+                async def one3(topic, own, key):
+                    await _one(",".join(cluster.urls), topic, samples, own, add, key.replace(".one", "3.one"))
+
+                await both("one", one3, topic_own=f"r3s-{r}", topic_aio=f"xr3s-{r}")
                 add("kl3.e2e", await kl_e2e(",".join(cluster.urls), f"r3e-{r}", samples))
             print(f"round {r + 1}/{rounds}: kraftlog done", file=sys.stderr, flush=True)
             if nats_srv is not None:
@@ -423,8 +445,8 @@ def table(m: dict[str, float]) -> list[tuple[str, str, str, str]]:
          f"{us('kl.one.p50')} (p99 {us('kl.one.p99')})",
          us("nats.one.p50") + ratio("kl.one.p50", "nats.one.p50", lower_better=True),
          us("redis.one.p50") + ratio("kl.one.p50", "redis.one.p50", lower_better=True)),
-        ("async produce, 3 nodes RF=3, send() / send_batch()",
-         f"{rate('kl3.async')} / {rate('kl3.batch')}", "-", "-"),
+        ("async produce, 3 nodes RF=3, send() / send_batch() of 1000 / of 5000",
+         f"{rate('kl3.async')} / {rate('kl3.batch')} / {rate('kl3.batch5k')}", "-", "-"),
         ("  RF=3 send(), max_in_flight_requests_per_connection 1 -> 5",
          f"{rate('kl3.async.inflight1')} -> {rate('kl3.async')}", "-", "-"),
         ("one record at a time, RF=3, p50 / p99",
