@@ -32,8 +32,8 @@ redialled after `connectionTimeout`, as before.
 
 Legitimate frames are small: pysyncobj splits snapshots, and an entry sent alone, into
 appendEntriesBatchSizeBytes (64 KiB) parts; a large entry sent after smaller ones goes whole
-(the largest metadata entry, a CreateTopics of request_max_partitions, is ~1.3 MB; raft/README.md
-"Large entries"), so the default cap (16 MiB) is far above them.
+(a CreateTopics of request_max_partitions is ~1.7 MB, fencing a broker ~1 MB per 10,000 of
+its partitions; raft/README.md "Large entries"), so the default cap (16 MiB) is far above them.
 It relies on pysyncobj's private TcpConnection members (name-mangled `_TcpConnection__*`);
 `install_frame_guard` returns False and changes nothing when they are missing.
 """
