@@ -23,6 +23,9 @@ from urllib.parse import urlencode, urlsplit
 from multidict import CIMultiDict
 
 DEFAULT_MAX_IDLE_CONNECTIONS = 64   # idle keep-alive connections kept per broker
+# an idle connection older than this is closed instead of reused: before aiohttp's server closes
+# it (75 s), so a request never races the server's close (aiohttp's client also uses 60 s)
+DEFAULT_IDLE_TIMEOUT_MS = 60_000
 MAX_HEAD_BYTES = 64 * 1024          # a response head longer than this is refused
 _READ_CHUNK_BYTES = 256 * 1024      # read buffer for heads, chunked bodies and bodies without a length
 
@@ -36,6 +39,7 @@ class Http1Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False      # a whole response was read and nobody asked to close
+        self.idle_since = 0.0      # monotonic time it went back to the pool
         self._state = _IDLE
         self._waiter: asyncio.Future | None = None
         self._scratch = bytearray(_READ_CHUNK_BYTES)
@@ -242,12 +246,15 @@ def build_request(method: str, url: str, *, headers: dict[str, str], body: bytes
 
 class Http1Pool:
     """Idle keep-alive `Http1Connection`s per broker (scheme, host, port); at most
-    `max_idle_connections` kept per broker, the rest closed when released."""
+    `max_idle_connections` kept per broker, the rest closed when released; one idle for
+    `idle_timeout_ms` or longer is closed instead of reused."""
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None,
-                 max_idle_connections: int = DEFAULT_MAX_IDLE_CONNECTIONS) -> None:
+                 max_idle_connections: int = DEFAULT_MAX_IDLE_CONNECTIONS,
+                 idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> None:
         self.ssl_context = ssl_context
         self.max_idle_connections = max_idle_connections
+        self.idle_timeout_s = idle_timeout_ms / 1000
         self._idle: dict[tuple[str, str, int], list[Http1Connection]] = {}
         self._open: set[Http1Connection] = set()   # every connection not yet closed, idle or busy
         self.connects = 0   # connections opened (keep-alive reuse shows as fewer)
@@ -276,16 +283,20 @@ class Http1Pool:
 
     def _take(self, key) -> Http1Connection | None:
         idle = self._idle.get(key)
+        now = time.monotonic()
         while idle:
             conn = idle.pop()
             if not conn.closed and conn.reusable:
-                return conn
+                if now - conn.idle_since < self.idle_timeout_s:
+                    return conn
+                conn.abort()
             self._open.discard(conn)
         return None
 
     def _release(self, key, conn: Http1Connection) -> None:
         idle = self._idle.setdefault(key, [])
         if conn.reusable and not conn.closed and len(idle) < self.max_idle_connections:
+            conn.idle_since = time.monotonic()
             idle.append(conn)
             return
         if not conn.closed:

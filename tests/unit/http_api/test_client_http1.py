@@ -248,3 +248,17 @@ async def test_https_brokers_are_reached_over_tls_verified_by_the_ca():
         await untrusted.close()
     finally:
         server.close()
+
+
+async def test_a_connection_idle_past_the_idle_timeout_is_not_reused():
+    async with ScriptedServer([([_ok(b"1")], False), ([_ok(b"2")], False), ([_ok(b"3")], False)]) as srv:
+        pool = Http1Pool(idle_timeout_ms=60_000)
+        assert (await _req(pool, srv.url))[2] == b"1"
+        assert (await _req(pool, srv.url))[2] == b"2"
+        assert pool.connects == 1
+        for idle in pool._idle.values():
+            for conn in idle:
+                conn.idle_since -= 61   # idle for 61 s
+        assert (await _req(pool, srv.url))[2] == b"3"
+        assert pool.connects == 2
+        pool.close()
