@@ -4,8 +4,10 @@
 A real cluster of 3 controllers (a Raft quorum; `--controllers 1` for a loaded machine)
 and 3 brokers, as `cluster up --nodes 3` runs them, on free ports. Prints:
 - per topic of `--partitions` partitions at `--rf`: time until `POST /v1/topics` answers
-  (201, or 202 "creating") and until EVERY partition is writable (one produce request with
-  one record per partition, `--acks` (default all), answered 200), for `--topics` topics in turn;
+  (201, or 202 "creating") and until EVERY partition is writable (a produce at each partition's
+  leader, one request per leader broker with a record for each of its partitions, `--acks`
+  (default all), answered 200 for that partition), for `--topics` topics in turn; each
+  broker's longest event-loop stall (`kraftlog_event_loop_lag_ms`) meanwhile and while idle;
 - idle broker CPU (% of a core, from /proc/<pid>/stat) over `--idle-seconds` after each topic;
 - broker and controller RSS per partition (process RSS growth over the empty cluster,
   divided by the partition replicas a broker hosts / the partitions the controller holds),
@@ -78,17 +80,37 @@ def idle_cpu(pids: dict, seconds: float) -> dict:
     return {k: (cpu_seconds(p) - c0[k]) * 100 / wall for k, p in pids.items()}
 
 
-def writable(url: str, topic: str, partitions: list, deadline_s: float, acks: str = "all") -> float:
-    """Seconds until one produce with a record for each of `partitions` answers 200."""
+def writable(urls: dict, topic: str, partitions: list, deadline_s: float, acks: str = "all") -> float:
+    """Seconds until every partition of `partitions` took a produce at its leader (as a
+    Kafka client sends: one request per leader broker holding a record for each of its
+    partitions, answered 200 for that partition; `urls`: broker id -> URL). Partitions that
+    fail are retried after a metadata refresh. (Producing all of them through one broker
+    made that broker forward thousands of single-partition requests at once: the bench,
+    not the cluster, then held its event loop for tens of seconds.)"""
     t0 = time.monotonic()
-    body = {"records": [{"value": "w", "partition": p} for p in partitions]}
+    todo = set(partitions)
+    last = ""
+    any_url = next(iter(urls.values()))
     while True:
-        status, doc = http("POST", f"{url}/v1/topics/{topic}/records?acks={acks}", body, timeout=120)
-        if status == 200:
+        by_leader: dict = {}
+        for (t, p), leader in leaders(any_url).items():
+            if t == topic and p in todo and leader in urls:
+                by_leader.setdefault(leader, []).append(p)
+        for leader, ps in by_leader.items():
+            body = {"records": [{"value": "w", "partition": p} for p in ps]}
+            status, doc = http("POST", f"{urls[leader]}/v1/topics/{topic}/records?acks={acks}", body, timeout=120)
+            if status == 200:
+                todo.difference_update(ps)
+                continue
+            last = f"{status} {str(doc)[:300]}"
+            for e in (doc.get("offsets", []) if isinstance(doc, dict) else []):
+                if "error_code" not in e and "partition" in e:
+                    todo.discard(e["partition"])
+        if not todo:
             return time.monotonic() - t0
         if time.monotonic() - t0 > deadline_s:
-            raise RuntimeError(f"{topic} not writable after {deadline_s} s: {status} {str(doc)[:300]}")
-        time.sleep(1.0)   # each try is a request for every partition: do not flood the broker
+            raise RuntimeError(f"{topic}: {len(todo)} partitions not writable after {deadline_s} s: {last}")
+        time.sleep(1.0)   # each try is a request for many partitions: do not flood the brokers
 
 
 async def per_partition_writable(url: str, topic: str, partitions: list, since: float,
@@ -198,7 +220,7 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
                 raise RuntimeError(f"create {name}: {status} {str(doc)[:300]}")
             row(f"{name}: create answered ({status})", f"{answered:.2f} s")
             try:
-                w = writable(url, name, list(range(partitions)), writable_s, acks)
+                w = writable({b: c.url(b) for b in c.procs}, name, list(range(partitions)), writable_s, acks)
             except RuntimeError as e:
                 row(f"{name}: NOT every partition writable", f"within {writable_s:.0f} s")
                 print(f"  ({e})")
