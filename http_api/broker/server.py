@@ -404,19 +404,27 @@ class Broker:
                 pending.pop((part.topic, part.partition), None)
             return
         changed = 0
+        refused: list = []
         for (part, new_isr, asked_epoch), answer in zip(batch, answers):
             err = KraftlogError.from_body(answer, ignore=("topic", "partition"))
             if err is None:
                 changed += 1
                 log.debug("%s-%s: ISR %s -> %s", part.topic, part.partition, part.isr, new_isr)
             else:
-                self._isr_refused(part, new_isr, asked_epoch, err, pending)
+                # one summary line below, not one per partition (thousands after a failure)
+                self._isr_refused(part, new_isr, asked_epoch, err, pending, level=logging.DEBUG)
+                refused.append((part, new_isr, err))
         log.info("AlterPartition: ISR of %d partitions changed in one request (%d refused)", changed,
                  len(batch) - changed)
+        if refused:
+            part, new_isr, err = refused[0]
+            log.info("AlterPartition refused for %d partitions, e.g. %s-%s -> %s: %s", len(refused),
+                     part.topic, part.partition, new_isr, err)
 
     @staticmethod
-    def _isr_refused(part, new_isr: list, asked_epoch: int, e: KraftlogError, pending: dict) -> None:
-        log.info("AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
+    def _isr_refused(part, new_isr: list, asked_epoch: int, e: KraftlogError, pending: dict, *,
+                     level: int = logging.INFO) -> None:
+        log.log(level, "AlterPartition %s-%s -> %s failed: %s", part.topic, part.partition, new_isr, e)
         if e.code is ErrorCode.INELIGIBLE_REPLICA:
             # refused at this very partition epoch (checked before eligibility).
             # Not on INVALID_UPDATE_VERSION: an earlier try may have committed it
