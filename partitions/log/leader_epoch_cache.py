@@ -157,14 +157,17 @@ class LeaderEpochCache:
             self.persist()
         return changed
 
-    def truncate_from_end(self, end_offset: int, *, persist: bool = True) -> None:
-        """Drop entries starting at or after `end_offset` (the log was truncated there)."""
+    def truncate_from_end(self, end_offset: int, *, persist: bool = True) -> bool:
+        """Drop entries starting at or after `end_offset` (the log was truncated there).
+        Returns True if the cache changed (nothing is written when it did not)."""
         i = bisect_left(self._offsets, end_offset)
-        if i < len(self._offsets):
-            del self._epochs[i:]
-            del self._offsets[i:]
-            if persist:
-                self.persist()
+        if i >= len(self._offsets):
+            return False
+        del self._epochs[i:]
+        del self._offsets[i:]
+        if persist:
+            self.persist()
+        return True
 
     def truncate_from_start(self, start_offset: int, *, persist: bool = True) -> None:
         """Drop entries wholly before `start_offset`; the entry covering it now starts there."""
@@ -190,8 +193,8 @@ class LeaderEpochCache:
         return ["0", str(len(self._epochs))] + [f"{e} {o}" for e, o in zip(self._epochs, self._offsets)]
 
     def persist(self, *, sync: bool = True) -> None:
-        """Write the checkpoint; `sync=False` (the append path: a new epoch's first batch)
-        skips the fsyncs and leaves `unsynced` set until `Log.flush` writes it synced
+        """Write the checkpoint; `sync=False` (the append path: a new epoch's first batch;
+        a follower's truncation, as Kafka since KAFKA-15046) skips the fsyncs and leaves `unsynced` set until `Log.flush` writes it synced
         (`write_synced`): a crash before that loses nothing, recovery re-reads the epochs of
         the batches above the recovery point (issue 25: two fsyncs per partition on the
         event loop at its first produce stalled brokers creating thousands of partitions)."""

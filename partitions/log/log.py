@@ -765,7 +765,12 @@ class Log:
         self._truncate_cleaner_state(leo)
         self._high_watermark = min(self._high_watermark, leo)
         self._recovery_point = min(self._recovery_point, leo)
-        self.leader_epoch_cache.truncate_from_end(leo)
+        # written without fsync (the file matches the log after a process crash); the next
+        # flush makes it durable before the recovery point moves past `leo` again, and an
+        # unclean open re-reads the epochs of the batches above the recovery point (issue 25:
+        # two fsyncs per truncated partition on the event loop stalled brokers for seconds)
+        if self.leader_epoch_cache.truncate_from_end(leo, persist=False):
+            self.leader_epoch_cache.persist(sync=False)
         if self.producer_state is not None:
             self._rebuild_producer_state()
         self._check_offsets()
@@ -930,7 +935,9 @@ class Log:
                 leo = self.log_end_offset
                 target = leo if up_to_offset is None else min(up_to_offset, leo)
                 rp = self._recovery_point
-                if target <= rp and not (target == leo and self._unflushed_messages):
+                if target <= rp and not (target == leo and self._unflushed_messages) and not (
+                    self.leader_epoch_cache.unsynced
+                ):
                     return
                 segments = [s for s in self._segments if s.next_offset > rp and s.base_offset < target]
                 if not segments:
