@@ -91,3 +91,27 @@ def test_unclean_reopen_after_truncation_alone_drops_the_removed_epoch(tmp_path,
     assert reopened.leader_epoch_cache.entries == [(1, 0)]   # no epoch beyond the log end
     assert reopened.latest_epoch == 1
     reopened.close()
+
+
+def test_unclean_reopen_with_a_stale_recovery_point_keeps_the_truncated_epoch_away(tmp_path, clock):
+    """The recovery-point checkpoint is written periodically, so after a crash it may still
+    name an offset above the truncation: only the segments from there are re-read, and the
+    epoch checkpoint written by the truncation is what keeps the older segments right."""
+    path = tmp_path / "t-0"
+    config = LogConfig(segment_bytes=14)                      # one batch per segment
+    lg = Log.open(path, config, clock=clock)
+    for _ in range(3):
+        lg.append_as_leader(make_batch(1), 1)
+    for _ in range(2):
+        lg.append_as_leader(make_batch(1), 2)                 # 3..4, never replicated
+    lg.flush()
+    lg.update_high_watermark(3)
+    lg.truncate_to(3)                                         # the new leader's epoch 1 goes on to 6
+    for offset in (3, 4, 5):
+        lg.append_as_follower(make_batch(1, partition_leader_epoch=1, base_offset=offset))
+    lg.close_without_flush()
+    reopened = Log.open(path, config, recovery_point=5, high_watermark=3, clock=clock)
+    assert reopened.log_end_offset == 6
+    assert reopened.leader_epoch_cache.entries == [(1, 0)]
+    assert reopened.end_offset_for_epoch(1) == (1, 6)
+    reopened.close()
