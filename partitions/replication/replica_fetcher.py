@@ -47,6 +47,7 @@ REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_BACKOFF_MS = 200
 TRUNCATION_ROUNDS_MAX = 50
 FETCHER_CHUNK_PARTITIONS = 256   # partitions walked or applied per turn of the event loop
+FETCHER_CHUNK_TRUNCATIONS = 16   # log truncations per turn of the event loop (each cuts a file)
 FOLLOWER_RESYNC_MS = 5_000   # full walk of the followed partitions at least this often (a safety net)
 
 
@@ -195,7 +196,11 @@ class _LeaderFetcher:
             return True
         self.state.answered()
         by_key = {(a["topic"], a["partition"]): a for a in asks}
+        truncations = 0
         for topic, p, epoch, end_offset, err in answers:
+            if truncations >= FETCHER_CHUNK_TRUNCATIONS:
+                truncations = 0   # thousands truncated after a leader change: let the loop serve
+                await asyncio.sleep(0)
             ask = by_key.get((topic, p))
             s = self.state.partitions.get((topic, p))
             if ask is None or s is None or s.leader_epoch != ask["leader_epoch"]:
@@ -213,6 +218,7 @@ class _LeaderFetcher:
                     log.info("%s-%s: truncating from %d to %d (leader %s has epoch %d up to %d)", topic, p,
                              lg.log_end_offset, offset, self.state.leader_id, epoch, end_offset)
                     rm.follower_truncate(topic, p, s.leader_epoch, offset)
+                    truncations += 1
                     self.state.log_changed(topic, p)
             except KraftlogError:
                 self.state.back_off(topic, p, self.mgr.now_ms(), self.mgr.backoff_ms)
