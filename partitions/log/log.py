@@ -151,6 +151,7 @@ class Log:
         # Log.open, which costs one fsync per partition created (issue 25: 42 ms each on a
         # busy disk). Lost in a crash before that flush, the empty segment is created again.
         self._dir_unsynced = False
+        self._max_recovery_point = 0   # the highest recovery point this log had (see _epoch_started)
         self._load(recovery_point, log_start_offset, high_watermark, clean_shutdown)
         return self
 
@@ -198,6 +199,11 @@ class Log:
         if not clean:
             candidates = [b for b in bases if b <= recovery_point]
             recover_from = candidates[-1] if candidates else (bases[0] if bases else 0)
+            if not rebuild_cache:
+                # the epochs of the re-read batches are assigned again in order: entries from
+                # there on (maybe never written, maybe stale) must not make an older epoch of
+                # the re-read batches look like a conflict and move its start offset up
+                cache.truncate_from_end(recover_from, persist=False)
         now = self._time_ms()
         corrupt_at: int | None = None
         recovered_any = False
@@ -268,6 +274,7 @@ class Log:
         else:
             self._recovery_point = min(max(recovery_point, self._log_start_offset), leo)
         self._high_watermark = min(max(high_watermark, self._log_start_offset), leo)
+        self._max_recovery_point = max(recovery_point, self._recovery_point)
         cache.truncate_from_end(leo, persist=False)
         cache.truncate_from_start(self._log_start_offset, persist=False)
         if cache.entries or (self._dir / LEADER_EPOCH_CHECKPOINT).exists():
@@ -493,7 +500,7 @@ class Log:
                     return duplicate
             if leader_epoch != latest_epoch and self.leader_epoch_cache.assign(leader_epoch, first_offset,
                                                                                 persist=False):
-                self.leader_epoch_cache.persist(sync=False)   # fsync'd by the next flush
+                self._epoch_started(first_offset)
             nbytes = len(records) if vectored else len(data)
             self._append(data, entries, max_ts, num_records, now, nbytes)
             if producer_state is not None:
@@ -538,12 +545,14 @@ class Log:
                 num_records += h[H_RECORD_COUNT]
                 if ts > max_ts:
                     max_ts = ts
+            changed_at = None
             for _, h in batches:
                 epoch = h[H_LEADER_EPOCH]
-                if epoch >= 0 and epoch != cache.latest_epoch:
-                    changed |= cache.assign(epoch, h[H_BASE_OFFSET], persist=False)
-            if changed:
-                cache.persist(sync=False)   # fsync'd by the next flush
+                if epoch >= 0 and epoch != cache.latest_epoch and cache.assign(epoch, h[H_BASE_OFFSET],
+                                                                               persist=False):
+                    changed_at = h[H_BASE_OFFSET] if changed_at is None else changed_at
+            if changed_at is not None:
+                self._epoch_started(changed_at)
             if gaps:
                 self.mark_offset_gaps()
             now = self._time_ms()
@@ -760,6 +769,20 @@ class Log:
             self._after_truncation(leo)
             return True
 
+    def _epoch_started(self, start_offset: int) -> None:
+        """A new epoch entry starting at `start_offset` was appended to the cache. It is
+        written by the next flush (synced, before the recovery point passes it), not here
+        (issue 25: a file create + rename per partition on the event loop): until then an
+        unclean open re-reads it from the batches above the recovery point, as long as no
+        recovery point this log ever had, and so none a checkpoint file may still hold, is
+        above it. After a truncation below such a point the file is written at once
+        (without fsync) so that a crash cannot lose the entry."""
+        cache = self.leader_epoch_cache
+        if start_offset >= self._max_recovery_point:
+            cache.unsynced = True
+        else:
+            cache.persist(sync=False)   # fsync'd by the next flush
+
     def _after_truncation(self, leo: int) -> None:
         self._generation += 1
         self._truncate_cleaner_state(leo)
@@ -797,6 +820,7 @@ class Log:
         self._log_start_offset = offset
         self._high_watermark = offset
         self._recovery_point = offset
+        self._max_recovery_point = max(self._max_recovery_point, offset)
         self._unflushed_messages = 0
         self.leader_epoch_cache.clear()
         if self.producer_state is not None:
@@ -895,6 +919,7 @@ class Log:
             if deleted:
                 self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
                 self._recovery_point = max(self._recovery_point, self._log_start_offset)
+                self._max_recovery_point = max(self._max_recovery_point, self._recovery_point)
             self._check_offsets()
             return deleted
 
@@ -965,6 +990,7 @@ class Log:
             with self._lock:
                 if target > self._recovery_point:
                     self._recovery_point = target
+                    self._max_recovery_point = max(self._max_recovery_point, target)
                 self._check_offsets()
                 self._unflushed_messages = max(0, self._unflushed_messages - flushed_messages)
                 self._last_flush_ms = self._time_ms()

@@ -115,3 +115,59 @@ def test_unclean_reopen_with_a_stale_recovery_point_keeps_the_truncated_epoch_aw
     assert reopened.leader_epoch_cache.entries == [(1, 0)]
     assert reopened.end_offset_for_epoch(1) == (1, 6)
     reopened.close()
+
+
+def test_a_new_epoch_appended_above_the_recovery_point_writes_no_file_until_the_flush(tmp_path, monkeypatch, clock):
+    path = tmp_path / "t-0"
+    lg = Log.open(path, LogConfig(segment_bytes=14), clock=clock)
+    writes = []
+    real = cache_mod.write_checkpoint_file
+    monkeypatch.setattr(cache_mod, "write_checkpoint_file",
+                        lambda p, lines, **k: writes.append((list(lines), k.get("sync", True))) or real(p, lines, **k))
+    lg.append_as_leader(make_batch(1), 1)
+    lg.append_as_follower(make_batch(1, partition_leader_epoch=2, base_offset=1))
+    lg.append_as_leader(make_batch(1), 3)
+    assert writes == [] and lg.leader_epoch_cache.unsynced    # no file work on the append path
+    lg.flush()
+    assert writes == [(["0", "3", "1 0", "2 1", "3 2"], True)]
+    lg.append_as_leader(make_batch(1), 4)
+    lg.close_without_flush()                                  # crash before epoch 4 reached the file
+    reopened = Log.open(path, LogConfig(segment_bytes=14), recovery_point=3, clock=clock)
+    assert reopened.leader_epoch_cache.entries == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    reopened.close()
+
+
+def test_a_new_epoch_after_truncating_below_a_past_recovery_point_is_written_at_once(tmp_path, clock):
+    """A checkpoint file may still hold the recovery point from before the truncation, so
+    the batches of the new epoch would not be re-read after a crash: the file must have it."""
+    path = tmp_path / "t-0"
+    config = LogConfig(segment_bytes=14)
+    lg = Log.open(path, config, clock=clock)
+    for epoch in (1, 1, 1, 2, 2):
+        lg.append_as_leader(make_batch(1), epoch)
+    lg.flush()                                                # recovery point 5
+    lg.truncate_to(3)
+    for offset in (3, 4, 5):
+        lg.append_as_follower(make_batch(1, partition_leader_epoch=3, base_offset=offset))
+    on_disk = LeaderEpochCache.load(path / LEADER_EPOCH_CHECKPOINT)
+    assert on_disk.entries == [(1, 0), (3, 3)]
+    lg.close_without_flush()
+    reopened = Log.open(path, config, recovery_point=5, high_watermark=3, clock=clock)
+    assert reopened.leader_epoch_cache.entries == [(1, 0), (3, 3)]
+    reopened.close()
+
+
+def test_unclean_reopen_from_a_later_segment_keeps_the_start_of_an_older_epoch(tmp_path, clock):
+    """Recovery re-reads the batches from the recovery point's segment: an epoch that began
+    in an earlier segment keeps its start offset (it was moved up to the re-read segment)."""
+    path = tmp_path / "t-0"
+    config = LogConfig(segment_bytes=14)
+    lg = Log.open(path, config, clock=clock)
+    for epoch in (1, 1, 1, 2, 2):
+        lg.append_as_leader(make_batch(1), epoch)
+    lg.flush()
+    lg.close_without_flush()
+    reopened = Log.open(path, config, recovery_point=2, clock=clock)
+    assert reopened.leader_epoch_cache.entries == [(1, 0), (2, 3)]
+    assert reopened.leader_epoch_cache.epoch_for_offset(1) == 1
+    reopened.close()
