@@ -48,7 +48,7 @@ from metadata_quorum.records import (BrokerMembershipRecord, BrokerRegistrationC
                                      LeaderChangeRecord, PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
                                      record_to_dict)
 from metadata_quorum.quorum_routes import QuorumRoutes
-from metadata_quorum.state_machine import MetadataStateMachine
+from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, MetadataStateMachine
 from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError
 
 log = logging.getLogger("kraftlog.controller")
@@ -119,6 +119,9 @@ class ControllerConfig:
     propose_timeout_ms: int = 5000
     long_poll_max_wait_ms: int = 30_000
     feed_records_per_response_max: int = 5000
+    # an apply of this many records or more freezes the image out of full garbage collections
+    # (state_machine.py); 0 = never
+    gc_freeze_min_records: int = GC_FREEZE_MIN_RECORDS_DEFAULT
     raft_min_timeout_s: float = 0.3
     raft_max_timeout_s: float = 0.6
     append_entries_period_s: float = 0.05
@@ -954,7 +957,7 @@ async def run_controller_async(config: ControllerConfig, started: Optional[async
     from raft.syncobj_log import SyncObjReplicatedLog
 
     os.makedirs(config.data_dir, exist_ok=True)
-    sm = MetadataStateMachine(config.cluster_id)
+    sm = MetadataStateMachine(config.cluster_id, gc_freeze_min_records=config.gc_freeze_min_records)
     raft_log = SyncObjReplicatedLog(config.raft_config(), sm, loop=asyncio.get_running_loop())
     server = ControllerServer(config, sm, raft_log)
     raft_log.start()

@@ -22,7 +22,9 @@ image or deciding.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import gc
 import logging
 import threading
 from typing import Any, Optional
@@ -33,14 +35,25 @@ from metadata_quorum.records import LeaderChangeRecord, RegisterBrokerRecord, re
 
 log = logging.getLogger(__name__)
 
+# Applying at least this many records at once (a 10,000-partition CreateTopics, a broker's
+# fencing batch, a snapshot restore): no full (generation 2) garbage collection during the
+# apply, then gc.freeze() moves the image out of later full collections. The apply runs on
+# the raft thread and a full collection walks every object of the process with the GIL
+# held: the raft thread neither ticks nor sends heartbeats meanwhile (raft/README.md).
+GC_FREEZE_MIN_RECORDS_DEFAULT = 1000
+
 
 class MetadataStateMachine:
     """Image + feed tail + applied request ids. Invariant: tail holds records with offsets
     [tail_start, image.offset) contiguously."""
 
     def __init__(self, cluster_id: str = "", feed_retained_records: int = 100_000,
-                 request_ids_retained: int = 10_000):
+                 request_ids_retained: int = 10_000, gc_freeze_min_records: int = 0):
         self.cluster_id = cluster_id
+        # 0: never touch the collector (in-process tests); the controller passes
+        # GC_FREEZE_MIN_RECORDS_DEFAULT
+        self.gc_freeze_min_records = gc_freeze_min_records
+        self.gc_freezes = 0
         self.feed_retained_records = feed_retained_records
         self.request_ids_retained = request_ids_retained
         self.lock = threading.RLock()
@@ -55,16 +68,33 @@ class MetadataStateMachine:
 
     # ------------------------------------------------------------ raft StateMachine
     def apply(self, entries: list) -> Any:
-        results = []
-        with self.lock:
-            for entry in entries:
-                try:
-                    results.append(self._apply_entry(entry))
-                except Exception as exc:  # deterministic: same on every node
-                    log.exception("metadata entry rejected")
-                    self.rejected_batches += 1
-                    results.append({"ok": False, "reason": f"malformed entry: {exc!r}"})
-        return results
+        size = sum(len(e.get("records") or ()) for e in entries if isinstance(e, dict))
+        with self._gc_held(size):
+            results = []
+            with self.lock:
+                for entry in entries:
+                    try:
+                        results.append(self._apply_entry(entry))
+                    except Exception as exc:  # deterministic: same on every node
+                        log.exception("metadata entry rejected")
+                        self.rejected_batches += 1
+                        results.append({"ok": False, "reason": f"malformed entry: {exc!r}"})
+            return results
+
+    @contextlib.contextmanager
+    def _gc_held(self, records: int):
+        """Around a large apply: no full collection inside it, gc.freeze() after it."""
+        if not self.gc_freeze_min_records or records < self.gc_freeze_min_records:
+            yield
+            return
+        thresholds = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
+        try:
+            yield
+        finally:
+            gc.freeze()   # the image is long-lived: later full collections skip it
+            gc.set_threshold(*thresholds)
+            self.gc_freezes += 1
 
     def _apply_entry(self, entry: dict) -> dict:
         if "quorum" in entry:
@@ -122,7 +152,8 @@ class MetadataStateMachine:
             }
 
     def restore(self, data: dict) -> None:
-        with self.lock:
+        partitions = sum(len(t.get("partitions") or ()) for t in (data.get("image") or {}).get("topics") or ())
+        with self._gc_held(partitions), self.lock:
             self.image = MetadataImage.from_snapshot(data["image"])
             if self.cluster_id:
                 self.image.cluster_id = self.cluster_id
