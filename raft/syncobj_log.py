@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import os
 import secrets
@@ -58,6 +59,7 @@ from raft.election_backoff import ELECTION_BACKOFF_MAX_S_DEFAULT, ElectionBackof
 from raft.frame_guard import install_frame_guard
 from raft.log import (RAFT_FRAME_MAX_BYTES_DEFAULT, MembershipChangeError, NotLeaderError, OutcomeUnknownError,
                       RaftPeerStats)
+from raft.tick_gaps import TickGapMonitor
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,8 @@ class SyncObjReplicatedLog:
         self._addr_to_id = {addr: nid for nid, addr in config.voters.items()}
         self._syncobj: Optional[SyncObj] = None
         self._last_ping = 0.0
+        # raft thread ticks that came late (raft/tick_gaps.py): logged with the GC time in them
+        self.tick_gaps = TickGapMonitor(config.raft_min_timeout_s)
         self._last_seen: tuple = ()
         self._notify_pending = False
         self._consumer = _Consumer(state_machine, self._on_raft_thread_event)
@@ -233,9 +237,12 @@ class SyncObjReplicatedLog:
             if install_prevote(self._syncobj, c.raft_min_timeout_s, c.prevote_stale_leader_grace_s) is None:
                 log.warning("pre-vote not installed (unexpected pysyncobj internals): elections as before")
         self._backoff = ElectionBackoff(c.raft_max_timeout_s, max(c.election_backoff_max_s, c.raft_max_timeout_s))
+        gc.callbacks.append(self.tick_gaps.gc_callback)
         self._syncobj.addOnTickCallback(self._on_tick)
 
     def stop(self) -> None:
+        if self.tick_gaps.gc_callback in gc.callbacks:
+            gc.callbacks.remove(self.tick_gaps.gc_callback)
         if self._syncobj is not None:
             self._syncobj.destroy()
             self._syncobj = None
@@ -416,6 +423,12 @@ class SyncObjReplicatedLog:
         so = self._syncobj
         if so is None:
             return
+        late = self.tick_gaps.on_tick()
+        if late is not None:
+            log.warning("raft node %s: the raft thread did not tick for %.0f ms (%.0f ms of it in garbage "
+                        "collections; the election timeout is %.0f-%.0f ms): the process held the GIL or had "
+                        "no CPU", self.config.node_id, late[0] * 1000, late[1] * 1000,
+                        self.config.raft_min_timeout_s * 1000, self.config.raft_max_timeout_s * 1000)
         if self._journal is not None:
             self._journal.sync()  # leader: persist this tick's appends before counting itself
         while self._on_raft_thread:
