@@ -390,12 +390,12 @@ class ControllerServer:
         finally:
             self._probing.discard(target)
 
-    def _maintenance_reason(self, records: list, now_ms: int, sessions: Optional[dict] = None) -> str:
+    def _maintenance_reason(self, records: list, now_ms: int, sessions: dict) -> str:
         """Why the maintenance loop wrote `records` (for the INFO log of fencing decisions).
-        `sessions`: the leases the decision saw (default: the current ones)."""
+        `sessions`: the leases the decision saw."""
         fenced = [r.broker_id for r in records if isinstance(r, FenceBrokerRecord)]
         if fenced:
-            last = (self.controller.sessions if sessions is None else sessions).get(fenced[0])
+            last = sessions.get(fenced[0])
             silent = f"{now_ms - last} ms" if last is not None else "too long"
             return (f"session expired: no heartbeat from broker {fenced[0]} for {silent} "
                     f"(broker_session_timeout_ms={self.config.settings.broker_session_timeout_ms})")

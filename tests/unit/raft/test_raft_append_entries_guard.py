@@ -34,22 +34,31 @@ def test_entries_of_an_older_term_are_left_to_raft():
     assert rewrite_append_entries(msg, 105, 3) is None
 
 
+class _Transport:
+    """pysyncobj's transport as the guard sees it: one message callback, replaceable."""
+
+    def __init__(self, seen: list):
+        self._onMessageReceivedCallback = lambda node, m: seen.append(m)
+
+    def setOnMessageReceivedCallback(self, cb):
+        self._onMessageReceivedCallback = cb
+
+
+class _StandInSyncObj:
+    pass
+
+
+def stand_in_syncobj(raft_log: list, seen: list) -> _StandInSyncObj:
+    """A stand-in SyncObj with `raft_log` whose handler appends each message it gets to `seen`."""
+    so = _StandInSyncObj()
+    so._SyncObj__transport = _Transport(seen)
+    so._SyncObj__raftLog = raft_log
+    return so
+
+
 def test_installed_guard_rewrites_before_the_handler():
     seen = []
-
-    class Transport:
-        def __init__(self):
-            self._onMessageReceivedCallback = lambda node, m: seen.append(m)
-
-        def setOnMessageReceivedCallback(self, cb):
-            self._onMessageReceivedCallback = cb
-
-    class SO:
-        pass
-
-    so = SO()
-    so._SyncObj__transport = Transport()
-    so._SyncObj__raftLog = [(b"", 1, 1), (b"", 2, 3), (b"", 3, 3)]
+    so = stand_in_syncobj([(b"", 1, 1), (b"", 2, 3), (b"", 3, 3)], seen)
     before = set(vars(so))
     assert install_append_entries_guard(so)
     so._SyncObj__transport._onMessageReceivedCallback("n", ae(1, [(2, 3)]))

@@ -10,6 +10,7 @@ import pickle
 import secrets
 
 from raft.append_entries_guard import TransmissionReassembly, install_append_entries_guard
+from tests.unit.raft.test_raft_append_entries_guard import stand_in_syncobj
 from tests.unit.raft.test_raft_prevote import _describe, _Entries, _free_port
 
 BATCH = 2 ** 16   # pysyncobj's appendEntriesBatchSizeBytes default
@@ -54,20 +55,7 @@ def test_reassembly_is_per_node_and_a_start_discards_a_partial_entry():
 
 def test_a_resent_large_entry_behind_the_log_end_truncates_nothing():
     seen = []
-
-    class Transport:
-        def __init__(self):
-            self._onMessageReceivedCallback = lambda node, m: seen.append(m)
-
-        def setOnMessageReceivedCallback(self, cb):
-            self._onMessageReceivedCallback = cb
-
-    class SO:
-        pass
-
-    so = SO()
-    so._SyncObj__transport = Transport()
-    so._SyncObj__raftLog = [(b"", 1, 3), (b"x" * BATCH, 2, 3), (b"", 3, 3), (b"", 4, 3)]
+    so = stand_in_syncobj([(b"", 1, 3), (b"x" * BATCH, 2, 3), (b"", 3, 3), (b"", 4, 3)], seen)
     assert install_append_entries_guard(so)
     for c in _chunks_as_pysyncobj_sends_them((b"x" * BATCH, 2, 3)):   # entry 2 again, prevLogIdx 1
         so._SyncObj__transport._onMessageReceivedCallback("leader", c)

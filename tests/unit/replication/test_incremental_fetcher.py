@@ -182,6 +182,7 @@ async def test_full_walk_of_the_followed_partitions_yields_between_chunks(monkey
     from partitions.replication.replica_fetcher import ReplicaFetcherManager
     from partitions.replication.replica_manager import ReplicaManager
     from tests.unit.replication.fake_log import MemoryLogManager
+    from tests.unit.replication.loop_turns import LoopTurns
     monkeypatch.setattr(replica_fetcher, "FETCHER_CHUNK_PARTITIONS", 4)
     n = 20
     rm = ReplicaManager(1, MemoryLogManager())
@@ -193,21 +194,12 @@ async def test_full_walk_of_the_followed_partitions_yields_between_chunks(monkey
     f.task.cancel()                    # drive the walk by hand
     for p in range(n):
         f.state.truncated("t", p, 0)
-    ticks = 0
-
-    async def ticker():
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-    t = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
     try:
-        before = ticks
-        assert await f._update_wanted(0, None, set()) is None     # no session yet: a full walk
-        during = ticks - before
+        async with LoopTurns() as turns:
+            before = turns.count
+            assert await f._update_wanted(0, None, set()) is None     # no session yet: a full walk
+            during = turns.count - before
     finally:
-        t.cancel()
         await fm.close()
     assert sorted(f.wanted) == [("t", p) for p in range(n)]
     assert during >= n // 4 - 1
