@@ -153,3 +153,111 @@ def test_naming_a_new_connection_does_not_hold_up_the_others(echo):
     finally:
         release.set()
         p.close()
+
+
+# ---- a dead target is mirrored: refused, as a dead process's port (issue 24) ---------------
+
+class _ReusableEcho(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
+def _serve_echo(port: int = 0):
+    srv = _ReusableEcho(("127.0.0.1", port), _Echo)
+    srv.received = []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _stop_echo(srv) -> None:
+    srv.shutdown()
+    srv.server_close()
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2.0).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _poll(condition, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _echoes(port: int) -> bool:
+    try:
+        return _talk(port, timeout=2.0) == b"ping"
+    except OSError:
+        return False
+
+
+def test_a_killed_target_is_refused_until_it_listens_again():
+    # a controller probing a killed broker through its proxy must see "connection refused"
+    # (immediate fencing as unreachable), not "connected, then closed" (the silence path)
+    srv = _serve_echo()
+    port = srv.server_address[1]
+    p = Proxy(port)
+    try:
+        assert _talk(p.port) == b"ping"
+        _stop_echo(srv)
+        p.target_down()
+        assert not p.listening
+        assert _refused(p.port), "a dead target's proxy accepted a connection"
+        assert _refused(p.port)
+        srv = _serve_echo(port)                      # the restarted process listens again
+        assert _poll(lambda: _echoes(p.port)), "the proxy did not listen again after the restart"
+        assert p.listening
+    finally:
+        p.close()
+        _stop_echo(srv)
+
+
+def test_a_target_that_died_by_itself_is_refused_after_the_first_failed_connect():
+    srv = _serve_echo()
+    p = Proxy(srv.server_address[1])
+    try:
+        assert _talk(p.port) == b"ping"
+        _stop_echo(srv)                              # no target_down(): the proxy finds out
+        assert _poll(lambda: _refused(p.port)), "the proxy kept accepting for a dead target"
+    finally:
+        p.close()
+
+
+def test_a_paused_target_keeps_the_proxy_accepting():
+    # SIGSTOP: the kernel still completes handshakes on the paused process's listening socket
+    paused = socket.socket()
+    paused.bind(("127.0.0.1", 0))
+    paused.listen(16)                                 # never accepts, like a stopped process
+    p = Proxy(paused.getsockname()[1])
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", p.port), timeout=2.0) as s:
+                s.sendall(b"x")
+                s.settimeout(0.3)
+                with pytest.raises(socket.timeout):
+                    s.recv(10)
+        assert p.listening
+    finally:
+        p.close()
+        paused.close()
+
+
+def test_the_chaos_cluster_kill_closes_that_process_proxies_only(tmp_path):
+    from tests.chaos.harness.cluster import ChaosCluster
+    c = ChaosCluster(str(tmp_path / "cluster"))     # processes not started: nothing to kill
+    try:
+        c.kill("broker", 1)
+        c.kill("controller", 2)
+        down = [c.broker_proxy[1], c.ctl_proxy[2], c.raft_proxy[2]]
+        assert [p.listening for p in down] == [False, False, False]
+        assert _refused(c.broker_proxy[1].port)
+        assert all(p.listening for p in c.all_proxies() if p not in down)
+    finally:
+        c.stop()

@@ -366,6 +366,8 @@ class ChaosCluster:
     # ---- faults on processes -----------------------------------------------------------
 
     def kill(self, role: str, i: int) -> None:
+        """kill -9 the process; its proxies refuse new connections until it listens again, as
+        a dead process's ports do (proxy.py, "A dead target is mirrored")."""
         spec = self.procs[(role, i)]
         if spec.proc is not None:
             self._kill_group(spec)   # also a cleaner child left by a broker that died by itself
@@ -374,6 +376,14 @@ class ChaosCluster:
             except subprocess.TimeoutExpired:
                 pass
         spec.paused = False
+        for proxy in self.proxies_of(role, i):
+            proxy.target_down()
+
+    def proxies_of(self, role: str, i: int) -> list:
+        """The proxies standing in front of one process's ports."""
+        if role == "broker":
+            return [self.broker_proxy[i]]
+        return [self.ctl_proxy[i], self.raft_proxy[i]]
 
     def restart(self, role: str, i: int, fsize_limit_bytes: Optional[int] = None) -> None:
         spec = self.procs[(role, i)]

@@ -18,6 +18,15 @@ Rules, changeable at any time from any thread, for one source label or "*" (ever
 - `no_requests` / `no_answers`: one-way loss (client->server resp. server->client bytes
   dropped: with no answers a request is served but its caller never learns it);
 - `delay_ms`: every chunk waits before being forwarded (slow link).
+
+A dead target is mirrored: once the target process is gone (`target_down()`, called by the
+chaos cluster when it kills the process, or a connect to the target refused), the proxy
+stops listening, so new connections are refused as by a dead process's port, and it listens
+again as soon as the target accepts connections (probed every `TARGET_PROBE_INTERVAL_S`).
+Before, it accepted and then closed them: a controller probing a killed broker saw
+"connected, then closed" and fenced it through the slow silence path instead of the
+immediate "unreachable" one (issue 24). A paused (SIGSTOPped) target still accepts (the
+kernel completes the handshake), so the proxy keeps listening for it.
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 CHUNK_BYTES = 64 * 1024
+TARGET_PROBE_INTERVAL_S = 0.05   # while the target is down: how often to check it listens again
 
 
 DEFAULT_LOOP = "chaos-proxy"
@@ -203,6 +213,7 @@ class Proxy:
         self._conns: dict = {}          # writer -> source label
         self._lp = _Loop.acquire(loop_name)
         self._closed = False
+        self._reopen_task: Optional[asyncio.Task] = None   # set while the target is down
         try:
             self._server = self._lp.call(self._start(port or 0))
         except BaseException:
@@ -252,6 +263,52 @@ class Proxy:
     def state(self) -> str:
         return "; ".join(f"{s}: {r.describe()}" for s, r in sorted(self.rules.items())) or "up"
 
+    # ---- the target process's life ------------------------------------------------------
+
+    @property
+    def listening(self) -> bool:
+        """False while the target is down (new connections are refused)."""
+        return self._server is not None
+
+    def target_down(self) -> None:
+        """The target process is dead: refuse new connections until it listens again."""
+        if not self._closed:
+            self._lp.call(self._stop_listening())
+
+    async def _stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+            self.faults[("target-down", "*")] += 1
+        if self._reopen_task is None and not self._closed:
+            self._reopen_task = asyncio.ensure_future(self._listen_when_target_listens())
+
+    async def _listen_when_target_listens(self) -> None:
+        try:
+            while not self._closed:
+                if await self._target_accepts():
+                    try:
+                        server = await self._start(self.port)
+                    except OSError:   # our port briefly held elsewhere: try again
+                        pass
+                    else:
+                        if self._closed:
+                            server.close()
+                        else:
+                            self._server = server
+                        return
+                await asyncio.sleep(TARGET_PROBE_INTERVAL_S)
+        finally:
+            self._reopen_task = None
+
+    async def _target_accepts(self) -> bool:
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.target_port), 2.0)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        w.transport.abort()
+        return True
+
     def close(self) -> None:
         """Stop listening and sever every connection; the last proxy closed stops the loop."""
         if self._closed:
@@ -259,7 +316,11 @@ class Proxy:
         self._closed = True
 
         async def _close():
-            self._server.close()
+            if self._reopen_task is not None:
+                self._reopen_task.cancel()
+            if self._server is not None:
+                self._server.close()
+                self._server = None
             self._sever("*", count=False)
         try:
             self._lp.call(_close())
@@ -293,8 +354,10 @@ class Proxy:
             return
         try:
             t_reader, t_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
+        except OSError as e:
             writer.transport.abort()
+            if isinstance(e, ConnectionRefusedError):   # the target died by itself or restarts
+                await self._stop_listening()
             return
         self._conns[writer] = label
         self._conns[t_writer] = label
