@@ -51,6 +51,7 @@ class _AppendOnlyIndex:
         self._values: list[int] = []
         self._pending = bytearray()   # entries not yet appended to the file
         self._dirty = False  # entries written since the last fsync
+        self._on_disk = True  # False: the file is not created yet (reset(create_file=False))
         self.corrupt_reason: str | None = None
 
     # -- loading
@@ -88,12 +89,15 @@ class _AppendOnlyIndex:
     def _monotonic(keys: list[int], values: list[int]) -> bool:
         return all(x < y for x, y in zip(keys, keys[1:])) and all(x < y for x, y in zip(values, values[1:]))
 
-    def reset(self) -> None:
-        """Drop every entry (before a rebuild)."""
+    def reset(self, create_file: bool = True) -> None:
+        """Drop every entry (before a rebuild). create_file=False (no file of this name
+        on disk) leaves the file to the first flush, which creates it even if empty."""
         self._keys, self._values = [], []
         self._pending.clear()
-        with open(self.path, "wb"):
-            pass
+        if create_file:
+            with open(self.path, "wb"):
+                pass
+        self._on_disk = create_file
         self._dirty = False
         self.corrupt_reason = None
 
@@ -127,8 +131,9 @@ class _AppendOnlyIndex:
         """Append the pending entries to the file; with fsync=True also fsync them (only if
         any were added since the last fsync)."""
         pending = self._pending
-        if not pending and not (fsync and self._dirty):
+        if not pending and not (fsync and self._dirty) and self._on_disk:
             return
+        self._on_disk = True
         with open(self.path, "ab") as f:
             if pending:
                 f.write(pending)
@@ -140,8 +145,10 @@ class _AppendOnlyIndex:
                 self._dirty = False
 
     def close(self) -> None:
-        """Append the pending entries (no fsync); nothing else is held open."""
-        self.flush(fsync=False)
+        """Append the pending entries (no fsync); nothing else is held open. An index
+        whose file was never created and has no entries stays without one."""
+        if self._pending or self._on_disk:
+            self.flush(fsync=False)
 
     def delete(self) -> None:
         self._pending.clear()

@@ -288,17 +288,29 @@ class LogSegment:
         self._max_timestamp_so_far = -1
         self._reserved_end = 0  # blocks are reserved up to this file position (>= size when preallocating)
         self._preallocate = config.preallocate and _fallocate is not None
+        self._file_missing = False   # lazily created (create(lazy=True)): no file until first used
         self.closed = False
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
     def create(
-        cls, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int, suffix: str = ""
+        cls, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int, suffix: str = "",
+        *, lazy: bool = False,
     ) -> "LogSegment":
         """A new empty segment (existing files with the same base are replaced). `suffix`
-        (e.g. ".cleaned") is appended to every file name: a segment under construction."""
+        (e.g. ".cleaned") is appended to every file name: a segment under construction.
+        lazy=True (the first segment of a new log, no files of this base on disk) creates
+        no file now: the `.log` file is created by the first use of its descriptor (the
+        first append), the indexes by their first flush (issue 25: three file creates per
+        partition made creating 10,000 partitions take seconds). A crash before then leaves
+        no file or an empty one, which opens as an empty segment again."""
         seg = cls(directory, base_offset, config, now_ms, suffix)
+        if lazy:
+            seg._file_missing = True
+            seg.offset_index.reset(create_file=False)
+            seg.time_index.reset(create_file=False)
+            return seg
         SEGMENT_FILES.acquire(seg, os.O_CREAT | os.O_TRUNC)
         SEGMENT_FILES.release(seg)
         seg.offset_index.reset()
@@ -357,7 +369,12 @@ class LogSegment:
         return seg
 
     def _load_indexes(self) -> str | None:
-        """Load both indexes; a reason string if they cannot be trusted."""
+        """Load both indexes; a reason string if they cannot be trusted. An empty `.log`
+        without index files (a lazily created segment, see `create`) has empty indexes."""
+        if self.size == 0 and not self.offset_index.path.exists() and not self.time_index.path.exists():
+            self.offset_index.reset(create_file=False)
+            self.time_index.reset(create_file=False)
+            return None
         if not self.offset_index.load():
             return f"offset index {self.offset_index.corrupt_reason}"
         if not self.time_index.load():
@@ -428,6 +445,8 @@ class LogSegment:
     ) -> Iterator[tuple[int, tuple]]:
         """`scan_batches` yielding raw header tuples (see record_batch.H_*): the fast path
         used by recovery. The segment stays pinned until the generator ends."""
+        if self._file_missing:
+            return   # never written: nothing to scan, and no file to create for it
         fd = self._acquire()
         try:
             yield from scan_raw_batches(fd, start_position, self.size, base_offset=self.base_offset,
@@ -724,9 +743,7 @@ class LogSegment:
                 os.close(self._fd)
             finally:
                 self._fd = None
-        self.offset_index.flush(fsync=False)
-        self.offset_index.close()
-        self.time_index.flush(fsync=False)
+        self.offset_index.close()   # appends pending entries (no fsync)
         self.time_index.close()
 
     def delete(self) -> None:
@@ -745,6 +762,10 @@ class LogSegment:
             if self._fd is None:
                 raise LogClosedError(f"segment {self.log_path} is closed")
             return self._fd
+        if self._file_missing:   # the first use of a lazily created segment creates its file
+            fd = SEGMENT_FILES.acquire(self, os.O_CREAT | os.O_TRUNC)
+            self._file_missing = False
+            return fd
         return SEGMENT_FILES.acquire(self)
 
     def _release(self) -> None:
