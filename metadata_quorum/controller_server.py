@@ -49,6 +49,7 @@ from metadata_quorum.records import (BrokerMembershipRecord, BrokerRegistrationC
                                      record_to_dict)
 from metadata_quorum.quorum_routes import QuorumRoutes
 from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, MetadataStateMachine
+from raft.election_backoff import ELECTION_BACKOFF_MAX_S_DEFAULT
 from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError
 
 log = logging.getLogger("kraftlog.controller")
@@ -124,6 +125,8 @@ class ControllerConfig:
     gc_freeze_min_records: int = GC_FREEZE_MIN_RECORDS_DEFAULT
     raft_min_timeout_s: float = 0.3
     raft_max_timeout_s: float = 0.6
+    # the longest election timeout after elections that elected nobody (raft/election_backoff.py)
+    raft_election_backoff_max_s: float = ELECTION_BACKOFF_MAX_S_DEFAULT
     append_entries_period_s: float = 0.05
     auto_tick_period_s: float = 0.015
     connection_retry_time_s: float = 0.5
@@ -174,6 +177,7 @@ class ControllerConfig:
             frame_max_bytes=self.raft_frame_max_bytes,
             join=self.raft_join,
             prevote=self.raft_prevote,
+            election_backoff_max_s=self.raft_election_backoff_max_s,
         )
 
 
@@ -1048,6 +1052,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="join a running quorum: no election before the leader has added this node")
     p.add_argument("--raft-prevote", action="store_true",
                    help="pre-vote (raft/prevote.py): a node elects only once a majority would vote for it")
+    p.add_argument("--raft-min-timeout-s", type=float, default=ControllerConfig.raft_min_timeout_s,
+                   help="raft election timeout, drawn from [min, max] (pysyncobj raftMinTimeout)")
+    p.add_argument("--raft-max-timeout-s", type=float, default=ControllerConfig.raft_max_timeout_s)
+    p.add_argument("--raft-election-backoff-max-s", type=float, default=ELECTION_BACKOFF_MAX_S_DEFAULT,
+                   help="the longest election timeout after elections that elected nobody (binary "
+                        "exponential backoff from --raft-max-timeout-s; that value turns it off)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -1102,6 +1112,9 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         raft_frame_max_bytes=args.raft_frame_max_bytes,
         raft_join=args.join,
         raft_prevote=args.raft_prevote,
+        raft_min_timeout_s=args.raft_min_timeout_s,
+        raft_max_timeout_s=args.raft_max_timeout_s,
+        raft_election_backoff_max_s=args.raft_election_backoff_max_s,
         http_limits=HttpLimits(**json.loads(args.http_limits_json)) if args.http_limits_json else HttpLimits(),
         security=security_from_args(args),
     )

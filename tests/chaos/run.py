@@ -87,13 +87,15 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
                     warmup_s: float = 2.0, out_dir: Optional[str] = None, log=print,
                     log_level: str = "WARNING", secure: bool = False,
                     transactions: bool = False, raft_prevote: bool = False,
-                    settle_max_s: float = 60.0) -> tuple[dict, object]:
+                    settle_max_s: float = 60.0, raft_options: Optional[dict] = None) -> tuple[dict, object]:
     """`secure`: TLS, authentication and ACLs on (ClusterSettings.secure; the workload is the
     super user admin). `raft_prevote`: the controllers run raft pre-vote. `settle_max_s`:
     before the next fault, wait at most this long for the cluster to recover from the last
-    one (Schedule.settle; 0 = only the quiet time)."""
+    one (Schedule.settle; 0 = only the quiet time). `raft_options`: more controller raft flags
+    (ClusterSettings.raft_options). `warmup_s`: workload alone before the first fault."""
     kinds = kinds or list(ALL_NEMESES)
-    cluster = ChaosCluster(root, ClusterSettings(log_level=log_level, secure=secure, raft_prevote=raft_prevote))
+    cluster = ChaosCluster(root, ClusterSettings(log_level=log_level, secure=secure, raft_prevote=raft_prevote,
+                                                 raft_options=dict(raft_options or {})))
     history = History()
     schedule = Schedule(seed, kinds=kinds, hold_s=hold_s, quiet_s=quiet_s, settle_max_s=settle_max_s)
     rng = random.Random(seed)
@@ -166,7 +168,9 @@ async def run_chaos(root: str, seed: int, *, minutes: Optional[float] = None, fa
     meta = {"seed": seed, "minutes": minutes, "fault_count": fault_count, "kinds": kinds,
             "partitions": partitions, "duration_s": round(time.monotonic() - t0, 1), "root": root,
             "secure": secure, "transactions": transactions, "hold_s": list(hold_s), "quiet_s": list(quiet_s),
-            "settle_max_s": settle_max_s}
+            "settle_max_s": settle_max_s,
+            "raft_prevote": raft_prevote, "raft_options": dict(raft_options or {}),
+            "history_wall_t0": round(time.time() - history.now(), 3)}   # raft_timeline.py matches logs to faults
     if out_dir:
         figs = write_report(out_dir, history, result, schedule.faults, meta, log_cleaner=cleaner)
     else:
@@ -206,6 +210,10 @@ def main(argv=None) -> int:
     p.add_argument("--transactions", action="store_true",
                    help="add the transactional workload (harness/txn_workload.py; issue 18)")
     p.add_argument("--raft-prevote", action="store_true", help="the controllers run raft pre-vote (raft/prevote.py)")
+    p.add_argument("--raft-option", action="append", default=[], metavar="FLAG=VALUE",
+                   help="a controller raft flag, e.g. --raft-option=--raft-election-backoff-max-s=1.0 (repeatable)")
+    p.add_argument("--warmup", type=float, default=2.0,
+                   help="seconds of workload before the first fault (an idle stretch under load)")
     p.add_argument("--data-dir", default=None, help="cluster data (default: a temp dir, removed on success)")
     args = p.parse_args(argv)
     if args.per_kind is not None:
@@ -224,7 +232,8 @@ def main(argv=None) -> int:
                                          hold_s=_range(args.hold), quiet_s=_range(args.quiet),
                                          log=lambda m: print(m, flush=True), secure=args.secure,
                                          transactions=args.transactions, raft_prevote=args.raft_prevote,
-                                         settle_max_s=args.settle_max))
+                                         settle_max_s=args.settle_max, warmup_s=args.warmup,
+                                         raft_options=dict(o.rsplit("=", 1) for o in args.raft_option)))
     figs.pop("_faults", None)
     print(json.dumps({k: v for k, v in figs.items() if k != "checker_stats"}, indent=1))
     print(result.summary(limit=20))

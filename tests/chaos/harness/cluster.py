@@ -136,6 +136,7 @@ class ClusterSettings:
     broker_heartbeat_interval_ms: int = 500
     secure: bool = False   # TLS + authentication + ACLs, as `kraftlog cluster up --secure`
     raft_prevote: bool = False   # controllers run raft pre-vote (--raft-prevote)
+    raft_options: dict = field(default_factory=dict)   # controller raft flags, e.g. {"--raft-max-timeout-s": 1.0}
     broker: dict = field(default_factory=lambda: {
         "replica_lag_time_max_ms": 3000, "request_timeout_ms": 5000, "min_insync_replicas": 2,
         "default_replication_factor": 3, "replica_fetch_wait_max_ms": 200, "replica_fetch_backoff_ms": 100,
@@ -245,6 +246,8 @@ class ChaosCluster:
             cmd += ["--security-json", json.dumps(self.security[i])]
         if self.s.raft_prevote:
             cmd += ["--raft-prevote"]
+        for flag, value in sorted(self.s.raft_options.items()):
+            cmd += [flag, str(value)]
         return ProcessSpec("controller", i, cmd, {"KRAFTLOG_RAFT_PASSWORD": self.password},
                            os.path.join(self.node_dir(i), "controller.log"))
 
