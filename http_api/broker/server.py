@@ -54,6 +54,9 @@ METADATA_POLL_MAX_WAIT_MS = 2000
 ISR_CHECK_INTERVAL_MS = 1000
 ALTER_PARTITION_RETRY_MS = 5000   # ask again when an answered AlterPartition brings no metadata
 ALTER_PARTITIONS_BATCH = 1000     # ISR changes per batched AlterPartition request (controller max: 2000)
+# a metadata change of this many records or more (a large topic, a broker's fencing) is logged
+# with how long the broker took to apply it (issue 25: the stages of a failover at scale)
+METADATA_CHANGE_LOG_MIN_RECORDS = 1000
 
 
 class Broker:
@@ -139,7 +142,15 @@ class Broker:
                                                 lambda: getattr(self.lifecycle, "broker_epoch", None))
 
         async def on_change(image, _changed=None):
+            from metadata_quorum.feed import change_of
+
+            info = change_of(image)
+            n = len(info.records) if info is not None and info.records is not None else 0
+            t0 = time.monotonic()
             await self.view.update(image)
+            if n >= METADATA_CHANGE_LOG_MIN_RECORDS:
+                log.info("metadata change of %d records (offsets %s-%d) applied in %.0f ms", n, info.base_offset,
+                         image.offset, (time.monotonic() - t0) * 1000)
 
         # short metadata long polls: a controller shutting down waits for open polls to end
         self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS)
