@@ -12,7 +12,11 @@ when empty); index entries point at batch starts inside [0, size).
 
 Preallocation (`LogConfig.preallocate`): disk blocks are reserved ahead of the end of a
 segment being written with fallocate(FALLOC_FL_KEEP_SIZE), growing with the segment (as
-much as it holds, between `SEGMENT_PREALLOCATE_BYTES_MIN` and `SEGMENT_PREALLOCATE_BYTES_MAX`).
+much as it holds, between `SEGMENT_PREALLOCATE_BYTES_MIN` and `SEGMENT_PREALLOCATE_BYTES_MAX`),
+from the append that makes it hold `SEGMENT_PREALLOCATE_AFTER_BYTES` (64 KiB) on: the first
+appends of a segment reserve nothing (issue 25: one fallocate per partition at its first
+append, on the broker's event loop, held it for up to 3 s when 10,000 new partitions were
+first written).
 Appends into reserved blocks skip the filesystem's block allocation (ext4: ~30% less kernel
 CPU per appended byte; bench/log_bench.py shows the log's append with and without it). The file length stays the data
 length, so recovery and readers are unchanged; the reserve is released (ftruncate to the
@@ -77,6 +81,9 @@ _fdatasync = getattr(os, "fdatasync", os.fsync)
 
 SEGMENT_PREALLOCATE_BYTES_MIN = 64 << 10
 SEGMENT_PREALLOCATE_BYTES_MAX = 4 << 20   # 1-4 MiB ahead gave all of the gain (bench: raw writes); at most this per written partition
+# a segment reserves blocks once it holds this much: a partition written now and then (most
+# of 10,000) never pays an fallocate on the append path, a busy one pays one per 64 KiB-4 MiB
+SEGMENT_PREALLOCATE_AFTER_BYTES = 64 << 10
 _FALLOC_FL_KEEP_SIZE = 1
 
 
@@ -532,7 +539,8 @@ class LogSegment:
                 f"next offset {self.next_offset}: offsets must increase and fit relative offsets")
         if isinstance(data, list):
             total = sum(map(len, data))
-            if self._preallocate and start + total > self._reserved_end:
+            if self._preallocate and start + total > self._reserved_end and (
+                    start + total >= SEGMENT_PREALLOCATE_AFTER_BYTES):
                 self._reserve(fd, start + total)
             written = os.writev(fd, data)
             if written < total:  # rare (signals, huge writes): finish with plain writes
@@ -542,7 +550,8 @@ class LogSegment:
         else:
             view = memoryview(data)
             total = len(view)
-            if self._preallocate and start + total > self._reserved_end:
+            if self._preallocate and start + total > self._reserved_end and (
+                    start + total >= SEGMENT_PREALLOCATE_AFTER_BYTES):
                 self._reserve(fd, start + total)
             written = os.write(fd, view)
             while written < total:
