@@ -27,6 +27,9 @@ Rules this module enforces (measured pitfalls, see metadata_quorum/README.md):
   leader stretches each election timeout after a failed election (2x, 4x, ... up to
   `election_backoff_max_s`), so votes slower than 0.3-0.6 s on a loaded machine still elect
   a leader; the first election after a leader is lost keeps the short timeout;
+- election guard (raft/election_guard.py): a node whose raft thread was stalled past its
+  election timeout reads the messages that arrived meanwhile before it campaigns, so a
+  stalled follower does not depose a live leader and a stalled candidate counts its votes;
 - dynamic membership (pysyncobj's single-server changes, DESIGN.md section 10): `add_voter`,
   `remove_voter` and `transfer_leadership` await the commit of the change; the leader refuses
   a second change while one is uncommitted (MembershipChangeError). A node started with
@@ -96,6 +99,10 @@ class RaftConfig:
     # the longest election timeout after failed elections (binary exponential backoff from
     # raft_max_timeout_s; raft/election_backoff.py); raft_max_timeout_s turns it off
     election_backoff_max_s: float = ELECTION_BACKOFF_MAX_S_DEFAULT
+    # read the sockets before an election on an expired deadline (raft/election_guard.py): a
+    # raft thread stalled past the election timeout does not campaign with its leader's
+    # AppendEntries (or its votes) unread
+    read_before_election: bool = True
     # Send AppendEntries as soon as a command arrives instead of on the next period:
     # commit latency ~2 ms instead of ~50 ms for low-rate metadata writes.
     append_entries_immediately: bool = True
@@ -236,6 +243,14 @@ class SyncObjReplicatedLog:
 
             if install_prevote(self._syncobj, c.raft_min_timeout_s, c.prevote_stale_leader_grace_s) is None:
                 log.warning("pre-vote not installed (unexpected pysyncobj internals): elections as before")
+        if c.read_before_election:
+            from pysyncobj.monotonic import monotonic as raft_clock
+
+            from raft.election_guard import install_election_guard
+
+            if not install_election_guard(self._syncobj, raft_clock):
+                log.warning("raft election guard not installed (unexpected pysyncobj internals): a stalled "
+                            "node may campaign with its leader's messages unread")
         self._backoff = ElectionBackoff(c.raft_max_timeout_s, max(c.election_backoff_max_s, c.raft_max_timeout_s))
         gc.callbacks.append(self.tick_gaps.gc_callback)
         self._syncobj.addOnTickCallback(self._on_tick)
