@@ -8,10 +8,10 @@ DATA_DIR is the run's `--data-dir` (node-<i>/controller.log, written with `--log
 REPORT_DIR its `--report` (report.json: the faults and, since 3e4e85d's successor, the wall
 clock of the history's time 0, so stretches are matched to faults).
 
-A stretch opens when a controller leaves the known leader's term (it campaigns, or follows a
-newer term's leader not yet seen) or the leader itself steps down, and closes when a
-controller logs that it leads a term at least as new. It is measured from the first
-controller that noticed: the time before that (a stopped leader not yet missed) is not in it.
+A stretch opens when the leader says it stepped down or a majority of the controllers has
+moved to a newer term (a controller campaigning alone, cut off, deposes nobody), and closes
+when a controller leads a term no majority has left. So it is measured from the moment the
+others noticed: the time before that (a stopped leader not yet missed) is not in it.
 """
 from __future__ import annotations
 
@@ -63,23 +63,32 @@ def parse_lines(lines: Iterable[str]) -> tuple[list, list]:
 
 
 def leaderless_stretches(events: list, end_t: Optional[float] = None) -> list:
-    """Stretches without a raft leader from the role events of every controller (any order);
-    the cluster's start (before the first leader) is not one."""
+    """Stretches without a working raft leader from the role events of every controller (any
+    order). A node that last said it leads term T leads until it says otherwise or a majority
+    of the controllers has moved past T (a node campaigning alone, cut off from the others,
+    deposes nobody). The cluster's start (before the first leader) is not a stretch."""
+    nodes = {e[1] for e in events}
+    majority = len(nodes) // 2 + 1
+    state: dict = {}                 # node -> (term, role) as last logged
     out: list = []
-    leader: Optional[tuple] = None   # (node, term) of the newest leader seen
     open_: Optional[Stretch] = None
-    for t, node, term, state in sorted(events):
-        if state == "leader":
-            if leader is None or term >= leader[1]:
-                leader = (node, term)
-                if open_ is not None:
-                    open_.end = t
-                    out.append(open_)
-                    open_ = None
-            continue
-        if leader is None:
-            continue
-        if term > leader[1] or (state == "no leader" and leader == (node, term)):
+    seen_leader = False
+
+    def has_leader() -> bool:
+        for term, role in state.values():
+            if role == "leader" and sum(1 for t, _ in state.values() if t > term) < majority:
+                return True
+        return False
+
+    for t, node, term, role in sorted(events):
+        state[node] = (term, role)
+        if has_leader():
+            seen_leader = True
+            if open_ is not None:
+                open_.end = t
+                out.append(open_)
+                open_ = None
+        elif seen_leader:
             if open_ is None:
                 open_ = Stretch(start=t)
             open_.terms.add(term)
