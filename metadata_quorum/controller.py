@@ -101,6 +101,16 @@ class ControllerSettings(MinInsyncReplicasDefault):
     broker_silence_fence_ms: int = 1500
     # a silence report counts this long (reporters repeat theirs while the silence lasts)
     broker_silence_report_max_age_ms: int = 3000
+    # Fencing at scale (issue 25). A broker's fencing changes every partition whose ISR holds
+    # it (100,000 partition changes at 100,000 partitions on 3 brokers), but only those it
+    # leads need a new leader to be writable again. When a fencing has more than
+    # `fence_isr_removals_inline_max` ISR-only removals, the entry that fences the broker
+    # holds just its leader changes and the ISR removals follow in the next entries (the
+    # maintenance loop, `fence_followups`); no entry of a fencing holds more than
+    # `fence_batch_records_max` partition changes (about 60 bytes each pickled: far below
+    # the 16 MiB raft frame cap, raft_frame_max_bytes).
+    fence_isr_removals_inline_max: int = 1000
+    fence_batch_records_max: int = 50_000
 
     def __post_init__(self) -> None:
         self.validate()
@@ -109,11 +119,11 @@ class ControllerSettings(MinInsyncReplicasDefault):
         """ValueError naming the setting when one is out of range."""
         for name in ("broker_session_timeout_ms", "broker_heartbeat_interval_ms", "leader_imbalance_check_interval_ms",
                      "producer_id_block_size", "request_max_partitions",
-                     "min_insync_replicas"):
+                     "min_insync_replicas", "fence_batch_records_max"):
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be an integer > 0, got {value!r}; fix {name} in the config")
-        for name in ("broker_silence_fence_ms", "broker_silence_report_max_age_ms"):
+        for name in ("broker_silence_fence_ms", "broker_silence_report_max_age_ms", "fence_isr_removals_inline_max"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}; fix {name} in the config")
@@ -193,6 +203,9 @@ class QuorumController:
         # silence reports: target broker id -> reporter broker id -> when reported (ms)
         self.heartbeats_received: dict[int, int] = {}
         self.silence_reports: dict[int, dict[int, int]] = {}
+        # fencing at scale (soft state): fenced brokers whose remaining ISR removals (and
+        # leader changes beyond one entry) are still to be written (`fence_followups`)
+        self.fence_pending: set[int] = set()
 
     # ================================================================ helpers
     @staticmethod
@@ -553,10 +566,45 @@ class QuorumController:
         return b is not None and b.in_controlled_shutdown and not QuorumController.leaderships(image, broker_id)
 
     def fence_broker(self, image: MetadataImage, broker_id: int) -> list:
+        """The entry fencing `broker_id`: FenceBrokerRecord plus the removal of the broker from
+        every ISR and leadership, in one batch, unless that holds more than
+        `fence_isr_removals_inline_max` ISR-only removals or `fence_batch_records_max`
+        changes: then the batch is FenceBrokerRecord plus the partitions it leads (at most
+        `fence_batch_records_max`), so they become writable after one entry of that size,
+        and `fence_followups` writes the rest (each record still changes one partition whole)."""
         b = image.brokers.get(broker_id)
         if b is None or b.fenced:
             return []
-        return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
+        changes = self._remove_broker_changes(image, broker_id)
+        limit = self.settings.fence_batch_records_max
+        led, rest = self._leaders_first(image, broker_id, changes)
+        if len(rest) <= self.settings.fence_isr_removals_inline_max and len(changes) <= limit:
+            return [FenceBrokerRecord(broker_id, b.epoch)] + changes
+        self.fence_pending.add(broker_id)
+        return [FenceBrokerRecord(broker_id, b.epoch)] + led[:limit]
+
+    @staticmethod
+    def _leaders_first(image: MetadataImage, broker_id: int, changes: list) -> tuple[list, list]:
+        """`changes` split into (those of partitions `broker_id` leads, the others)."""
+        led, rest = [], []
+        for r in changes:
+            (led if image.topics[r.topic].partitions[r.partition].leader == broker_id else rest).append(r)
+        return led, rest
+
+    def fence_followups(self, image: MetadataImage) -> list:
+        """The next entry of a split fencing (see `fence_broker`): for the first fenced broker
+        of `fence_pending` that still leads or is in some ISR with other members, at most
+        `fence_batch_records_max` of those changes, leader changes first; [] when none is
+        left (a broker that registered again unfenced, or whose changes are all written,
+        leaves `fence_pending`)."""
+        for broker_id in sorted(self.fence_pending):
+            b = image.brokers.get(broker_id)
+            if b is not None and b.fenced:
+                led, rest = self._leaders_first(image, broker_id, self._remove_broker_changes(image, broker_id))
+                if led or rest:
+                    return (led + rest)[:self.settings.fence_batch_records_max]
+            self.fence_pending.discard(broker_id)
+        return []
 
     def fence_unreachable(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> list:
         """Fence a broker whose process is gone (a peer reported it and the controller's own
@@ -645,6 +693,8 @@ class QuorumController:
         self.sessions = {b: now_ms for b in image.brokers}
         self.heartbeats_received = {}
         self.silence_reports = {}
+        # a predecessor may have died between the entries of a split fencing: look once
+        self.fence_pending = {b.id for b in image.brokers.values() if b.fenced}
 
     def expired_brokers(self, image: MetadataImage, now_ms: int) -> list[int]:
         timeout = self.settings.broker_session_timeout_ms
@@ -659,11 +709,15 @@ class QuorumController:
 
     def maintenance(self, image: MetadataImage, now_ms: int, rebalance: bool = False) -> list:
         """Periodic work of the active controller, one batch: fence the first expired
-        broker (one per batch keeps batches small), else elect leaders for leaderless
-        partitions, else (when `rebalance`) preferred leader election."""
+        broker (one per batch keeps batches small), else the next entry of a split fencing
+        (`fence_followups`), else elect leaders for leaderless partitions, else (when
+        `rebalance`) preferred leader election."""
         expired = self.expired_brokers(image, now_ms)
         if expired:
             return self.fence_broker(image, expired[0])
+        records = self.fence_followups(image)
+        if records:
+            return records
         records = self._elect_leaderless(image)
         if records:
             return records
