@@ -10,7 +10,13 @@ previous term (issue 24: terms 14 -> 22 in 3.5 s with all three controllers aliv
 without an active controller after one of three was killed).
 
 `ElectionBackoff` stretches the election timeout of a node that knows no leader, binary
-exponentially in the elections that failed since it last knew one: the first election after
+exponentially in the elections *it started itself* that failed since it last knew one (the
+raft thread says whether the node voted for itself in its current term): a term adopted
+from another node's RequestVote is not a failure of this node's. Counting terms instead
+(before) made a healed controller that had campaigned alone while cut off (its term 3-5
+above the leader's) stretch the whole majority's next timeout 4x, to the 2 s cap, once its
+stale-log RequestVote had deposed the leader: 2.1-2.5 s without a raft leader in chaos runs
+(issue 24). The first election after
 a leader is lost keeps pysyncobj's timeout (failover stays 0.3-0.6 s), the second waits
 2x, the third 4x, up to `election_backoff_max_s` (the random spread is kept: a drawn timeout
 t becomes t * factor, the factor capped at election_backoff_max_s / raftMaxTimeout). A
@@ -21,7 +27,7 @@ None). Safety is unchanged: it only delays elections.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 ELECTION_BACKOFF_MAX_S_DEFAULT = 2.0
@@ -37,6 +43,7 @@ class ElectionBackoff:
     election_backoff_max_s: float = ELECTION_BACKOFF_MAX_S_DEFAULT
     last_leader_term: Optional[int] = None   # the last term in which this node knew a leader
     _seen_deadline: Optional[float] = None   # the deadline as last seen (or set) by on_tick
+    _campaign_terms: set = field(default_factory=set)   # terms this node campaigned in since its last leader
 
     def __post_init__(self) -> None:
         if self.max_timeout_s <= 0:
@@ -53,19 +60,32 @@ class ElectionBackoff:
 
     def failed_elections(self, term: int) -> int:
         """Elections since the last known leader that did not give this node a leader: the
-        first one (last leader's term + 1) has not failed yet."""
+        first one (last leader's term + 1) has not failed yet. Counts this node's own
+        campaigns when on_tick is told them, else every term since the last leader's."""
+        if self._campaign_terms:
+            return len(self._campaign_terms) - 1
         if self.last_leader_term is None:
             return 0
         return max(0, term - self.last_leader_term - 1)
 
-    def on_tick(self, now: float, term: int, leader_known: bool, deadline: float) -> Optional[float]:
-        """Called every raft tick; -> the stretched election deadline to set, or None."""
+    def on_tick(self, now: float, term: int, leader_known: bool, deadline: float,
+                campaigning: Optional[bool] = None) -> Optional[float]:
+        """Called every raft tick; -> the stretched election deadline to set, or None.
+        `campaigning`: this node started the election of `term` (voted for itself in it);
+        given (the raft thread always gives it), only such elections count as failed ones."""
         if self.last_leader_term is None or leader_known:
             # a node starting from its journal counts its stored term as the last leader's:
             # its first election is not stretched
             self.last_leader_term = term
             self._seen_deadline = deadline
+            self._campaign_terms.clear()
             return None
+        if campaigning is not None:
+            if campaigning:
+                self._campaign_terms.add(term)
+            elif not self._campaign_terms:
+                self._seen_deadline = deadline   # only adopted terms so far: nothing failed of ours
+                return None
         if deadline == self._seen_deadline or deadline <= now:
             self._seen_deadline = deadline   # unchanged, or "elect now" (pre-vote, leadership transfer)
             return None

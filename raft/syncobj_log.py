@@ -467,8 +467,10 @@ class SyncObjReplicatedLog:
 
                 so._SyncObj__raftElectionDeadline = raft_clock() + self.config.raft_max_timeout_s
         if self._backoff is not None and not so._SyncObj__transferInProgress:
+            me = so._SyncObj__selfNode
+            campaigning = me is not None and getattr(so, "_SyncObj__votedForNodeId", None) == me.id
             stretched = self._backoff.on_tick(now, so.raftCurrentTerm, so._isLeader() or so._getLeader() is not None,
-                                              so._SyncObj__raftElectionDeadline)
+                                              so._SyncObj__raftElectionDeadline, campaigning)
             if stretched is not None:
                 so._SyncObj__raftElectionDeadline = stretched
                 self._last_deadline = stretched

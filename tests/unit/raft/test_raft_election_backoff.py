@@ -28,6 +28,21 @@ def test_first_election_after_a_leader_keeps_the_timeout_then_it_doubles_up_to_t
     assert b.on_tick(now=17.0, term=31, leader_known=False, deadline=17.3) is None
 
 
+def test_only_the_nodes_own_failed_campaigns_stretch_its_timeout():
+    # a healed controller that campaigned alone while cut off comes back at term 9 and deposes
+    # the leader of term 5 with a stale log: the majority adopts term 9 without campaigning
+    # and must elect at its normal timeout (counting terms, it waited 4x: 2 s at the cap)
+    b = ElectionBackoff(max_timeout_s=0.6, election_backoff_max_s=2.0)
+    assert b.on_tick(now=10.0, term=5, leader_known=True, deadline=10.4, campaigning=False) is None
+    assert b.on_tick(now=10.5, term=9, leader_known=False, deadline=10.9, campaigning=False) is None  # adopted
+    assert b.on_tick(now=11.0, term=10, leader_known=False, deadline=11.5, campaigning=True) is None  # 1st own
+    assert b.on_tick(now=11.6, term=11, leader_known=False, deadline=12.0, campaigning=False) is None  # voted for another
+    assert b.on_tick(now=12.1, term=12, leader_known=False, deadline=12.5,
+                     campaigning=True) == pytest.approx(12.1 + 0.4 * 2)                           # 2nd own: 2x
+    assert b.on_tick(now=13.0, term=12, leader_known=True, deadline=13.5, campaigning=True) is None   # a leader
+    assert b.on_tick(now=14.0, term=13, leader_known=False, deadline=14.4, campaigning=True) is None  # reset
+
+
 def test_elect_now_deadlines_and_a_restarted_node_are_left_alone():
     b = ElectionBackoff(max_timeout_s=0.6)
     assert b.on_tick(now=1.0, term=40, leader_known=False, deadline=1.5) is None   # journal term: the baseline
