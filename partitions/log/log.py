@@ -244,9 +244,9 @@ class Log:
             self._segments.append(seg)
         if not self._segments:
             start = log_start_offset if log_start_offset is not None else 0
-            # no file until the first append (segment.py, create(lazy=True)): a new partition
-            # costs no file create on the broker, however many are created at once
-            self._segments.append(LogSegment.create(self._dir, start, self._config, now, lazy=True))
+            # index files are created by the first flush (segment.py, create): one file
+            # create per new partition instead of three
+            self._segments.append(LogSegment.create(self._dir, start, self._config, now, index_files=False))
             self._dir_unsynced = True   # fsynced by the first flush (see open)
         self._bases = [s.base_offset for s in self._segments]
 

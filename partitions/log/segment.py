@@ -295,7 +295,6 @@ class LogSegment:
         self._max_timestamp_so_far = -1
         self._reserved_end = 0  # blocks are reserved up to this file position (>= size when preallocating)
         self._preallocate = config.preallocate and _fallocate is not None
-        self._file_missing = False   # lazily created (create(lazy=True)): no file until first used
         self.closed = False
 
     # ------------------------------------------------------------------ opening
@@ -303,25 +302,20 @@ class LogSegment:
     @classmethod
     def create(
         cls, directory: str | Path, base_offset: int, config: LogConfig, now_ms: int, suffix: str = "",
-        *, lazy: bool = False,
+        *, index_files: bool = True,
     ) -> "LogSegment":
         """A new empty segment (existing files with the same base are replaced). `suffix`
         (e.g. ".cleaned") is appended to every file name: a segment under construction.
-        lazy=True (the first segment of a new log, no files of this base on disk) creates
-        no file now: the `.log` file is created by the first use of its descriptor (the
-        first append), the indexes by their first flush (issue 25: three file creates per
-        partition made creating 10,000 partitions take seconds). A crash before then leaves
-        no file or an empty one, which opens as an empty segment again."""
+        index_files=False (the first segment of a new log: no index file of this base on
+        disk) creates only the `.log` file now; each index file is created by its first
+        flush (issue 25: three file creates per partition, 30,000 per broker for 10,000
+        partitions). The `.log` file is created here, off the append path, and its
+        descriptor stays open for the first append."""
         seg = cls(directory, base_offset, config, now_ms, suffix)
-        if lazy:
-            seg._file_missing = True
-            seg.offset_index.reset(create_file=False)
-            seg.time_index.reset(create_file=False)
-            return seg
         SEGMENT_FILES.acquire(seg, os.O_CREAT | os.O_TRUNC)
         SEGMENT_FILES.release(seg)
-        seg.offset_index.reset()
-        seg.time_index.reset()
+        seg.offset_index.reset(create_file=index_files)
+        seg.time_index.reset(create_file=index_files)
         return seg
 
     @classmethod
@@ -377,7 +371,8 @@ class LogSegment:
 
     def _load_indexes(self) -> str | None:
         """Load both indexes; a reason string if they cannot be trusted. An empty `.log`
-        without index files (a lazily created segment, see `create`) has empty indexes."""
+        without index files (a new log's segment before its first flush, see `create`)
+        has empty indexes."""
         if self.size == 0 and not self.offset_index.path.exists() and not self.time_index.path.exists():
             self.offset_index.reset(create_file=False)
             self.time_index.reset(create_file=False)
@@ -452,8 +447,6 @@ class LogSegment:
     ) -> Iterator[tuple[int, tuple]]:
         """`scan_batches` yielding raw header tuples (see record_batch.H_*): the fast path
         used by recovery. The segment stays pinned until the generator ends."""
-        if self._file_missing:
-            return   # never written: nothing to scan, and no file to create for it
         fd = self._acquire()
         try:
             yield from scan_raw_batches(fd, start_position, self.size, base_offset=self.base_offset,
@@ -771,10 +764,6 @@ class LogSegment:
             if self._fd is None:
                 raise LogClosedError(f"segment {self.log_path} is closed")
             return self._fd
-        if self._file_missing:   # the first use of a lazily created segment creates its file
-            fd = SEGMENT_FILES.acquire(self, os.O_CREAT | os.O_TRUNC)
-            self._file_missing = False
-            return fd
         return SEGMENT_FILES.acquire(self)
 
     def _release(self) -> None:

@@ -1,8 +1,7 @@
-"""A new log writes no file until its first append (issue 25: creating 10,000 partitions
-made a broker create 30,000 segment and index files, seconds of its log-creation threads
-competing with the event loop). The `.log` file appears with the first append, the
-indexes with the first flush; a crash at any point opens as before (an empty log, or the
-appended batches recovered)."""
+"""A new log creates its `.log` file only; the two index files are created by the first
+flush (issue 25: creating 10,000 partitions made a broker create 30,000 segment and index
+files, seconds of its log-creation threads competing with the event loop). A crash at any
+point opens as before (an empty log, or the appended batches recovered, torn ones cut)."""
 from __future__ import annotations
 
 import logging
@@ -25,21 +24,20 @@ def _values(lg: Log) -> list:
     return [r.value for r in decode_batches(lg.read(0, 1 << 20).records)]
 
 
-def test_creating_logs_writes_no_file_in_their_dirs(tmp_path, clock):
+def test_creating_logs_creates_one_file_per_log(tmp_path, clock):
     mgr = LogManager([tmp_path / "d"], LogConfig(), clock=clock)
     logs = mgr.create_logs([("t", p, None) for p in range(20)])
     for lg in logs:
-        assert lg.dir.is_dir()
-        assert os.listdir(lg.dir) == []
+        assert os.listdir(lg.dir) == [LOG0]
         assert lg.log_end_offset == 0 and lg.log_start_offset == 0
     mgr.close()
-    assert all(LOG0 not in os.listdir(lg.dir) for lg in logs)   # nor does a clean shutdown of unwritten logs
+    assert all(INDEX0 not in os.listdir(lg.dir) for lg in logs)   # a clean shutdown of unwritten logs adds none
 
 
-def test_first_append_creates_the_log_file_and_the_flush_the_indexes(tmp_path, clock):
+def test_the_first_flush_creates_the_index_files(tmp_path, clock):
     lg = Log.open(tmp_path / "t-0", LogConfig(), clock=clock)
     lg.append_as_leader(make_batch(3), 0)
-    assert os.listdir(lg.dir) == [LOG0]
+    assert os.listdir(lg.dir) == [LOG0]   # the append adds no file
     lg.flush()
     assert {LOG0, INDEX0, TIMEINDEX0} <= set(os.listdir(lg.dir))
     lg.close()
@@ -49,7 +47,7 @@ def test_first_append_creates_the_log_file_and_the_flush_the_indexes(tmp_path, c
     assert lg2.log_end_offset == 4
 
 
-def test_crash_before_the_first_append_opens_an_empty_log_without_a_rebuild(tmp_path, clock, caplog):
+def test_crash_before_the_first_flush_opens_an_empty_log_without_a_rebuild(tmp_path, clock, caplog):
     lg = Log.open(tmp_path / "t-0", LogConfig(), clock=clock)
     lg.close_without_flush()
     with caplog.at_level(logging.WARNING):
@@ -106,7 +104,7 @@ def test_torn_first_append_is_truncated_as_before(tmp_path, clock):
     assert lg2.log_end_offset == 3
 
 
-def test_roll_of_a_lazily_created_segment_leaves_its_index_files(tmp_path, clock):
+def test_roll_of_a_new_logs_segment_leaves_its_index_files(tmp_path, clock):
     lg = Log.open(tmp_path / "t-0", LogConfig(), clock=clock)
     lg.append_as_leader(make_batch(2), 0)
     lg.roll()
