@@ -121,7 +121,15 @@ class Log:
         missing. Corrupt or torn data is truncated with a warning, never raised."""
         self = object.__new__(cls)
         self._dir = Path(dir)
-        self._dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(self._dir)
+            created = True    # a dir we just made is empty: nothing to list, load or recover
+        except FileExistsError:
+            created = False
+        except FileNotFoundError:
+            self._dir.parent.mkdir(parents=True, exist_ok=True)
+            self._dir.mkdir(exist_ok=True)
+            created = False   # (rare: the log dir itself was missing) the full load below
         try:
             self._topic, self._partition = parse_topic_partition(self._dir.name)
         except ValueError:
@@ -152,8 +160,32 @@ class Log:
         # busy disk). Lost in a crash before that flush, the empty segment is created again.
         self._dir_unsynced = False
         self._max_recovery_point = 0   # the highest recovery point this log had (see _epoch_started)
-        self._load(recovery_point, log_start_offset, high_watermark, clean_shutdown)
+        if created:
+            self._load_created(recovery_point, log_start_offset)
+        else:
+            self._load(recovery_point, log_start_offset, high_watermark, clean_shutdown)
         return self
+
+    def _load_created(self, recovery_point: int, log_start_offset: int | None) -> None:
+        """`_load` for a dir `open` has just created: the state `_load` reaches for a dir
+        without files (one empty segment at the log start, empty epoch cache, producer and
+        transaction state), without listing the dir or looking for checkpoint, snapshot
+        and index files one by one (issue 25: ~10 file-system calls and their path objects
+        per partition, for each of 10,000 partitions created at once)."""
+        start = log_start_offset if log_start_offset is not None else 0
+        self.leader_epoch_cache = LeaderEpochCache(self._dir / LEADER_EPOCH_CHECKPOINT)
+        self._offset_gaps = False
+        seg = LogSegment.create(self._dir, start, self._config, self._time_ms(), index_files=False)
+        self._segments = [seg]
+        self._bases = [start]
+        self._dir_unsynced = True   # fsynced by the first flush (see open)
+        self._log_start_offset = start
+        self._recovery_point = start
+        self._high_watermark = start
+        self._max_recovery_point = max(recovery_point, start)
+        self.producer_state = ProducerStateManager(self._dir)
+        self.transactions = TransactionIndex(self._dir)
+        self._check_offsets()
 
     def _remove_leftovers(self) -> None:
         for path in self._dir.iterdir():

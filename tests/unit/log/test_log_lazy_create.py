@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
+import pytest
 from logtest_helpers import make_batch
 
 from partitions.log.config import LogConfig
@@ -114,3 +116,41 @@ def test_roll_of_a_new_logs_segment_leaves_its_index_files(tmp_path, clock):
     lg.close()
     lg2 = Log.open(tmp_path / "t-0", LogConfig(), clock=clock, recovery_point=3, clean_shutdown=True)
     assert lg2.log_end_offset == 3 and len(lg2.segments) == 2
+
+
+def test_opening_a_new_dir_lists_nothing_and_looks_for_no_file(tmp_path, clock, monkeypatch):
+    """A dir Log.open has just created is empty: no listing, no checkpoint or snapshot probe."""
+    looked: list = []
+    real_iterdir, real_exists, real_read_text = Path.iterdir, Path.exists, Path.read_text
+
+    def iterdir(self):
+        looked.append(("iterdir", self))
+        return real_iterdir(self)
+
+    def exists(self, *a, **kw):
+        looked.append(("exists", self))
+        return real_exists(self, *a, **kw)
+
+    def read_text(self, *a, **kw):
+        looked.append(("read_text", self))
+        return real_read_text(self, *a, **kw)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    monkeypatch.setattr(Path, "exists", exists)
+    monkeypatch.setattr(Path, "read_text", read_text)
+    lg = Log.open(tmp_path / "t-0", LogConfig(), clock=clock)
+    assert looked == []
+    assert os.listdir(lg.dir) == [LOG0]
+
+
+@pytest.mark.parametrize("start", [None, 7])
+def test_a_new_dirs_log_has_the_state_of_a_full_load_of_an_empty_dir(tmp_path, clock, start):
+    fresh = Log.open(tmp_path / "a-0", LogConfig(), clock=clock, log_start_offset=start, recovery_point=3)
+    (tmp_path / "b-0").mkdir()   # exists: the full load
+    full = Log.open(tmp_path / "b-0", LogConfig(), clock=clock, log_start_offset=start, recovery_point=3,
+                    clean_shutdown=True)
+    for lg in (fresh, full):
+        lg.append_as_leader(make_batch(2), 4)
+    state = [(lg.log_start_offset, lg.log_end_offset, lg.recovery_point, lg.high_watermark,
+              lg.leader_epoch_cache.entries, lg.producer_state.producers, lg.transactions.ongoing,
+              [s.base_offset for s in lg.segments], sorted(os.listdir(lg.dir))) for lg in (fresh, full)]
+    assert state[0] == state[1]
