@@ -24,7 +24,7 @@ by at most one non-blocking read.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 LEADER = 2   # pysyncobj's _RAFT_STATE.LEADER
 
@@ -35,9 +35,12 @@ def must_read_first(state: int, deadline: float, now: float, transfer_in_progres
     return state != LEADER and not transfer_in_progress and 0 < deadline < now
 
 
-def install_election_guard(syncobj, clock: Callable[[], float] = time.monotonic) -> bool:
+def install_election_guard(syncobj, clock: Callable[[], float] = time.monotonic,
+                           on_avoided: Optional[Callable[[float], None]] = None) -> bool:
     """Wrap `syncobj._onTick` (pysyncobj internals); False if they are not there (then pysyncobj
-    ticks as before). `clock` must be pysyncobj's monotonic clock."""
+    ticks as before). `clock` must be pysyncobj's monotonic clock. `on_avoided(late_s)` is
+    called when a message read first made the election unnecessary (late_s: how far past
+    its deadline the node was)."""
     so = syncobj
     needed = ("_SyncObj__raftState", "_SyncObj__raftElectionDeadline", "_SyncObj__transferInProgress",
               "_poller", "_onTick")
@@ -49,12 +52,15 @@ def install_election_guard(syncobj, clock: Callable[[], float] = time.monotonic)
 
     def guarded_tick(time_to_wait=0.0):
         deadline = so._SyncObj__raftElectionDeadline
-        if must_read_first(so._SyncObj__raftState, deadline, clock(), so._SyncObj__transferInProgress):
+        now = clock()
+        if must_read_first(so._SyncObj__raftState, deadline, now, so._SyncObj__transferInProgress):
             stats["reads_before_election"] += 1
             so._poller.poll(0)
             if not must_read_first(so._SyncObj__raftState, so._SyncObj__raftElectionDeadline, clock(),
                                    so._SyncObj__transferInProgress):
                 stats["elections_avoided"] += 1
+                if on_avoided is not None:
+                    on_avoided(now - deadline)
         return tick(time_to_wait)
 
     so._onTick = guarded_tick

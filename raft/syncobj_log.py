@@ -248,7 +248,11 @@ class SyncObjReplicatedLog:
 
             from raft.election_guard import install_election_guard
 
-            if not install_election_guard(self._syncobj, raft_clock):
+            def avoided(late_s: float) -> None:
+                log.info("raft node %s: no election: a message read first showed a live leader or won the vote "
+                         "(the raft thread was %.0f ms past its election deadline)", c.node_id, late_s * 1000)
+
+            if not install_election_guard(self._syncobj, raft_clock, avoided):
                 log.warning("raft election guard not installed (unexpected pysyncobj internals): a stalled "
                             "node may campaign with its leader's messages unread")
         self._backoff = ElectionBackoff(c.raft_max_timeout_s, max(c.election_backoff_max_s, c.raft_max_timeout_s))

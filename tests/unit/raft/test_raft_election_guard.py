@@ -57,7 +57,8 @@ class _StallAfterPoll:
 
 
 async def _stalled_follower_terms(tmp_path, read_before_election: bool) -> tuple:
-    """-> (campaigns of the stalled follower, the term before, every node's term after)."""
+    """-> (campaigns of the stalled follower, the term before, every node's term after, the
+    elections its guard reported avoided)."""
     from raft.syncobj_log import RaftConfig, SyncObjReplicatedLog
 
     voters = {i: f"127.0.0.1:{_free_port()}" for i in (1, 2, 3)}
@@ -86,18 +87,20 @@ async def _stalled_follower_terms(tmp_path, read_before_election: bool) -> tuple
         while stall.done < 3:
             assert loop.time() < deadline, "the follower's raft thread never stalled"
             await asyncio.sleep(0.05)
-        return stall.campaigns, term, {i: lg.term for i, lg in logs.items()}
+        stats = getattr(logs[follower]._syncobj, "kraftlog_election_guard_stats", {})
+        return stall.campaigns, term, {i: lg.term for i, lg in logs.items()}, stats.get("elections_avoided", 0)
     finally:
         for lg in logs.values():
             lg.stop()
 
 
 async def test_a_follower_stalled_past_its_election_timeout_does_not_depose_its_leader(tmp_path):
-    campaigns, term, terms = await _stalled_follower_terms(tmp_path, read_before_election=True)
+    campaigns, term, terms, avoided = await _stalled_follower_terms(tmp_path, read_before_election=True)
     assert campaigns == 0, f"a follower stalled 3 x 1 s campaigned {campaigns} times: terms {term} -> {terms}"
+    assert avoided >= 3, f"the guard reported {avoided} elections avoided for 3 stalls"
 
 
 async def test_without_the_guard_the_stalled_follower_campaigns(tmp_path):
     # the behaviour the guard removes, pinned so the stall above is known to provoke it
-    campaigns, term, terms = await _stalled_follower_terms(tmp_path, read_before_election=False)
+    campaigns, term, terms, _ = await _stalled_follower_terms(tmp_path, read_before_election=False)
     assert campaigns >= 1, f"a follower stalled 3 x 1 s never campaigned: terms {term} -> {terms}"
