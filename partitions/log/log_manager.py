@@ -219,10 +219,10 @@ class LogManager:
         opened: list = []
         try:
             for i, tp, path, config in todo:
-                lg = Log.open(
+                lg = Log.open(   # a dir Log.open creates is new; one that exists is recovered
                     path,
                     config,
-                    clean_shutdown=not path.exists(),  # a dir we did not open ourselves is recovered
+                    clean_shutdown=False,
                     clock=self._clock,
                 )
                 opened.append((i, tp, lg))

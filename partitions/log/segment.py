@@ -130,6 +130,17 @@ class SegmentFiles:
             seg._pins += 1
             return fd
 
+    def adopt(self, seg: "LogSegment", fd: int) -> None:
+        """Keep `fd`, opened by the caller outside the lock (`LogSegment.create`: file
+        creates of several threads overlap instead of queueing on this lock), as the
+        descriptor of the new segment `seg`, unpinned."""
+        with self._lock:
+            seg._fd = fd
+            self.opens += 1
+            self._lru[seg] = None
+            if len(self._lru) > self.open_max:
+                self._evict()
+
     def release(self, seg: "LogSegment") -> None:
         with self._lock:
             seg._pins -= 1
@@ -312,8 +323,7 @@ class LogSegment:
         partitions). The `.log` file is created here, off the append path, and its
         descriptor stays open for the first append."""
         seg = cls(directory, base_offset, config, now_ms, suffix)
-        SEGMENT_FILES.acquire(seg, os.O_CREAT | os.O_TRUNC)
-        SEGMENT_FILES.release(seg)
+        SEGMENT_FILES.adopt(seg, os.open(seg.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644))
         seg.offset_index.reset(create_file=index_files)
         seg.time_index.reset(create_file=index_files)
         return seg

@@ -74,3 +74,38 @@ def test_index_entries_wait_in_memory_and_reach_the_file_on_flush(tmp_path):
     assert len(idx.path.read_bytes()) == 16
     reloaded = segment.OffsetIndex(tmp_path / "0.index", 100)
     assert reloaded.load() and reloaded.relative_offsets == [0, 10] and reloaded.positions == [0, 4096]
+
+
+def test_segment_file_creates_of_several_threads_overlap(tmp_path, monkeypatch):
+    """Creating logs from several threads (the replica manager creates batches in parallel):
+    the file creates run at the same time, not one by one under the descriptor pool's lock
+    (issue 25: 10,000 creates per broker queued there)."""
+    import threading
+
+    inside = threading.Barrier(2, timeout=10)
+    real_open = os.open
+
+    def slow_create(path, flags, mode=0o777, *a, **kw):
+        if flags & os.O_CREAT and str(path).endswith(".log"):
+            inside.wait()   # both threads must be creating at once, or this times out
+        return real_open(path, flags, mode, *a, **kw)
+    monkeypatch.setattr(segment.os, "open", slow_create)
+    m = LogManager([str(tmp_path / "d")], LogConfig(), clock=ManualClock())
+    errors: list = []
+
+    def create(p: int) -> None:
+        try:
+            m.create_logs([("t", p, None)])
+        except Exception as exc:   # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=create, args=(p,)) for p in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert segment.SEGMENT_FILES.open_count >= 2
+    logs = [m.get("t", p) for p in range(2)]
+    for lg in logs:
+        lg.append_as_leader(make_batch(1), 0)
+        assert lg.log_end_offset == 1
