@@ -43,7 +43,7 @@ def install_election_guard(syncobj, clock: Callable[[], float] = time.monotonic,
     its deadline the node was)."""
     so = syncobj
     needed = ("_SyncObj__raftState", "_SyncObj__raftElectionDeadline", "_SyncObj__transferInProgress",
-              "_poller", "_onTick")
+              "_SyncObj__properies", "_poller", "_onTick")
     if not all(hasattr(so, a) for a in needed):
         return False
     tick = so._onTick
@@ -64,4 +64,7 @@ def install_election_guard(syncobj, clock: Callable[[], float] = time.monotonic,
         return tick(time_to_wait)
 
     so._onTick = guarded_tick
+    # pysyncobj's full dump (log compaction) pickles the SyncObj's __dict__ except the names it
+    # knew at construction: the two added here (a closure) would make every dump fail
+    getattr(so, "_SyncObj__properies", set()).update({"_onTick", "kraftlog_election_guard_stats"})
     return True

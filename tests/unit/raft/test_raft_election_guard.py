@@ -104,3 +104,25 @@ async def test_without_the_guard_the_stalled_follower_campaigns(tmp_path):
     # the behaviour the guard removes, pinned so the stall above is known to provoke it
     campaigns, term, terms, _ = await _stalled_follower_terms(tmp_path, read_before_election=False)
     assert campaigns >= 1, f"a follower stalled 3 x 1 s never campaigned: terms {term} -> {terms}"
+
+
+async def test_log_compaction_still_writes_full_dumps_with_the_guard(tmp_path):
+    # pysyncobj's full dump pickles the SyncObj's attributes; the guard's wrapper must not be one
+    import os
+
+    from raft.syncobj_log import RaftConfig, SyncObjReplicatedLog
+
+    cfg = RaftConfig(node_id=1, voters={1: f"127.0.0.1:{_free_port()}"}, data_dir=str(tmp_path / "n1"),
+                     fsync_journal=False, log_compaction_min_entries=10)
+    lg = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
+    lg.start()
+    try:
+        for n in range(30):
+            await _propose_on_leader({1: lg}, {"n": n})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not os.path.exists(cfg.full_dump_file):
+            assert loop.time() < deadline, "no full dump written: compaction failed with the guard installed"
+            await asyncio.sleep(0.05)
+    finally:
+        lg.stop()
