@@ -163,19 +163,43 @@ async def led_writable(urls: dict, predicted: dict, since: float, deadline_s: fl
     return done
 
 
-def predicted_leaders(url: str, victim: int) -> dict:
-    """(topic, partition) -> the broker the controller elects when `victim` is fenced (the
-    first replica in the ISR other than it), for the partitions `victim` leads."""
+def kill_plan(url: str) -> tuple:
+    """(victim, predicted, partitions) from one `/v1/metadata` of the broker at `url`: the
+    broker leading the most partitions, and for each partition it leads the broker the
+    controller elects when it is fenced (the first replica in the ISR other than it)."""
     status, doc = http("GET", url + "/v1/metadata", timeout=120)
     assert status == 200, doc
-    out: dict = {}
+    counts: dict = {}
+    total = 0
+    for t in doc["topics"]:
+        for p in t["partitions"]:
+            counts[p["leader"]] = counts.get(p["leader"], 0) + 1
+            total += 1
+    victim = max((b for b in counts if b >= 0), key=lambda b: counts[b])
+    predicted: dict = {}
     for t in doc["topics"]:
         for p in t["partitions"]:
             if p["leader"] == victim:
                 nxt = [r for r in p["replicas"] if r in p["isr"] and r != victim]
                 if nxt:
-                    out[(t["name"], p["partition"])] = nxt[0]
-    return out
+                    predicted[(t["name"], p["partition"])] = nxt[0]
+    return victim, predicted, total
+
+
+def wait_metadata_caught_up(urls: dict, deadline_s: float) -> bool:
+    """Poll every broker's /healthz until its metadata lag is 0 records (True), or give up
+    after `deadline_s` (False): a kill -9 measured while brokers still apply earlier changes
+    measures those too."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        lags = []
+        for u in urls.values():
+            status, h = http("GET", u + "/healthz", timeout=30)
+            lags.append(h.get("metadata_lag_records") if isinstance(h, dict) else None)
+        if all(lag == 0 for lag in lags):
+            return True
+        time.sleep(1.0)   # polling a condition with a deadline
+    return False
 
 
 def topic_leaders(url: str, topic: str) -> dict:
@@ -299,11 +323,11 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
         if not kill:
             return
         # kill -9 of the broker leading the most partitions (about a third when balanced)
-        before = leaders(c.url(1))
-        victim = max(c.procs, key=lambda b: sum(1 for v in before.values() if v == b))
+        settled = wait_metadata_caught_up({b: c.url(b) for b in c.procs}, 300)
+        row("every broker's metadata caught up before the kill", "yes" if settled else "NO (300 s)")
+        victim, predicted, total_now = kill_plan(c.url(1))
         survivors = {b: c.url(b) for b in c.procs if b != victim}
-        predicted = predicted_leaders(c.url(next(iter(survivors))), victim)
-        row(f"partitions led by broker {victim} before its kill -9", f"{len(predicted)} of {len(before)}")
+        row(f"partitions led by broker {victim} before its kill -9", f"{len(predicted)} of {total_now}")
         killed_at = time.monotonic()
         c.kill(victim)
         print(f"  killed broker {victim} at {time.strftime('%H:%M:%S')} UTC", flush=True)
