@@ -28,7 +28,8 @@ alternating, plus the same two with no append (an idle poll) and an idle session
 restates every partition's follower liveness (due once per `FETCH_SESSION_REFRESH_MS`, so on
 every idle long poll of `replica_fetch_wait_max_ms`). Prints the CPU time per
 poll of each and their ratio (same process, same rounds).
-Figures are printed, not asserted (2 shared cores: expect noise).
+`--failover-pipeline N` measures the metadata side of a kill -9 in-process (see
+`failover_pipeline`). Figures are printed, not asserted (2 shared cores: expect noise).
 """
 from __future__ import annotations
 
@@ -446,6 +447,87 @@ def fetch_poll(n: int, rounds: int) -> None:
     asyncio.run(go())
 
 
+def failover_pipeline(n: int) -> None:
+    """In-process: the metadata side of a kill -9 at `n` partitions (10 topics, RF=3, 3
+    brokers; broker 2, leading a third, is fenced). CPU time of the critical path until every
+    partition it led has its new leader on the surviving replica managers (controller
+    decision, plain-data form, one controller's state machine apply, feed pages as JSON,
+    FeedState and ReplicaManager.apply_metadata on both survivors, in-memory logs), and of
+    every entry of the fencing (the ISR removals that follow)."""
+    import json as _json
+    import random
+
+    from metadata_quorum.controller import QuorumController
+    from metadata_quorum.feed import FeedState
+    from metadata_quorum.records import LeaderChangeRecord, UnfenceBrokerRecord, record_to_dict
+    from metadata_quorum.state_machine import MetadataStateMachine
+    from partitions.replication.replica_manager import ReplicaManager
+    from tests.unit.replication.fake_log import MemoryLogManager
+
+    sm = MetadataStateMachine(feed_retained_records=10 ** 7)
+    c = QuorumController(rng=random.Random(1))
+
+    def write(recs: list) -> None:
+        r = sm.apply([{"request_id": None, "controller_epoch": sm.image.controller_epoch,
+                       "records": [record_to_dict(x) for x in recs]}])[0]
+        assert r["ok"], r
+    write([LeaderChangeRecord(1, 1)])
+    for b in (1, 2, 3):
+        write(c.register_broker(sm.image, b, f"i{b}", f"http://b{b}", now_ms=0))
+        write([UnfenceBrokerRecord(b, sm.image.brokers[b].epoch)])
+    for i in range(10):
+        write(c.create_topic(sm.image, f"scale{i}", n // 10, 3))
+    led = {(t.name, p.partition) for t in sm.image.topics.values() for p in t.partitions.values() if p.leader == 2}
+
+    async def go() -> None:
+        feeds, rms = {}, {}
+        for b in (1, 3):
+            feeds[b] = FeedState()
+            feeds[b].accept({"records": sm.records_since(0, 10 ** 9), "metadata_offset": sm.image.offset})
+            rms[b] = ReplicaManager(b, MemoryLogManager())
+            await rms[b].apply_metadata(feeds[b].image)
+
+        async def entry(decide) -> tuple | None:
+            t0 = time.process_time()
+            recs = decide(sm.image)
+            if not recs:
+                return None
+            base = sm.image.offset
+            write(recs)
+            for b in (1, 3):
+                off, ch = base, None
+                while off < sm.image.offset:
+                    page = sm.records_since(off, 5000)
+                    off += len(page)
+                    body = _json.loads(_json.dumps({"records": page, "metadata_offset": sm.image.offset}))
+                    ch = feeds[b].accept(body) or ch
+                await rms[b].apply_metadata(ch.image, ch.records)
+            return time.process_time() - t0, len(recs)
+
+        def writable() -> bool:
+            def leads(b: int, k: tuple) -> bool:
+                part = rms[b].partitions.get(k)
+                return part is not None and part.is_leader
+            return all(leads(1, k) or leads(3, k) for k in led)
+        crit = None
+        total = 0.0
+        entries = []
+        decide = lambda img: c.fence_broker(img, 2)   # noqa: E731
+        while True:
+            res = await entry(decide)
+            if res is None:
+                break
+            total += res[0]
+            entries.append(res[1])
+            if crit is None and writable():
+                crit = total
+            decide = lambda img: c.maintenance(img, 0)   # noqa: E731 - the follow-up entries
+        row(f"{n} partitions, {len(led)} led by the fenced broker: entries (records)", " + ".join(map(str, entries)))
+        row("CPU until every partition it led has a new leader (critical path)", "not reached" if crit is None else f"{crit * 1000:.0f} ms")
+        row("CPU of every entry of the fencing", f"{total * 1000:.0f} ms")
+    asyncio.run(go())
+
+
 def main(argv: list | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--partitions", type=int, default=10_000, help="partitions per topic")
@@ -461,7 +543,12 @@ def main(argv: list | None = None) -> None:
     ap.add_argument("--fetch-poll", type=int, metavar="N", help="measure the leader's CPU per follower poll "
                     "for N partitions in-process instead (sessionless vs fetch session)")
     ap.add_argument("--rounds", type=int, default=30, help="--fetch-poll rounds")
+    ap.add_argument("--failover-pipeline", type=int, metavar="N", help="measure the metadata side of a kill -9 "
+                    "at N partitions in-process instead (CPU until the partitions it led have new leaders)")
     args = ap.parse_args(argv)
+    if args.failover_pipeline:
+        failover_pipeline(args.failover_pipeline)
+        return
     if args.fetch_poll:
         fetch_poll(args.fetch_poll, args.rounds)
         return
