@@ -290,16 +290,20 @@ class QuorumController:
             )
         return b
 
-    def _remove_broker_changes(self, image: MetadataImage, broker_id: int, unclean: bool = False) -> list:
+    def _remove_broker_changes(self, image: MetadataImage, broker_id: int, unclean: bool = False,
+                               led_only: bool = False) -> list:
         """Partition changes taking `broker_id` out of ISRs and leaderships (fencing,
         controlled shutdown, a restart). The last ISR member stays in the ISR with leader -1
         when no other eligible replica is usable, unless `unclean` (it restarted after an
-        unclean shutdown): then it leaves the ISR and ELR too (see the module docstring)."""
+        unclean shutdown): then it leaves the ISR and ELR too (see the module docstring).
+        `led_only`: only those of the partitions it leads (a split fencing's first entry)."""
         out = []
         excluded = (broker_id,)
         for t in image.topics.values():
             unclean_election = _unclean_election_enabled(t)
             for p in t.partitions.values():
+                if led_only and p.leader != broker_id:
+                    continue
                 if broker_id not in p.isr and p.leader != broker_id and not (unclean and broker_id in p.elr):
                     continue
                 new_isr = tuple(r for r in p.isr if r != broker_id)
@@ -575,21 +579,16 @@ class QuorumController:
         b = image.brokers.get(broker_id)
         if b is None or b.fenced:
             return []
-        changes = self._remove_broker_changes(image, broker_id)
         limit = self.settings.fence_batch_records_max
-        led, rest = self._leaders_first(image, broker_id, changes)
-        if len(rest) <= self.settings.fence_isr_removals_inline_max and len(changes) <= limit:
-            return [FenceBrokerRecord(broker_id, b.epoch)] + changes
+        led = self._remove_broker_changes(image, broker_id, led_only=True)
+        # at most this many ISR-only removals follow (counted, not built: the first entry of a
+        # split fencing builds only the leader changes)
+        isr_only = sum(1 for t in image.topics.values() for p in t.partitions.values()
+                       if p.leader != broker_id and broker_id in p.isr)
+        if isr_only <= self.settings.fence_isr_removals_inline_max and len(led) + isr_only <= limit:
+            return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
         self.fence_pending.add(broker_id)
         return [FenceBrokerRecord(broker_id, b.epoch)] + led[:limit]
-
-    @staticmethod
-    def _leaders_first(image: MetadataImage, broker_id: int, changes: list) -> tuple[list, list]:
-        """`changes` split into (those of partitions `broker_id` leads, the others)."""
-        led, rest = [], []
-        for r in changes:
-            (led if image.topics[r.topic].partitions[r.partition].leader == broker_id else rest).append(r)
-        return led, rest
 
     def fence_followups(self, image: MetadataImage) -> list:
         """The next entry of a split fencing (see `fence_broker`): for the first fenced broker
@@ -597,12 +596,14 @@ class QuorumController:
         `fence_batch_records_max` of those changes, leader changes first; [] when none is
         left (a broker that registered again unfenced, or whose changes are all written,
         leaves `fence_pending`)."""
+        limit = self.settings.fence_batch_records_max
         for broker_id in sorted(self.fence_pending):
             b = image.brokers.get(broker_id)
             if b is not None and b.fenced:
-                led, rest = self._leaders_first(image, broker_id, self._remove_broker_changes(image, broker_id))
-                if led or rest:
-                    return (led + rest)[:self.settings.fence_batch_records_max]
+                records = (self._remove_broker_changes(image, broker_id, led_only=True)
+                           or self._remove_broker_changes(image, broker_id))
+                if records:
+                    return records[:limit]
             self.fence_pending.discard(broker_id)
         return []
 
