@@ -6,19 +6,10 @@ test moves (`fence_isr_removals_inline_max=0` splits a 60-partition fencing; the
 splits from 1,000 ISR-only removals)."""
 from __future__ import annotations
 
-import asyncio
-import random
-
-from aiohttp import web
-
-from metadata_quorum.client import ControllerClient
 from metadata_quorum.controller import ControllerSettings
-from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
 from metadata_quorum.records import FenceBrokerRecord, PartitionChangeRecord, record_from_dict
 from metadata_quorum.state_machine import MetadataStateMachine
-from partitions.clock import ManualClock
-from raft import InMemoryReplicatedLog
-from tests.rigs.controllers import free_port
+from tests.rigs.controller_inprocess import inprocess_controller, wait_until
 
 SESSION_MS = 9000
 PARTITIONS = 60
@@ -38,55 +29,29 @@ class RecordingStateMachine(MetadataStateMachine):
         return result
 
 
-async def _wait(pred, timeout_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 async def test_an_expired_broker_is_fenced_with_its_leader_changes_first_then_its_isr_removals():
-    clock = ManualClock()
-    port = free_port()
-    voters = {1: Voter(1, "127.0.0.1", free_port(), port)}
-    config = ControllerConfig(node_id=1, data_dir="/nonexistent", voters=voters, cluster_id="c-split",
-                              maintenance_interval_ms=20,
-                              settings=ControllerSettings(broker_session_timeout_ms=SESSION_MS,
-                                                          fence_isr_removals_inline_max=0))
     sm = RecordingStateMachine("c-split")
-    raft_log = InMemoryReplicatedLog(sm, node_id=1, leader=False)
-    server = ControllerServer(config, sm, raft_log, clock=clock, rng=random.Random(1))
-    runner = web.AppRunner(server.build_app())
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    maint = asyncio.create_task(server.maintenance_loop())
-    try:
-        raft_log.become_leader()
-        await _wait(lambda: server.is_active)
-        async with ControllerClient([f"http://127.0.0.1:{port}"]) as c:
-            epochs = {}
-            for b in (1, 2, 3):
-                epochs[b] = await c.register_broker(b, f"inc-{b}", f"http://127.0.0.1:{9000 + b}")
-                await c.heartbeat(b, epochs[b], 10**9)
-            await c.create_topic("orders", PARTITIONS, 3)
+    settings = ControllerSettings(broker_session_timeout_ms=SESSION_MS, fence_isr_removals_inline_max=0)
+    async with inprocess_controller(sm, "c-split", settings) as ctl:
+        c, clock, epochs = ctl.client, ctl.clock, ctl.epochs
+        await c.create_topic("orders", PARTITIONS, 3)
+        with sm.lock:
+            parts = dict(sm.image.topics["orders"].partitions)
+        victim = 2
+        led = {p for p, reg in parts.items() if reg.leader == victim}
+        assert 0 < len(led) < PARTITIONS and all(victim in reg.isr for reg in parts.values())
+
+        # broker 2 stops heartbeating; 1 and 3 go on (renewed before 2's lease runs out, so
+        # the maintenance loop never sees theirs expired)
+        clock.advance(SESSION_MS - 1000)
+        for b in (1, 3):
+            await c.heartbeat(b, epochs[b], 10**9)
+        clock.advance(2000)
+
+        def isr_clean() -> bool:
             with sm.lock:
-                parts = dict(sm.image.topics["orders"].partitions)
-            victim = 2
-            led = {p for p, reg in parts.items() if reg.leader == victim}
-            assert 0 < len(led) < PARTITIONS and all(victim in reg.isr for reg in parts.values())
-
-            # broker 2 stops heartbeating; 1 and 3 go on (renewed before 2's lease runs out, so
-            # the maintenance loop never sees theirs expired)
-            clock.advance(SESSION_MS - 1000)
-            for b in (1, 3):
-                await c.heartbeat(b, epochs[b], 10**9)
-            clock.advance(2000)
-
-            def isr_clean() -> bool:
-                with sm.lock:
-                    return all(victim not in reg.isr for reg in sm.image.topics["orders"].partitions.values())
-            await _wait(isr_clean)
+                return all(victim not in reg.isr for reg in sm.image.topics["orders"].partitions.values())
+        await wait_until(isr_clean)
         fencing = [i for i, e in enumerate(sm.entries)
                    if any(isinstance(r, FenceBrokerRecord) and r.broker_id == victim for r in e)]
         assert len(fencing) == 1
@@ -99,6 +64,3 @@ async def test_an_expired_broker_is_fenced_with_its_leader_changes_first_then_it
             assert sm.image.brokers[victim].fenced
             assert all(after[p].leader not in (victim, -1) for p in led)
             assert all(after[p].leader == parts[p].leader for p in set(parts) - led)
-    finally:
-        maint.cancel()
-        await runner.cleanup()

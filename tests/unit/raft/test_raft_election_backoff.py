@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import secrets
 import time
 
 import pytest
 
 from raft.election_backoff import ElectionBackoff
-from tests.unit.raft.test_raft_prevote import _describe, _Entries, _free_port, _propose_on_leader
+from tests.unit.raft.test_raft_prevote import _describe, _propose_on_leader, _start_logs
 
 
 def test_first_election_after_a_leader_keeps_the_timeout_then_it_doubles_up_to_the_cap():
@@ -76,18 +75,9 @@ class _LateDelivery:
 
 
 async def test_a_quorum_whose_votes_take_longer_than_the_election_timeout_still_elects(tmp_path):
-    from raft.syncobj_log import RaftConfig, SyncObjReplicatedLog
-
-    voters = {i: f"127.0.0.1:{_free_port()}" for i in (1, 2, 3)}
-    password = secrets.token_hex(8)
     logs = {}
     try:
-        for i in voters:
-            cfg = RaftConfig(node_id=i, voters=voters, data_dir=str(tmp_path / f"n{i}"), password=password,
-                             fsync_journal=False)
-            logs[i] = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
-            logs[i].start()
-            _LateDelivery(logs[i], 0.35)
+        _start_logs(tmp_path, logs, each=lambda lg: _LateDelivery(lg, 0.35))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
         while True:   # one leader that every node follows

@@ -3,11 +3,10 @@ arrived before it campaigns (issue 24: elections with no controller faulted, und
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 
 from raft.election_guard import LEADER, must_read_first
-from tests.unit.raft.test_raft_prevote import _describe, _Entries, _free_port, _propose_on_leader
+from tests.unit.raft.test_raft_prevote import _describe, _Entries, _free_port, _propose_on_leader, _start_logs
 
 FOLLOWER, CANDIDATE = 0, 1
 
@@ -59,17 +58,9 @@ class _StallAfterPoll:
 async def _stalled_follower_terms(tmp_path, read_before_election: bool) -> tuple:
     """-> (campaigns of the stalled follower, the term before, every node's term after, the
     elections its guard reported avoided)."""
-    from raft.syncobj_log import RaftConfig, SyncObjReplicatedLog
-
-    voters = {i: f"127.0.0.1:{_free_port()}" for i in (1, 2, 3)}
-    password = secrets.token_hex(8)
     logs = {}
     try:
-        for i in voters:
-            cfg = RaftConfig(node_id=i, voters=voters, data_dir=str(tmp_path / f"n{i}"), password=password,
-                             fsync_journal=False, read_before_election=read_before_election)
-            logs[i] = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
-            logs[i].start()
+        _start_logs(tmp_path, logs, read_before_election=read_before_election)
         await _propose_on_leader(logs, {"n": 1})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30

@@ -274,18 +274,27 @@ def _describe(logs: dict) -> dict:
     return out
 
 
-async def test_isolated_follower_keeps_its_term_and_rejoins_without_an_election(tmp_path):
+def _start_logs(tmp_path, logs: dict, each=None, **config) -> None:
+    """Start a real 3-node raft quorum on free ports into `logs` (node id -> log, filled as each
+    starts, so the caller's `finally` stops whatever started); `config` adds RaftConfig fields,
+    `each(log)` runs right after each start."""
     from raft.syncobj_log import RaftConfig, SyncObjReplicatedLog
 
     voters = {i: f"127.0.0.1:{_free_port()}" for i in (1, 2, 3)}
     password = secrets.token_hex(8)
+    for i in voters:
+        cfg = RaftConfig(node_id=i, voters=voters, data_dir=str(tmp_path / f"n{i}"), password=password,
+                         fsync_journal=False, **config)
+        logs[i] = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
+        logs[i].start()
+        if each is not None:
+            each(logs[i])
+
+
+async def test_isolated_follower_keeps_its_term_and_rejoins_without_an_election(tmp_path):
     logs = {}
     try:
-        for i in voters:
-            cfg = RaftConfig(node_id=i, voters=voters, data_dir=str(tmp_path / f"n{i}"), password=password,
-                             fsync_journal=False, prevote=True)
-            logs[i] = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
-            logs[i].start()
+        _start_logs(tmp_path, logs, prevote=True)
         await _propose_on_leader(logs, {"n": 1})
 
         def agreed():
