@@ -83,6 +83,7 @@ class Broker:
 
     async def start(self) -> None:
         from metadata_quorum.client import BrokerLifecycle, ControllerClient, MetadataFollower
+        from metadata_quorum.feed import change_of
         from partitions.log.config import LogConfig
         from partitions.log.log_manager import LogManager
 
@@ -142,8 +143,6 @@ class Broker:
                                                 lambda: getattr(self.lifecycle, "broker_epoch", None))
 
         async def on_change(image, _changed=None):
-            from metadata_quorum.feed import change_of
-
             info = change_of(image)
             n = len(info.records) if info is not None and info.records is not None else 0
             t0 = time.monotonic()

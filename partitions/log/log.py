@@ -126,10 +126,9 @@ class Log:
             created = True    # a dir we just made is empty: nothing to list, load or recover
         except FileExistsError:
             created = False
-        except FileNotFoundError:
-            self._dir.parent.mkdir(parents=True, exist_ok=True)
-            self._dir.mkdir(exist_ok=True)
-            created = False   # (rare: the log dir itself was missing) the full load below
+        except FileNotFoundError:   # (rare: the log dir itself was missing) the full load below
+            self._dir.mkdir(parents=True, exist_ok=True)
+            created = False
         try:
             self._topic, self._partition = parse_topic_partition(self._dir.name)
         except ValueError:

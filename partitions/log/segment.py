@@ -542,8 +542,7 @@ class LogSegment:
                 f"next offset {self.next_offset}: offsets must increase and fit relative offsets")
         if isinstance(data, list):
             total = sum(map(len, data))
-            if self._preallocate and start + total > self._reserved_end and (
-                    start + total >= SEGMENT_PREALLOCATE_AFTER_BYTES):
+            if self._preallocate and start + total > self._reserved_end:
                 self._reserve(fd, start + total)
             written = os.writev(fd, data)
             if written < total:  # rare (signals, huge writes): finish with plain writes
@@ -553,8 +552,7 @@ class LogSegment:
         else:
             view = memoryview(data)
             total = len(view)
-            if self._preallocate and start + total > self._reserved_end and (
-                    start + total >= SEGMENT_PREALLOCATE_AFTER_BYTES):
+            if self._preallocate and start + total > self._reserved_end:
                 self._reserve(fd, start + total)
             written = os.write(fd, view)
             while written < total:
@@ -576,7 +574,10 @@ class LogSegment:
             self.rolling_timestamp = first.max_timestamp
 
     def _reserve(self, fd: int, end: int) -> None:
-        """Reserve blocks from the reserved end to past `end` (see module docstring)."""
+        """Reserve blocks from the reserved end to past `end` (see module docstring), once
+        the segment holds `SEGMENT_PREALLOCATE_AFTER_BYTES`."""
+        if end < SEGMENT_PREALLOCATE_AFTER_BYTES:
+            return
         ahead = min(SEGMENT_PREALLOCATE_BYTES_MAX, max(SEGMENT_PREALLOCATE_BYTES_MIN, end))
         new_end = max(end, min(end + ahead, self.config.segment_bytes))
         start = max(self._reserved_end, self.size)
