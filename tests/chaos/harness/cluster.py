@@ -56,7 +56,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tests.chaos.harness.proxy import RAFT_LOOP, Proxy, free_port
+from tests.chaos.harness.proxy import DEFAULT_LOOP, RAFT_LOOP, Proxy, free_port
+from tests.chaos.harness.proxy_host import ProxyHost
 
 CONTROLLER_HOST = "127.0.0.2"
 COPY_ATTEMPTS = 5                # copy_broker_logs: tries while the broker deletes files   # controllers are advertised (and proxied) here
@@ -137,6 +138,7 @@ class ClusterSettings:
     secure: bool = False   # TLS + authentication + ACLs, as `kraftlog cluster up --secure`
     raft_prevote: bool = False   # controllers run raft pre-vote (--raft-prevote)
     raft_options: dict = field(default_factory=dict)   # controller raft flags, e.g. {"--raft-max-timeout-s": 1.0}
+    proxy_processes: bool = True   # the proxies run in processes of their own (harness/proxy_host.py)
     broker: dict = field(default_factory=lambda: {
         "replica_lag_time_max_ms": 3000, "request_timeout_ms": 5000, "min_insync_replicas": 2,
         "default_replication_factor": 3, "replica_fetch_wait_max_ms": 200, "replica_fetch_backoff_ms": 100,
@@ -166,14 +168,27 @@ class ChaosCluster:
         self.ctl_port = {i: free_port() for i in self.ids}
         self.raft_port = {i: _free_on_both() for i in self.ids}
         self.procs: dict[tuple[str, int], ProcessSpec] = {}
-        self.broker_proxy = {i: Proxy(self.http_port[i], f"broker-{i}", resolver=self.source_label,
-                                      scheme=self.scheme) for i in self.ids}
-        self.ctl_proxy = {j: Proxy(self.ctl_port[j], f"controller-{j}", host=CONTROLLER_HOST,
-                                   port=self.ctl_port[j], resolver=self.source_label, scheme=self.scheme)
-                          for j in self.ids}
-        self.raft_proxy = {j: Proxy(self.raft_port[j], f"raft-{j}", host=CONTROLLER_HOST,
-                                    port=self.raft_port[j], resolver=self.source_label,
-                                    loop_name=RAFT_LOOP) for j in self.ids}   # never behind HTTP storms
+        # the proxies: in two processes of their own (raft links apart from HTTP links), or in
+        # loops of this process (proxy.py); either way the same interface
+        self.proxy_hosts: list[ProxyHost] = []
+        if self.s.proxy_processes:
+            http_host = ProxyHost("chaos-proxy-http", DEFAULT_LOOP)
+            self.proxy_hosts.append(http_host)
+            raft_host = ProxyHost("chaos-proxy-raft", RAFT_LOOP)
+            self.proxy_hosts.append(raft_host)
+
+            def make(target, name, loop_name, **kw):
+                h = raft_host if loop_name == RAFT_LOOP else http_host
+                return h.open(target, name, resolve=True, **kw)
+        else:
+            def make(target, name, loop_name, **kw):
+                return Proxy(target, name, resolver=self.source_label, loop_name=loop_name, **kw)
+        self.broker_proxy = {i: make(self.http_port[i], f"broker-{i}", DEFAULT_LOOP, scheme=self.scheme)
+                             for i in self.ids}
+        self.ctl_proxy = {j: make(self.ctl_port[j], f"controller-{j}", DEFAULT_LOOP, host=CONTROLLER_HOST,
+                                  port=self.ctl_port[j], scheme=self.scheme) for j in self.ids}
+        self.raft_proxy = {j: make(self.raft_port[j], f"raft-{j}", RAFT_LOOP, host=CONTROLLER_HOST,
+                                   port=self.raft_port[j]) for j in self.ids}   # never behind HTTP storms
         os.makedirs(self.root, exist_ok=True)
         if self.s.secure:
             self._make_secrets()
@@ -305,6 +320,7 @@ class ChaosCluster:
             spec.proc = subprocess.Popen(spec.cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, preexec_fn=preexec, start_new_session=True)
         spec.paused = False
+        self._push_labels()
 
     def start(self, ready_timeout_s: float = 90.0) -> None:
         for i in self.ids:
@@ -365,6 +381,8 @@ class ChaosCluster:
                     pass
         for p in self.all_proxies():
             p.close()
+        for h in self.proxy_hosts:
+            h.close()
 
     # ---- faults on processes -----------------------------------------------------------
 
@@ -379,6 +397,7 @@ class ChaosCluster:
             except subprocess.TimeoutExpired:
                 pass
         spec.paused = False
+        self._push_labels()
         for proxy in self.proxies_of(role, i):
             proxy.target_down()
 
@@ -454,9 +473,19 @@ class ChaosCluster:
                                           + "/controller/v1/metadata", timeout=2.0)
         return snap
 
+    def process_labels(self) -> dict:
+        """pid -> source label ("broker-2") of every live process of the cluster."""
+        return {spec.pid: f"{role}-{i}" for (role, i), spec in self.procs.items() if spec.alive()}
+
+    def _push_labels(self) -> None:
+        """Tell the proxy processes who is who (before a new process can connect anywhere)."""
+        labels = self.process_labels()
+        for h in self.proxy_hosts:
+            h.set_labels(labels)
+
     def source_label(self, peer_port: int, local_port: int) -> str:
         """Which of our processes opened this connection ("broker-2", "controller-1", else "client")."""
-        pids = {spec.pid: f"{role}-{i}" for (role, i), spec in self.procs.items() if spec.alive()}
+        pids = self.process_labels()
         from tests.chaos.harness.proxy import pid_of_peer
         pid = pid_of_peer(peer_port, local_port, list(pids))
         return pids.get(pid, "client")
