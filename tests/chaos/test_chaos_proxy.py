@@ -211,6 +211,8 @@ def test_a_killed_target_is_refused_until_it_listens_again():
         assert not p.listening
         assert _refused(p.port), "a dead target's proxy accepted a connection"
         assert _refused(p.port)
+        with socket.socket() as other, pytest.raises(OSError):   # the port stays ours meanwhile
+            other.bind(("127.0.0.1", p.port))
         srv = _serve_echo(port)                      # the restarted process listens again
         assert _poll(lambda: _echoes(p.port)), "the proxy did not listen again after the restart"
         assert p.listening

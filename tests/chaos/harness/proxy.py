@@ -21,8 +21,9 @@ Rules, changeable at any time from any thread, for one source label or "*" (ever
 
 A dead target is mirrored: once the target process is gone (`target_down()`, called by the
 chaos cluster when it kills the process, or a connect to the target refused), the proxy
-stops listening, so new connections are refused as by a dead process's port, and it listens
-again as soon as the target accepts connections (probed every `TARGET_PROBE_INTERVAL_S`).
+stops listening, so new connections are refused as by a dead process's port (the port stays
+bound meanwhile, so no other process can take it), and it listens again as soon as the target
+accepts connections (probed every `TARGET_PROBE_INTERVAL_S`).
 Before, it accepted and then closed them: a controller probing a killed broker saw
 "connected, then closed" and fenced it through the slow silence path instead of the
 immediate "unreachable" one (issue 24). A paused (SIGSTOPped) target still accepts (the
@@ -214,6 +215,7 @@ class Proxy:
         self._lp = _Loop.acquire(loop_name)
         self._closed = False
         self._reopen_task: Optional[asyncio.Task] = None   # set while the target is down
+        self._reserved: Optional[socket.socket] = None     # our port, bound only, while it is down
         try:
             self._server = self._lp.call(self._start(port or 0))
         except BaseException:
@@ -280,6 +282,7 @@ class Proxy:
             self._server.close()
             self._server = None
             self.faults[("target-down", "*")] += 1
+            self._reserve_port()
         if self._reopen_task is None and not self._closed:
             self._reopen_task = asyncio.ensure_future(self._listen_when_target_listens())
 
@@ -287,6 +290,7 @@ class Proxy:
         try:
             while not self._closed:
                 if await self._target_accepts():
+                    self._release_port()
                     try:
                         server = await self._start(self.port)
                     except OSError:   # our port briefly held elsewhere: try again
@@ -300,6 +304,23 @@ class Proxy:
                 await asyncio.sleep(TARGET_PROBE_INTERVAL_S)
         finally:
             self._reopen_task = None
+
+    def _reserve_port(self) -> None:
+        """Keep our port bound, not listening, while the target is down: connects are refused
+        (RST) as by a dead process's port, and no other process can take the port meanwhile."""
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError:   # taken in between: refused anyway while it is not ours
+            sock.close()
+            return
+        self._reserved = sock
+
+    def _release_port(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
 
     async def _target_accepts(self) -> bool:
         try:
@@ -321,6 +342,7 @@ class Proxy:
             if self._server is not None:
                 self._server.close()
                 self._server = None
+            self._release_port()
             self._sever("*", count=False)
         try:
             self._lp.call(_close())
