@@ -139,6 +139,9 @@ class MetadataImage:
         self.broker_states: dict[int, str] = {}
         self.decommissioned: dict[int, tuple] = {}
         self.moving: set[tuple[str, int]] = set()   # (topic, partition) of running reassignments
+        # topic -> partitions with no leader (NO_LEADER), kept by replay: the controller's
+        # leader election every maintenance round looks at these, not at every partition
+        self.leaderless: dict[str, set[int]] = {}
 
     # ---------------------------------------------------------------- queries
     def topic(self, name: str) -> Optional[TopicImage]:
@@ -191,6 +194,18 @@ class MetadataImage:
         for bid, (url, rack) in self.decommissioned.items():
             out.setdefault(bid, {"id": bid, "url": url, "rack": rack, "fenced": True, "state": "decommissioned"})
         return [out[b] for b in sorted(out)]
+
+    def leaderless_partitions(self) -> list:
+        """(TopicImage, PartitionRegistration) of every partition without a leader, in topic
+        order then partition order: an index kept by replay, no walk of the partitions."""
+        if not self.leaderless:
+            return []
+        out = []
+        for name, t in self.topics.items():
+            parts = self.leaderless.get(name)
+            if parts:
+                out.extend((t, t.partitions[p]) for p in sorted(parts) if p in t.partitions)
+        return out
 
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics.values())
@@ -270,6 +285,7 @@ class MetadataImage:
     def _replay_topic(self, r: TopicRecord, offset: int) -> None:
         self.topics[r.name] = TopicImage(name=r.name, topic_id=r.topic_id)
         self._forget_moves(r.name)
+        self.leaderless.pop(r.name, None)
 
     def _forget_moves(self, topic: str) -> None:
         if any(name == topic for name, _ in self.moving):
@@ -295,12 +311,21 @@ class MetadataImage:
             self.moving.add((r.topic, r.partition))
         else:
             self.moving.discard((r.topic, r.partition))
+        if r.leader == NO_LEADER:
+            self.leaderless.setdefault(r.topic, set()).add(r.partition)
+        else:
+            none = self.leaderless.get(r.topic)
+            if none is not None:
+                none.discard(r.partition)
+                if not none:
+                    del self.leaderless[r.topic]
 
     def _replay_remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
         t = self.topics.get(r.name)
         if t is not None and t.topic_id == r.topic_id:
             del self.topics[r.name]
             self._forget_moves(r.name)
+            self.leaderless.pop(r.name, None)
 
     def _replay_config(self, r: ConfigRecord, offset: int) -> None:
         if r.resource_type == "topic":
@@ -471,6 +496,9 @@ class MetadataImage:
                                                             tuple(p[9]) if len(p) > 9 else ())
             image.topics[ti.name] = ti
             image.moving.update((ti.name, p) for p, reg in ti.partitions.items() if reg.reassigning)
+            none = {p for p, reg in ti.partitions.items() if reg.leader == NO_LEADER}
+            if none:
+                image.leaderless[ti.name] = none
         image.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
         image.security = SecurityImage.from_snapshot(data.get("security"))
         image.broker_states = {b: s for b, s in data.get("broker_states", [])}
