@@ -482,11 +482,11 @@ class ControllerServer:
         while True:
             offset = self.sm.image.offset
             if after < offset:
-                records = self.sm.records_since(after, max_records)
+                records = self.sm.records_since_json(after, max_records)
                 if records is None:
                     return self._snapshot_response()
-                return web.json_response({"cluster_id": self.sm.image.cluster_id, "records": records,
-                                          "metadata_offset": self.sm.image.offset})
+                return web.Response(text=feed_page_text(self.sm.image.cluster_id, records, self.sm.image.offset),
+                                    content_type="application/json")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -787,6 +787,13 @@ def reassignment_json(topic: str, p) -> dict:
     """One entry of `GET /v1/reassignments` (without `bytes_remaining`, which the leader knows)."""
     return {"topic": topic, "partition": p.partition, "replicas": list(p.replicas),
             "adding_replicas": list(p.adding_replicas), "removing_replicas": list(p.removing_replicas)}
+
+
+def feed_page_text(cluster_id: str, records_json: list, metadata_offset: int) -> str:
+    """The `GET /metadata/records` answer json.dumps would write for {"cluster_id", "records",
+    "metadata_offset"}, from the records' JSON texts (`MetadataStateMachine.records_since_json`)."""
+    return (f'{{"cluster_id": {json.dumps(cluster_id)}, "records": [{", ".join(records_json)}], '
+            f'"metadata_offset": {int(metadata_offset)}}}')
 
 
 # ---------------------------------------------------------------------- decision log

@@ -25,6 +25,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import json
 import logging
 import threading
 from typing import Any, Optional
@@ -42,14 +43,24 @@ log = logging.getLogger(__name__)
 # held: the raft thread neither ticks nor sends heartbeats meanwhile (raft/README.md).
 GC_FREEZE_MIN_RECORDS_DEFAULT = 1000
 
+# The feed's newest records keep their JSON text (`records_since_json`): every broker (and
+# every retry) reads the same records, and each is encoded once instead of once per reader.
+FEED_ENCODED_RECORDS_DEFAULT = 20_000
+
 
 class MetadataStateMachine:
     """Image + feed tail + applied request ids. Invariant: tail holds records with offsets
     [tail_start, image.offset) contiguously."""
 
     def __init__(self, cluster_id: str = "", feed_retained_records: int = 100_000,
-                 request_ids_retained: int = 10_000, gc_freeze_min_records: int = 0):
+                 request_ids_retained: int = 10_000, gc_freeze_min_records: int = 0,
+                 feed_encoded_records: int = FEED_ENCODED_RECORDS_DEFAULT):
         self.cluster_id = cluster_id
+        # offset -> JSON text of the feed item {"offset", "record"} (the newest
+        # `feed_encoded_records` or so; see records_since_json)
+        self.feed_encoded_records = feed_encoded_records
+        self._encoded: dict[int, str] = {}
+        self.records_encoded = 0   # feed items encoded so far (each once while cached)
         # 0: never touch the collector (in-process tests); the controller passes
         # GC_FREEZE_MIN_RECORDS_DEFAULT
         self.gc_freeze_min_records = gc_freeze_min_records
@@ -162,6 +173,7 @@ class MetadataStateMachine:
             self.quorum_change = dict(data["quorum_change"]) if data.get("quorum_change") else None
             self.tail = []
             self.tail_start = self.image.offset
+            self._encoded = {}
 
     # ------------------------------------------------------------ readers (any thread)
     def seen_request(self, request_id: Optional[str]) -> bool:
@@ -176,3 +188,29 @@ class MetadataStateMachine:
                 return None
             start = offset - self.tail_start
             return [{"offset": o, "record": r} for o, r in self.tail[start:start + max_records]]
+
+    def records_since_json(self, offset: int, max_records: int) -> Optional[list]:
+        """`records_since` as JSON texts (one per item, as `json.dumps` writes it), or None.
+        Encoded outside the lock (the raft thread applies meanwhile) and cached by offset
+        (a committed offset's record never changes), so brokers reading the same records
+        share one encoding, and no single encode holds the GIL for a whole page."""
+        with self.lock:
+            if offset < self.tail_start:
+                return None
+            start = offset - self.tail_start
+            page = self.tail[start:start + max_records]
+            cache = self._encoded
+        out = []
+        for o, r in page:
+            text = cache.get(o)
+            if text is None:
+                text = cache[o] = json.dumps({"offset": o, "record": r})
+                self.records_encoded += 1
+            out.append(text)
+        keep = self.feed_encoded_records
+        if len(cache) > 2 * keep:   # amortised: drop all but the newest `keep` offsets
+            newest = self.image.offset - keep
+            with self.lock:
+                if cache is self._encoded:
+                    self._encoded = {o: t for o, t in cache.items() if o >= newest}
+        return out
