@@ -498,10 +498,9 @@ class ControllerServer:
                                   "metadata_offset": self.sm.image.offset})
 
     def _snapshot_response(self) -> web.Response:
-        with self.sm.lock:
-            snap = self.sm.image.to_snapshot()
-        return web.json_response({"cluster_id": snap["cluster_id"], "snapshot": snap,
-                                  "metadata_offset": snap["offset"]})
+        offset, snapshot = self.sm.snapshot_json()   # chunked encoding, cached per offset
+        return web.Response(text=f'{{"cluster_id": {json.dumps(self.sm.image.cluster_id)}, "snapshot": {snapshot}, '
+                                 f'"metadata_offset": {offset}}}', content_type="application/json")
 
     # ---- brokers
     async def h_register(self, request: web.Request) -> web.Response:

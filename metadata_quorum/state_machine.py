@@ -46,6 +46,9 @@ GC_FREEZE_MIN_RECORDS_DEFAULT = 1000
 # The feed's newest records keep their JSON text (`records_since_json`): every broker (and
 # every retry) reads the same records, and each is encoded once instead of once per reader.
 FEED_ENCODED_RECORDS_DEFAULT = 20_000
+# A feed snapshot's partitions are encoded this many per json.dumps call: one call for a
+# 100,000-partition snapshot (3.8 MB) held the GIL against the raft thread throughout.
+SNAPSHOT_ENCODE_CHUNK_PARTITIONS = 2000
 
 
 class MetadataStateMachine:
@@ -60,6 +63,8 @@ class MetadataStateMachine:
         # `feed_encoded_records` or so; see records_since_json)
         self.feed_encoded_records = feed_encoded_records
         self._encoded: dict[int, str] = {}
+        self._snapshot_text: tuple = (-1, "")   # (image offset, JSON text) of the last feed snapshot
+        self.snapshots_encoded = 0
         self.records_encoded = 0   # feed items encoded so far (each once while cached)
         # 0: never touch the collector (in-process tests); the controller passes
         # GC_FREEZE_MIN_RECORDS_DEFAULT
@@ -188,6 +193,32 @@ class MetadataStateMachine:
                 return None
             start = offset - self.tail_start
             return [{"offset": o, "record": r} for o, r in self.tail[start:start + max_records]]
+
+    def snapshot_json(self) -> tuple:
+        """(metadata offset, JSON text of `image.to_snapshot()`) for the feed's snapshot answer.
+        Built under the lock (one offset), encoded outside it in chunks of
+        SNAPSHOT_ENCODE_CHUNK_PARTITIONS partitions (the raft thread gets the GIL between
+        them), and reused while the image has not moved (brokers far behind ask together)."""
+        with self.lock:
+            offset = self.image.offset
+            cached = self._snapshot_text
+            if cached[0] == offset:
+                return cached
+            snap = self.image.to_snapshot()
+        topics = snap.pop("topics")
+        parts = []
+        for t in topics:
+            partitions = t.pop("partitions")
+            chunks = [json.dumps(partitions[i:i + SNAPSHOT_ENCODE_CHUNK_PARTITIONS])[1:-1]
+                      for i in range(0, len(partitions), SNAPSHOT_ENCODE_CHUNK_PARTITIONS)]
+            parts.append(f'{json.dumps(t)[:-1]}, "partitions": [{", ".join(chunks)}]}}')
+        head = json.dumps(snap)
+        text = f'{head[:-1]}, "topics": [{", ".join(parts)}]}}'
+        self.snapshots_encoded += 1
+        with self.lock:
+            if self.image.offset == offset:
+                self._snapshot_text = (offset, text)
+        return offset, text
 
     def records_since_json(self, offset: int, max_records: int) -> Optional[list]:
         """`records_since` as JSON texts (one per item, as `json.dumps` writes it), or None.

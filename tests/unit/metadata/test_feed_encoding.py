@@ -59,3 +59,33 @@ def test_the_cache_is_bounded_and_a_restore_forgets_it():
     assert h.sm._encoded == {}
     assert h.sm.records_since_json(0, 10) is None        # older than the tail: a snapshot answer
     assert h.sm.records_since_json(h.sm.image.offset, 10) == []
+
+
+def test_a_snapshot_answer_is_encoded_in_slices_and_once_per_offset(monkeypatch):
+    h = Harness()
+    h.create("a", partitions=450, rf=3, configs={"retention.ms": "1000"})
+    h.create("b", partitions=7, rf=2)
+    h.create("c", partitions=1, rf=1)
+    monkeypatch.setattr(sm_module, "SNAPSHOT_ENCODE_CHUNK_PARTITIONS", 100)
+    sizes = []
+    real = sm_module.json.dumps
+
+    def sized(obj, *a, **kw):
+        text = real(obj, *a, **kw)
+        sizes.append((len(obj) if isinstance(obj, list) else 0, len(text)))
+        return text
+    monkeypatch.setattr(sm_module.json, "dumps", sized)
+    offset, text = h.sm.snapshot_json()
+    assert offset == h.sm.image.offset
+    assert json.loads(text) == json.loads(real(h.sm.image.to_snapshot()))
+    # no call encoded more than one slice of partitions; the largest text is a slice's
+    assert max(n for n, _ in sizes) == 100
+    assert max(size for _, size in sizes) < len(text) / 3
+    assert h.sm.snapshots_encoded == 1
+    calls = len(sizes)
+    assert h.sm.snapshot_json() == (offset, text)          # a second broker: the same text, no work
+    assert len(sizes) == calls and h.sm.snapshots_encoded == 1
+    h.create("d", partitions=3, rf=3)
+    offset2, text2 = h.sm.snapshot_json()
+    assert offset2 > offset and h.sm.snapshots_encoded == 2
+    assert json.loads(text2) == json.loads(real(h.sm.image.to_snapshot()))
