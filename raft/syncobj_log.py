@@ -188,6 +188,7 @@ class SyncObjReplicatedLog:
         self._notify_pending = False
         self._consumer = _Consumer(state_machine, self._on_raft_thread_event)
         self._journal = None  # FsyncFileJournal when config.fsync_journal
+        self._synced_s = 0.0  # the journal's sync time at the last tick
         self._peer_stats = RaftPeerStats()
         self._waiting_to_join = False
         self._last_deadline = None
@@ -443,10 +444,13 @@ class SyncObjReplicatedLog:
         if so is None:
             return
         late = self.tick_gaps.on_tick()
+        synced_s = self._journal.sync_s if self._journal is not None else 0.0
+        in_sync, self._synced_s = synced_s - self._synced_s, synced_s
         if late is not None:
             log.warning("raft node %s: the raft thread did not tick for %.0f ms (%.0f ms of it in garbage "
-                        "collections; the election timeout is %.0f-%.0f ms): the process held the GIL or had "
-                        "no CPU", self.config.node_id, late[0] * 1000, late[1] * 1000,
+                        "collections, %.0f ms in journal syncs; the election timeout is %.0f-%.0f ms): the "
+                        "process held the GIL or had no CPU", self.config.node_id, late[0] * 1000,
+                        late[1] * 1000, in_sync * 1000,
                         self.config.raft_min_timeout_s * 1000, self.config.raft_max_timeout_s * 1000)
         if self._journal is not None:
             self._journal.sync()  # leader: persist this tick's appends before counting itself
