@@ -53,6 +53,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -189,6 +190,7 @@ class SyncObjReplicatedLog:
         self._consumer = _Consumer(state_machine, self._on_raft_thread_event)
         self._journal = None  # FsyncFileJournal when config.fsync_journal
         self._synced_s = 0.0  # the journal's sync time at the last tick
+        self._tick_cpu = (0.0, 0.0)  # (raft thread, process) CPU time at the last tick
         self._peer_stats = RaftPeerStats()
         self._waiting_to_join = False
         self._last_deadline = None
@@ -446,11 +448,17 @@ class SyncObjReplicatedLog:
         late = self.tick_gaps.on_tick()
         synced_s = self._journal.sync_s if self._journal is not None else 0.0
         in_sync, self._synced_s = synced_s - self._synced_s, synced_s
+        # CPU time of the raft thread and of the whole process since the last tick: a gap with
+        # the raft thread's CPU near the gap is a long tick (a large apply); with the process
+        # busy but not this thread, another thread held the GIL; with neither, no CPU at all
+        cpu = (time.thread_time(), time.process_time())
+        (thread_s, process_s), self._tick_cpu = (cpu[0] - self._tick_cpu[0], cpu[1] - self._tick_cpu[1]), cpu
         if late is not None:
             log.warning("raft node %s: the raft thread did not tick for %.0f ms (%.0f ms of it in garbage "
-                        "collections, %.0f ms in journal syncs; the election timeout is %.0f-%.0f ms): the "
-                        "process held the GIL or had no CPU", self.config.node_id, late[0] * 1000,
-                        late[1] * 1000, in_sync * 1000,
+                        "collections, %.0f ms in journal syncs; CPU meanwhile: raft thread %.0f ms, process "
+                        "%.0f ms; the election timeout is %.0f-%.0f ms): the process held the GIL or had no "
+                        "CPU", self.config.node_id, late[0] * 1000, late[1] * 1000, in_sync * 1000,
+                        thread_s * 1000, process_s * 1000,
                         self.config.raft_min_timeout_s * 1000, self.config.raft_max_timeout_s * 1000)
         if self._journal is not None:
             self._journal.sync()  # leader: persist this tick's appends before counting itself
