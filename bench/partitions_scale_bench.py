@@ -203,6 +203,19 @@ def wait_metadata_caught_up(urls: dict, deadline_s: float) -> bool:
     return False
 
 
+def wait_unfenced(url: str, brokers: int, deadline_s: float) -> float:
+    """Poll `GET /v1/brokers` until `brokers` brokers are unfenced; the seconds waited. A
+    create while one is fenced (heartbeats unanswered while the controllers elect) is
+    refused INVALID_REPLICATION_FACTOR, which ended earlier 100,000-partition runs."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        status, doc = http("GET", url + "/v1/brokers", timeout=30)
+        if status == 200 and sum(1 for b in doc.get("brokers", []) if not b.get("fenced")) >= brokers:
+            break
+        time.sleep(1.0)   # polling a condition with a deadline
+    return time.monotonic() - t0
+
+
 def topic_leaders(url: str, topic: str) -> dict:
     """partition -> leader of one topic (`GET /v1/topics/{t}`: polling `/v1/metadata` once a
     second held a broker's event loop for seconds at 60,000 partitions, the bench's own load)."""
@@ -281,6 +294,9 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
         lag = LagSampler({b: c.url(b) for b in c.procs})
         for i in range(topics):
             name = f"scale{i}"
+            waited = wait_unfenced(url, 3, 300)
+            if waited >= 1.0:
+                row(f"{name}: waited for 3 unfenced brokers before the create", f"{waited:.1f} s")
             t0 = time.monotonic()
             status, doc = http("POST", url + "/v1/topics",
                                {"name": name, "partitions": partitions, "replication_factor": rf}, timeout=300)
