@@ -39,6 +39,7 @@ class ReplicaState:
     last_fetch_leader_log_end_offset: int = -1
     last_caught_up_time_ms: int = -1
     broker_epoch: int = -1      # registration of the process that fetched last (KIP-903)
+    left_isr_ms: int = -1       # when the metadata last took it out of this leader's ISR
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Partition:
         new_epoch = leader_epoch != self.leader_epoch or not self.is_leader
         if new_epoch or partition_epoch != self.partition_epoch:
             self.pending_isr_additions = set()   # the metadata now says what the controller decided
+        old_isr = self.isr if not new_epoch else []
         self.replicas = list(replicas)
         self.isr = list(isr)
         self.leader_id = self.local_broker_id
@@ -100,6 +102,9 @@ class Partition:
             for r in replicas:
                 if r != self.local_broker_id and r not in self.remote_replicas:
                     self.remote_replicas[r] = ReplicaState(r)
+            for r in old_isr:
+                if r not in isr and r in self.remote_replicas:
+                    self.remote_replicas[r].left_isr_ms = now_ms
             for r in list(self.remote_replicas):
                 if r not in replicas:
                     del self.remote_replicas[r]
@@ -214,17 +219,63 @@ class Partition:
 
         `acks_waiting_offset`: the highest offset acks=all produces wait for (None: none
         waits); members silent for `replica_fetch_silence_max_ms` that hold such a produce
-        back leave too (`silent_replicas`)."""
+        back leave too (`silent_replicas`), but never so many that the ISR drops below
+        min.insync.replicas on silence alone (the lag rule still applies to them).
+
+        The two directions agree (issue 24, one-way-answers): a replica is proposed in only
+        if the shrink rules would keep it at this very moment (`in_sync_candidates`). A
+        follower whose fetch requests arrive while the answers are lost fetches at a stale
+        offset that may still reach a frozen HW; adding it on its LEO alone and dropping it
+        on its caught-up time at the next check flapped the ISR every check."""
         if not self.is_leader:
             return None
         drop = self.out_of_sync_replicas(now_ms, replica_lag_time_max_ms)
         if replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None:
-            drop |= self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset)
-        add = self.caught_up_out_of_isr()
+            may_leave = max(0, len(self.isr) - len(drop) - self.min_insync_replicas)
+            silent = self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset) - drop
+            drop |= set(self._longest_silent(silent, may_leave))
+        add = self.in_sync_candidates(now_ms, replica_lag_time_max_ms,
+                                      replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
+                                      acks_waiting_offset=acks_waiting_offset)
         if not drop and not add:
             return None
         self.pending_isr_additions |= add
         return [r for r in self.isr if r not in drop] + sorted(add)
+
+    def _longest_silent(self, silent: set[int], limit: int) -> list[int]:
+        """Up to `limit` of `silent`, the longest silent first (ties: lowest broker id)."""
+        def last_heard(r: int) -> int:
+            s = self.remote_replicas[r]
+            return max(s.last_fetch_time_ms, s.last_caught_up_time_ms)
+        return sorted(silent, key=lambda r: (last_heard(r), r))[:limit]
+
+    def in_sync_candidates(self, now_ms: int, replica_lag_time_max_ms: int, *,
+                           replica_fetch_silence_max_ms: int | None = None,
+                           acks_waiting_offset: int | None = None) -> set[int]:
+        """Replicas outside the ISR to propose in: `caught_up_out_of_isr` (LEO at the HW and
+        the epoch start), caught up (Kafka's rule, `update_follower_fetch`) since the
+        metadata took them out of the ISR, and in sync by the shrink rules now: caught up
+        within `replica_lag_time_max_ms` and, while acks=all waits for a record they lack,
+        not silent for `replica_fetch_silence_max_ms`.
+
+        A follower whose answers are lost fetches again and again at the offset it had: that
+        offset may reach a HW frozen by the shrink (KIP-966), and its requests make it look
+        alive, but it is never caught up (the leader's LEO moved since its previous fetch),
+        so it stays out until an answer reaches it; and an addition is never undone by the
+        next check (no expand/shrink flapping through the controller)."""
+        out: set[int] = set()
+        for r in self.caught_up_out_of_isr():
+            s = self.remote_replicas[r]
+            if s.last_caught_up_time_ms < 0 or s.last_caught_up_time_ms <= s.left_isr_ms:
+                continue
+            if now_ms - s.last_caught_up_time_ms > replica_lag_time_max_ms:
+                continue
+            if (replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None
+                    and now_ms - max(s.last_fetch_time_ms, s.last_caught_up_time_ms) > replica_fetch_silence_max_ms
+                    and s.log_end_offset <= acks_waiting_offset):
+                continue
+            out.add(r)
+        return out
 
     def broker_epochs(self, isr: list[int]) -> dict[int, int]:
         """The registration (broker epoch) whose fetches make each proposed follower look

@@ -152,6 +152,7 @@ def test_hw_holds_while_the_isr_is_below_min_insync_replicas():
                          log_end_offset=15, high_watermark=10, now_ms=1002)
     assert p.update_local_log_end_offset(20) is False and p.high_watermark == 10
     p.update_follower_fetch(3, 20, now_ms=1003)
+    p.update_follower_fetch(2, 20, now_ms=1003)            # caught up again since it left
     assert p.propose_isr_change(1003, 30_000) == [1, 2, 3]   # pending: does not move the HW
     assert p.update_local_log_end_offset(21) is False and p.high_watermark == 10
     assert p.make_leader(replicas=[1, 2, 3], isr=[1, 3], leader_epoch=1, partition_epoch=3,
