@@ -28,6 +28,7 @@ from metadata_quorum.records import (
     RemoveTopicRecord,
     TopicRecord,
     UnfenceBrokerRecord,
+    frozen_instance,
 )
 from metadata_quorum.security.image import SecurityImage
 from metadata_quorum.security.records import SECURITY_RECORDS
@@ -295,18 +296,19 @@ class MetadataImage:
         t = self.topics.get(r.topic)
         if t is None or t.topic_id != r.topic_id:
             return
-        t.partitions[r.partition] = PartitionRegistration(
-            partition=r.partition,
-            replicas=tuple(r.replicas),
-            isr=tuple(r.isr),
-            leader=r.leader,
-            leader_epoch=r.leader_epoch,
-            partition_epoch=r.partition_epoch,
-            elr=tuple(getattr(r, "elr", ())),
-            last_known_elr=tuple(getattr(r, "last_known_elr", ())),
-            adding_replicas=tuple(r.adding_replicas),
-            removing_replicas=tuple(r.removing_replicas),
-        )
+        # frozen_instance: this runs on the raft thread once per partition of an entry
+        t.partitions[r.partition] = frozen_instance(PartitionRegistration, {
+            "partition": r.partition,
+            "replicas": tuple(r.replicas),
+            "isr": tuple(r.isr),
+            "leader": r.leader,
+            "leader_epoch": r.leader_epoch,
+            "partition_epoch": r.partition_epoch,
+            "elr": tuple(getattr(r, "elr", ())),
+            "last_known_elr": tuple(getattr(r, "last_known_elr", ())),
+            "adding_replicas": tuple(r.adding_replicas),
+            "removing_replicas": tuple(r.removing_replicas),
+        })
         if r.adding_replicas or r.removing_replicas:
             self.moving.add((r.topic, r.partition))
         else:
