@@ -19,18 +19,8 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from partitions.errors import ErrorCode, KraftlogError
-
-# How long a follower may take, from the start of a leader epoch, to send its first fetch
-# of the partition while its broker keeps fetching from this leader (or has not fetched
-# from this leader process yet): it is still applying the metadata that made the partition
-# (issue 25: a 10,000-partition create takes a follower seconds), so the ISR silence rule
-# counts its silence from the epoch start plus this much. A follower whose broker stopped
-# fetching altogether is counted from the epoch start as before; `replica.lag.time.max.ms`
-# bounds every case.
-REPLICA_FIRST_FETCH_MAX_MS = 10_000
 
 
 def effective_min_insync_replicas(configured: int, replication_factor: int) -> int:
@@ -222,9 +212,7 @@ class Partition:
 
     def propose_isr_change(self, now_ms: int, replica_lag_time_max_ms: int, *,
                            replica_fetch_silence_max_ms: int | None = None,
-                           acks_waiting_offset: int | None = None,
-                           broker_heard_ms: Mapping[int, int] | None = None,
-                           replica_first_fetch_max_ms: int = REPLICA_FIRST_FETCH_MAX_MS) -> list[int] | None:
+                           acks_waiting_offset: int | None = None) -> list[int] | None:
         """The ISR the leader should ask the controller for (lagging members out, caught-up
         replicas in), or None. Proposed additions count for the HW from now on (until the
         metadata brings a new partition epoch, or `isr_change_rejected`).
@@ -238,17 +226,13 @@ class Partition:
         if the shrink rules would keep it at this very moment (`in_sync_candidates`). A
         follower whose fetch requests arrive while the answers are lost fetches at a stale
         offset that may still reach a frozen HW; adding it on its LEO alone and dropping it
-        on its caught-up time at the next check flapped the ISR every check.
-
-        `broker_heard_ms`, `replica_first_fetch_max_ms`: see `silent_since`."""
+        on its caught-up time at the next check flapped the ISR every check."""
         if not self.is_leader:
             return None
         drop = self.out_of_sync_replicas(now_ms, replica_lag_time_max_ms)
         if replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None:
             may_leave = max(0, len(self.isr) - len(drop) - self.min_insync_replicas)
-            silent = self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset,
-                                          broker_heard_ms=broker_heard_ms,
-                                          replica_first_fetch_max_ms=replica_first_fetch_max_ms) - drop
+            silent = self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset) - drop
             drop |= set(self._longest_silent(silent, may_leave))
         add = self.in_sync_candidates(now_ms, replica_lag_time_max_ms,
                                       replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
@@ -320,13 +304,13 @@ class Partition:
         return out
 
     def silent_replicas(self, now_ms: int, replica_fetch_silence_max_ms: int,
-                        acks_waiting_offset: int, *, broker_heard_ms: Mapping[int, int] | None = None,
-                        replica_first_fetch_max_ms: int = REPLICA_FIRST_FETCH_MAX_MS) -> set[int]:
+                        acks_waiting_offset: int) -> set[int]:
         """ISR members (other than the leader) that sent no fetch request for
-        `replica_fetch_silence_max_ms` (counted from `silent_since`) and lack the record at
-        `acks_waiting_offset` an acks=all produce waits for: a stopped or cut-off follower
-        leaves in about that time instead of `replica.lag.time.max.ms`. A follower that
-        fetches, however far behind, is never silent (the lag rule alone judges it)."""
+        `replica_fetch_silence_max_ms` (counted from this leader epoch's start at the
+        earliest) and lack the record at `acks_waiting_offset` an acks=all produce waits
+        for: a stopped or cut-off follower leaves in about that time instead of
+        `replica.lag.time.max.ms`. A follower that fetches, however far behind, is never
+        silent (the lag rule alone judges it)."""
         out: set[int] = set()
         if not self.is_leader:
             return out
@@ -336,32 +320,10 @@ class Partition:
             state = self.remote_replicas.get(r)
             if state is None:
                 continue   # the lag rule drops it
-            since = self.silent_since(state, now_ms, replica_fetch_silence_max_ms, broker_heard_ms,
-                                      replica_first_fetch_max_ms)
-            if now_ms - since > replica_fetch_silence_max_ms and state.log_end_offset <= acks_waiting_offset:
+            last_heard = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
+            if now_ms - last_heard > replica_fetch_silence_max_ms and state.log_end_offset <= acks_waiting_offset:
                 out.add(r)
         return out
-
-    def silent_since(self, state: ReplicaState, now_ms: int, silence_ms: int,
-                     broker_heard_ms: Mapping[int, int] | None,
-                     replica_first_fetch_max_ms: int = REPLICA_FIRST_FETCH_MAX_MS) -> int:
-        """When the silence rules last heard of follower `state` (-1: never counted).
-
-        Its last fetch of this partition in this leader epoch (or its caught-up time). Before
-        its first fetch in the epoch, the epoch start (its caught-up time then), unless its
-        broker may still be applying the metadata that made the partition (issue 25): it
-        fetched other partitions from this leader within `silence_ms`, or this leader
-        process has not heard from it yet (`broker_heard_ms`: broker -> its last fetch
-        request here; None: no such knowledge, epoch start); then the epoch start plus
-        `replica_first_fetch_max_ms`. A follower whose broker stopped fetching is still
-        silent `silence_ms` after the epoch start."""
-        last = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
-        if state.last_fetch_time_ms >= 0 or last < 0 or broker_heard_ms is None:
-            return last
-        heard = broker_heard_ms.get(state.broker_id)
-        if heard is not None and now_ms - heard > silence_ms:
-            return last
-        return last + replica_first_fetch_max_ms
 
     def caught_up_out_of_isr(self) -> set[int]:
         """Replicas outside the ISR that may rejoin: their LEO reached the high watermark

@@ -578,7 +578,6 @@ class ReplicaManager:
         of them; the answer always carries the current HW (how followers learn it). One entry per request: the
         result or the partition's error (FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...)."""
         requests = [ReplicaFetchRequest(*r) for r in requests]
-        self.core.follower_request(replica_id, self._clock_ms())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         record = True
@@ -653,7 +652,6 @@ class ReplicaManager:
         wakes it. -> (session id, session error or None, [(partition, result or error)])."""
         cache = self.fetch_sessions
         mono = self._monotonic_ms()
-        self.core.follower_request(replica_id, self._clock_ms())
         named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch) for r in requests]
         if session_id == NO_SESSION:
             s = cache.new_session(replica_id, named, mono)

@@ -37,8 +37,7 @@ from partitions.errors import ErrorCode, KraftlogError
 from partitions.invariants import invariant
 from partitions.log import errors as log_errors
 from partitions.log.protocols import AppendedBatches, PartitionLog, TopicPartition
-from partitions.replication.partition import (REPLICA_FIRST_FETCH_MAX_MS, Partition,
-                                              effective_min_insync_replicas)
+from partitions.replication.partition import Partition, effective_min_insync_replicas
 
 
 
@@ -124,15 +123,9 @@ class ReplicaState:
     """Every local partition replica of one broker and the rules that move them (see the
     module docstring). `min_isr_for(topic)` is the topic's configured min.insync.replicas."""
 
-    def __init__(self, broker_id: int, *, min_isr_for: Callable[[str], int] = lambda topic: 1,
-                 replica_first_fetch_max_ms: int = REPLICA_FIRST_FETCH_MAX_MS) -> None:
+    def __init__(self, broker_id: int, *, min_isr_for: Callable[[str], int] = lambda topic: 1) -> None:
         self.broker_id = broker_id
         self.min_isr_for = min_isr_for
-        self.replica_first_fetch_max_ms = replica_first_fetch_max_ms
-        # follower broker -> when its last replica fetch request reached this broker (any
-        # partition): a follower that has not fetched a new partition yet but whose broker
-        # fetches is still applying the metadata, not silent (`Partition.silent_since`)
-        self.follower_heard_ms: dict[int, int] = {}
         self.partitions: dict[TopicPartition, Partition] = {}
         self.logs: dict[TopicPartition, PartitionLog] = {}
         self._ack_waiters: dict[TopicPartition, list[tuple[int, Waiter]]] = {}
@@ -478,17 +471,12 @@ class ReplicaState:
         return leader_epoch_end_offset(epoch, part.leader_epoch, part.leader_epoch_start_offset,
                                        lg.latest_epoch, lg.log_end_offset, lg.end_offset_for_epoch)
 
-    def follower_request(self, replica_id: int, now_ms: int) -> None:
-        """A replica fetch request of broker `replica_id` arrived (whatever it names)."""
-        self.follower_heard_ms[replica_id] = now_ms
-
     def follower_fetched(self, tp: TopicPartition, replica_id: int, fetch_offset: int, now_ms: int,
                          broker_epoch: int = -1) -> Effects:
         """A follower (registration `broker_epoch`) fetched at `fetch_offset`, its LEO: the HW
         may move (acks=all waiters complete, parked fetches wake)."""
         tp = TopicPartition(*tp)
         part, _ = self.leader(tp)
-        self.follower_heard_ms[replica_id] = now_ms
         eff = Effects()
         if part.update_follower_fetch(replica_id, fetch_offset, now_ms, broker_epoch):
             self._high_watermark_changed(tp, eff)
@@ -506,9 +494,7 @@ class ReplicaState:
         for tp, part in self.led.items():
             new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
-                                              acks_waiting_offset=self.acks_waiting_offset(tp),
-                                              broker_heard_ms=self.follower_heard_ms,
-                                              replica_first_fetch_max_ms=self.replica_first_fetch_max_ms)
+                                              acks_waiting_offset=self.acks_waiting_offset(tp))
             if new_isr is not None:
                 out.append((part, new_isr))
         return out
