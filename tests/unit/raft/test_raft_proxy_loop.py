@@ -1,5 +1,6 @@
-"""Raft links between chaos controllers cross proxies on a loop of their own, so a backlog of
-other proxied connections cannot hold up their handshakes (raft/README.md, "A quorum that
+"""Raft links between chaos controllers cross proxies of their own (a process of their own,
+or a loop of their own in the harness process), so a backlog of other proxied connections
+cannot hold up their handshakes (raft/README.md, "A quorum that
 stops campaigning"; tests/chaos/harness/proxy.py)."""
 from __future__ import annotations
 
@@ -48,13 +49,22 @@ def test_a_raft_link_is_forwarded_while_the_shared_proxy_loop_is_behind():
         srv.server_close()
 
 
-def test_the_chaos_cluster_puts_raft_proxies_on_the_raft_loop(tmp_path):
-    from tests.chaos.harness.cluster import ChaosCluster
+def test_the_chaos_cluster_puts_raft_proxies_apart_from_the_http_proxies(tmp_path):
+    from tests.chaos.harness.cluster import ChaosCluster, ClusterSettings
 
-    c = ChaosCluster(str(tmp_path / "cluster"))
+    c = ChaosCluster(str(tmp_path / "cluster"))   # default: proxies in processes of their own
     try:
+        raft_hosts = {p._host for p in c.raft_proxy.values()}
+        http_hosts = {p._host for p in list(c.ctl_proxy.values()) + list(c.broker_proxy.values())}
+        assert len(raft_hosts) == 1 and len(http_hosts) == 1 and raft_hosts != http_hosts
+        assert all(h._proc.is_alive() for h in raft_hosts | http_hosts)
+    finally:
+        c.stop()
+    assert not any(h._proc.is_alive() for h in c.proxy_hosts)
+
+    c = ChaosCluster(str(tmp_path / "in-process"), ClusterSettings(proxy_processes=False))
+    try:   # in the harness process: raft proxies on a loop of their own
         assert {p._lp.name for p in c.raft_proxy.values()} == {RAFT_LOOP}
         assert {p._lp.name for p in list(c.ctl_proxy.values()) + list(c.broker_proxy.values())} == {DEFAULT_LOOP}
     finally:
-        for p in c.all_proxies():
-            p.close()
+        c.stop()

@@ -155,3 +155,15 @@ class MemoryLogManager:
         if lg is not None:
             lg.closed = True
         return lg is not None
+
+
+class ReplicaBroker:
+    """One broker's replica state (min.insync.replicas 2) holding one `MemoryLog` replica of
+    `tp`: the broker side of ISR unit tests that drive leaders and followers by hand."""
+
+    def __init__(self, broker_id: int, tp) -> None:
+        from partitions.replication.replica_state import ReplicaState
+        self.id = broker_id
+        self.core = ReplicaState(broker_id, min_isr_for=lambda topic: 2)
+        self.log = MemoryLog()
+        self.part = self.core.add_replica(tp, self.log)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from partitions.clock import ManualClock
 from partitions.log import record_batch as rb
 from partitions.log.protocols import TopicPartition
-from partitions.replication.replica_state import LeaderAndIsr, ReplicaState
-from tests.unit.replication.fake_log import MemoryLog
+from partitions.replication.replica_state import LeaderAndIsr
+from tests.unit.replication.fake_log import ReplicaBroker
 
 TP = TopicPartition("t", 0)
 LAG_MS = 3_000            # the chaos cluster's replica_lag_time_max_ms
@@ -30,21 +30,13 @@ def batch() -> bytes:
     return rb.build_batch([rb.Record(None, b"v", timestamp=1)])
 
 
-class Broker:
-    def __init__(self, broker_id: int) -> None:
-        self.id = broker_id
-        self.core = ReplicaState(broker_id, min_isr_for=lambda topic: 2)
-        self.log = MemoryLog()
-        self.part = self.core.add_replica(TP, self.log)
-
-
 class Rig:
     """Leader 1, followers 2 and 3; `commit` plays the controller (each proposal commits at
     once, partition epoch + 1) and records every ISR the metadata held."""
 
     def __init__(self) -> None:
         self.clock = ManualClock()
-        self.brokers = {i: Broker(i) for i in (1, 2, 3)}
+        self.brokers = {i: ReplicaBroker(i, TP) for i in (1, 2, 3)}
         self.leader = self.brokers[1]
         self.partition_epoch = 0
         self.history: list[tuple[int, list[int]]] = []

@@ -11,8 +11,8 @@ from __future__ import annotations
 from partitions.clock import ManualClock
 from partitions.log import record_batch as rb
 from partitions.log.protocols import TopicPartition
-from partitions.replication.replica_state import LeaderAndIsr, ReplicaState
-from tests.unit.replication.fake_log import MemoryLog
+from partitions.replication.replica_state import LeaderAndIsr
+from tests.unit.replication.fake_log import ReplicaBroker
 
 TP = TopicPartition("t", 0)
 LAG_MS = 30_000
@@ -23,15 +23,7 @@ def batch(n: int = 1) -> bytes:
     return rb.build_batch([rb.Record(None, b"v", timestamp=1) for _ in range(n)])
 
 
-class Broker:
-    def __init__(self, broker_id: int) -> None:
-        self.id = broker_id
-        self.core = ReplicaState(broker_id, min_isr_for=lambda topic: 2)
-        self.log = MemoryLog()
-        self.part = self.core.add_replica(TP, self.log)
-
-
-def fetch(leader: Broker, follower: Broker, now_ms: int, max_bytes: int = 1 << 20) -> None:
+def fetch(leader: ReplicaBroker, follower: ReplicaBroker, now_ms: int, max_bytes: int = 1 << 20) -> None:
     res, effects = leader.core.replica_read(TP, replica_id=follower.id, offset=follower.log.log_end_offset,
                                             leader_epoch=leader.part.leader_epoch, max_bytes=max_bytes,
                                             now_ms=now_ms)
@@ -39,19 +31,19 @@ def fetch(leader: Broker, follower: Broker, now_ms: int, max_bytes: int = 1 << 2
                                   res.log_start_offset)
 
 
-def cluster(clock: ManualClock) -> tuple[Broker, Broker, Broker]:
-    brokers = Broker(1), Broker(2), Broker(3)
+def cluster(clock: ManualClock) -> tuple[ReplicaBroker, ReplicaBroker, ReplicaBroker]:
+    brokers = ReplicaBroker(1, TP), ReplicaBroker(2, TP), ReplicaBroker(3, TP)
     for b in brokers:
         b.core.apply_leader_and_isr(TP, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 0), now_ms=clock.now_ms())
     return brokers
 
 
-def isr_changes(leader: Broker, clock: ManualClock, silence_ms: int | None = SILENCE_MS):
+def isr_changes(leader: ReplicaBroker, clock: ManualClock, silence_ms: int | None = SILENCE_MS):
     return [isr for _, isr in leader.core.isr_changes(clock.now_ms(), lambda topic: LAG_MS,
                                                       replica_fetch_silence_max_ms=silence_ms)]
 
 
-def produce_acks_all(leader: Broker) -> object:
+def produce_acks_all(leader: ReplicaBroker) -> object:
     """Append one record and park an acks=all waiter on it (as the produce route does)."""
     info, _ = leader.core.append_as_leader(TP, batch(), required_min_isr=2)
     waiter = object()
