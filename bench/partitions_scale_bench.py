@@ -465,15 +465,33 @@ def fetch_poll(n: int, rounds: int) -> None:
 
 def failover_pipeline(n: int) -> None:
     """In-process: the metadata side of a kill -9 at `n` partitions (10 topics, RF=3, 3
-    brokers; broker 2, leading a third, is fenced). CPU time of the critical path until every
-    partition it led has its new leader on the surviving replica managers (controller
-    decision, plain-data form, one controller's state machine apply, feed pages as JSON,
-    FeedState and ReplicaManager.apply_metadata on both survivors, in-memory logs), and of
-    every entry of the fencing (the ISR removals that follow)."""
+    brokers; broker 2, leading a third, is fenced). CPU time (process_time) of each stage of
+    the metadata path, for the critical path (the entries until every partition broker 2 led
+    has its new leader on the surviving replica managers) and for every entry of the fencing
+    (the ISR removals that follow):
+
+    - decide: the active controller's `fence_broker` / `maintenance` (controller.py);
+    - plain data: `record_to_dict` of the decided records (the raft entry);
+    - raft entry pickle / unpickle: pysyncobj's encoding of the entry (pickled once by the
+      leader, unpickled by each follower controller);
+    - state machine apply: one controller's `MetadataStateMachine.apply` (all 3 run it);
+    - feed encode: the controller's page texts (`records_since_json`, each record encoded
+      once, cached for every broker) in pages of 5,000 records;
+    - feed decode / FeedState / apply_metadata: per surviving broker (both run them): the
+      page JSON decode, `FeedState.accept` (records, image clone, replay) and
+      `ReplicaManager.apply_metadata` (in-memory logs).
+
+    "one chain": the stages one record passes in turn (decide + plain data + pickle +
+    unpickle + one controller's apply + feed encode + one broker's decode, FeedState and
+    apply_metadata): in the cluster the 3 controllers and 2 brokers run their copies in
+    parallel (on 2 cores)."""
     import json as _json
     import random
 
+    from pysyncobj import pickle as _pickle
+
     from metadata_quorum.controller import QuorumController
+    from metadata_quorum.controller_server import feed_page_text
     from metadata_quorum.feed import FeedState
     from metadata_quorum.records import LeaderChangeRecord, UnfenceBrokerRecord, record_to_dict
     from metadata_quorum.state_machine import MetadataStateMachine
@@ -494,6 +512,9 @@ def failover_pipeline(n: int) -> None:
     for i in range(10):
         write(c.create_topic(sm.image, f"scale{i}", n // 10, 3))
     led = {(t.name, p.partition) for t in sm.image.topics.values() for p in t.partitions.values() if p.leader == 2}
+    stages = ("decide (controller.py)", "plain data (record_to_dict)", "raft entry pickle", "raft entry unpickle",
+              "state machine apply (each controller)", "feed encode (once, cached)",
+              "feed decode (each broker)", "FeedState.accept (each broker)", "apply_metadata (each broker)")
 
     async def go() -> None:
         feeds, rms = {}, {}
@@ -502,23 +523,49 @@ def failover_pipeline(n: int) -> None:
             feeds[b].accept({"records": sm.records_since(0, 10 ** 9), "metadata_offset": sm.image.offset})
             rms[b] = ReplicaManager(b, MemoryLogManager())
             await rms[b].apply_metadata(feeds[b].image)
+        clock = time.process_time
 
         async def entry(decide) -> tuple | None:
-            t0 = time.process_time()
+            cost = dict.fromkeys(stages, 0.0)
+            t0 = clock()
             recs = decide(sm.image)
+            t1 = clock()
+            cost[stages[0]] = t1 - t0
             if not recs:
                 return None
             base = sm.image.offset
-            write(recs)
+            e = {"request_id": None, "controller_epoch": sm.image.controller_epoch,
+                 "records": [record_to_dict(x) for x in recs]}
+            t2 = clock()
+            cost[stages[1]] = t2 - t1
+            data = _pickle.dumps(e)
+            t3 = clock()
+            e = _pickle.loads(data)
+            t4 = clock()
+            r = sm.apply([e])[0]
+            t5 = clock()
+            assert r["ok"], r
+            cost[stages[2]], cost[stages[3]], cost[stages[4]] = t3 - t2, t4 - t3, t5 - t4
+            pages, off = [], base
+            while off < sm.image.offset:
+                texts = sm.records_since_json(off, 5000)
+                off += len(texts)
+                pages.append(feed_page_text(sm.image.cluster_id, texts, sm.image.offset))
+            cost[stages[5]] = clock() - t5
             for b in (1, 3):
-                off, ch = base, None
-                while off < sm.image.offset:
-                    page = sm.records_since(off, 5000)
-                    off += len(page)
-                    body = _json.loads(_json.dumps({"records": page, "metadata_offset": sm.image.offset}))
+                ch = None
+                for text in pages:
+                    t6 = clock()
+                    body = _json.loads(text)
+                    t7 = clock()
                     ch = feeds[b].accept(body) or ch
+                    t8 = clock()
+                    cost[stages[6]] += (t7 - t6) / 2
+                    cost[stages[7]] += (t8 - t7) / 2
+                t9 = clock()
                 await rms[b].apply_metadata(ch.image, ch.records)
-            return time.process_time() - t0, len(recs)
+                cost[stages[8]] += (clock() - t9) / 2
+            return cost, len(recs)
 
         def writable() -> bool:
             def leads(b: int, k: tuple) -> bool:
@@ -526,21 +573,28 @@ def failover_pipeline(n: int) -> None:
                 return part is not None and part.is_leader
             return all(leads(1, k) or leads(3, k) for k in led)
         crit = None
-        total = 0.0
+        total = dict.fromkeys(stages, 0.0)
         entries = []
         decide = lambda img: c.fence_broker(img, 2)   # noqa: E731
         while True:
             res = await entry(decide)
             if res is None:
                 break
-            total += res[0]
+            for k, v in res[0].items():
+                total[k] += v
             entries.append(res[1])
             if crit is None and writable():
-                crit = total
+                crit = dict(total)
             decide = lambda img: c.maintenance(img, 0)   # noqa: E731 - the follow-up entries
         row(f"{n} partitions, {len(led)} led by the fenced broker: entries (records)", " + ".join(map(str, entries)))
-        row("CPU until every partition it led has a new leader (critical path)", "not reached" if crit is None else f"{crit * 1000:.0f} ms")
-        row("CPU of every entry of the fencing", f"{total * 1000:.0f} ms")
+        row("stage: CPU ms critical path / all entries", "")
+        for k in stages:
+            row(f"  {k}", f"{'-' if crit is None else f'{crit[k] * 1000:.0f}'} / {total[k] * 1000:.0f}")
+        row("  one chain (a record through every stage once)",
+            f"{'not reached' if crit is None else f'{sum(crit.values()) * 1000:.0f}'} / {sum(total.values()) * 1000:.0f}")
+        row("  metadata path without decide / apply_metadata", (
+            f"{'-' if crit is None else f'{(sum(crit.values()) - crit[stages[0]] - crit[stages[8]]) * 1000:.0f}'} / "
+            f"{(sum(total.values()) - total[stages[0]] - total[stages[8]]) * 1000:.0f}"))
     asyncio.run(go())
 
 
