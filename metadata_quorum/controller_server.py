@@ -117,6 +117,10 @@ class ControllerConfig:
     # proxy or load balancer that accepts for it)
     broker_silence_probe_timeout_ms: int = 300
     broker_silence_probe_answer_timeout_ms: int = 1000
+    # a connected probe left unanswered is tried this many times in a row before it counts (a
+    # live broker whose event loop is busy for a second applying a large metadata change, e.g.
+    # another broker's fencing at 30,000 partitions, answers the next one; a stopped one does not)
+    broker_silence_probe_answer_attempts: int = 2
     propose_timeout_ms: int = 5000
     long_poll_max_wait_ms: int = 30_000
     feed_records_per_response_max: int = 5000
@@ -372,7 +376,8 @@ class ControllerServer:
             epoch, url = b.epoch, b.url
             timeout_ms = self.config.broker_silence_probe_timeout_ms
             answer_ms = self.config.broker_silence_probe_answer_timeout_ms
-            outcome = await asyncio.to_thread(_probe_broker, url, timeout_ms / 1000, answer_ms / 1000)
+            outcome = await asyncio.to_thread(_probe_broker_attempts, url, timeout_ms / 1000, answer_ms / 1000,
+                                              self.config.broker_silence_probe_answer_attempts)
             if outcome == "connected":
                 self._probe_connected_ms[target] = self.clock.monotonic_ms()
                 log.info("broker %s was reported silent but %s accepts connections: not fenced (%s)", target, url,
@@ -384,9 +389,12 @@ class ControllerServer:
             why = f"{self.controller.silence_reason(target, now)}; the probe of {url}: " + {
                 "timeout": f"no connection within {timeout_ms} ms",
                 "refused": "connection refused",
-                "no-answer": f"connected, but no answer to GET /healthz within {answer_ms} ms",
+                "no-answer": (f"connected, but no answer to GET /healthz within {answer_ms} ms, "
+                              f"{self.config.broker_silence_probe_answer_attempts} time(s) in a row"),
                 "closed": "connected, but closed without an answer"}[outcome]
-            await self.write(lambda img: self.controller.fence_silent(img, target, epoch, now), reason=why)
+            result = await self.write(lambda img: self.controller.fence_silent(img, target, epoch, now), reason=why)
+            if not result.get("noop"):
+                log.warning("fenced silent broker %s: %s", target, why)
         except KraftlogError as exc:
             log.info("fencing silent broker %s failed: %s", target, exc)
         except Exception:
@@ -894,6 +902,18 @@ def _probe_broker(url: Optional[str], connect_timeout_s: float, answer_timeout_s
             return "no-answer"
         except OSError:
             return "closed"
+
+
+def _probe_broker_attempts(url: Optional[str], connect_timeout_s: float, answer_timeout_s: float,
+                           attempts: int) -> str:
+    """`_probe_broker`, tried again (up to `attempts` in all) while it says "no-answer": a
+    busy process answers a later probe, a stopped one none of them."""
+    outcome = _probe_broker(url, connect_timeout_s, answer_timeout_s)
+    for _ in range(max(1, attempts) - 1):
+        if outcome != "no-answer":
+            break
+        outcome = _probe_broker(url, connect_timeout_s, answer_timeout_s)
+    return outcome
 
 
 # error answers as json_response gave them (charset=utf-8); never crash on a request

@@ -167,3 +167,65 @@ def test_the_probe_tells_a_serving_broker_from_a_stopped_or_missing_one():
     port = silent.getsockname()[1]
     silent.close()
     assert _probe_broker(f"http://127.0.0.1:{port}", 0.5, 0.3) == "refused"
+
+
+def test_a_busy_broker_answers_the_second_probe_a_stopped_one_none():
+    """A connected probe left unanswered is tried again before it counts
+    (`broker_silence_probe_answer_attempts`, 2): a broker whose event loop is busy for a
+    little more than the answer timeout (applying a large metadata change) answers the second
+    probe and is not fenced; a listener that never answers (a stopped process) is "no-answer"
+    after every attempt. With a single attempt the busy broker would count as stopped."""
+    import socket
+    import threading
+
+    import dataclasses
+
+    from metadata_quorum.controller_server import ControllerConfig, _probe_broker_attempts
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ControllerConfig)}
+    assert defaults["broker_silence_probe_answer_attempts"] == 2
+
+    def busy_listener(busy_s: float):
+        """Accepts (the kernel does), but serves nobody for `busy_s`, then answers every
+        connection still open."""
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        stop = threading.Event()
+
+        def serve():
+            if stop.wait(busy_s):
+                return
+            s.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    continue
+                with conn:
+                    try:
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    except OSError:
+                        pass   # the first probe gave up on this connection already
+        threading.Thread(target=serve, daemon=True).start()
+        return s, stop, f"http://127.0.0.1:{s.getsockname()[1]}"
+
+    s, stop, url = busy_listener(1.3)
+    try:
+        assert _probe_broker_attempts(url, 0.5, 1.0, 1) == "no-answer"   # the old rule: fenced
+    finally:
+        stop.set()
+        s.close()
+    s, stop, url = busy_listener(1.3)
+    try:
+        assert _probe_broker_attempts(url, 0.5, 1.0, 2) == "connected"   # busy 1.3 s: the second probe is answered
+    finally:
+        stop.set()
+        s.close()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)                                                    # stopped: never answers
+    try:
+        assert _probe_broker_attempts(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.5, 0.3, 2) == "no-answer"
+    finally:
+        silent.close()
