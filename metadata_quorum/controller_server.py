@@ -392,9 +392,7 @@ class ControllerServer:
                 "no-answer": (f"connected, but no answer to GET /healthz within {answer_ms} ms, "
                               f"{self.config.broker_silence_probe_answer_attempts} time(s) in a row"),
                 "closed": "connected, but closed without an answer"}[outcome]
-            result = await self.write(lambda img: self.controller.fence_silent(img, target, epoch, now), reason=why)
-            if not result.get("noop"):
-                log.warning("fenced silent broker %s: %s", target, why)
+            await self.write(lambda img: self.controller.fence_silent(img, target, epoch, now), reason=why)
         except KraftlogError as exc:
             log.info("fencing silent broker %s failed: %s", target, exc)
         except Exception:
@@ -829,7 +827,7 @@ def _log_decisions(records: list, before: dict, reason: Optional[str]) -> None:
     why = reason or "controller decision"
     for r in records:
         if isinstance(r, FenceBrokerRecord):
-            log.info("fenced broker %s (epoch %s): %s", r.broker_id, r.broker_epoch, why)
+            log.warning("fenced broker %s (epoch %s): %s", r.broker_id, r.broker_epoch, why)
         elif isinstance(r, UnfenceBrokerRecord):
             log.info("unfenced broker %s (epoch %s): %s", r.broker_id, r.broker_epoch, why)
         elif isinstance(r, RegisterBrokerRecord):
