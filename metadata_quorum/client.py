@@ -24,6 +24,7 @@ import aiohttp
 
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.feed import FeedState
+from metadata_quorum.state_machine import FullCollectionHold
 
 log = logging.getLogger("kraftlog.controller_client")
 
@@ -480,9 +481,16 @@ class MetadataFollower:
 
     def __init__(self, client: ControllerClient, on_change: Optional[Callable] = None, *,
                  max_wait_ms: int = 10_000, error_backoff_ms: int = 200,
-                 records_per_request_max: Optional[int] = None, clock: Callable[[], float] = time.monotonic):
+                 records_per_request_max: Optional[int] = None, clock: Callable[[], float] = time.monotonic,
+                 gc_freeze_min_records: int = 0):
         self.client = client
         self.on_change = on_change
+        # a change of at least this many records (a broker fencing, a large create) is
+        # fetched, built and applied with full garbage collections held off, and frozen out
+        # of later ones when published (FullCollectionHold); 0: never touch the collector
+        # (in-process tests). The broker passes GC_FREEZE_MIN_RECORDS_DEFAULT.
+        self.gc_freeze_min_records = gc_freeze_min_records
+        self._gc_hold = FullCollectionHold()
         self.max_wait_ms = max_wait_ms
         self.error_backoff_ms = error_backoff_ms
         self.records_per_request_max = records_per_request_max   # None: the controller's page size
@@ -518,7 +526,28 @@ class MetadataFollower:
                                                   max_records=self.records_per_request_max)
 
     async def _apply(self, body: dict) -> bool:
+        try:
+            return await self._apply_change(body)
+        finally:
+            if not self.feed.pending:   # the change is published (or was dropped): collections back on
+                self._gc_hold.release(freeze=True)
+
+    def _large_change(self, body: dict) -> bool:
+        if not self.gc_freeze_min_records:
+            return False
+        # the records up to the controller's applied offset are committed and come next
+        # (a change's first page already tells how large it is)
+        size = max(len(self.feed.pending) + len(body.get("records") or ()),
+                   (body.get("metadata_offset") or 0) - self.feed.image.offset)
+        snapshot = body.get("snapshot")
+        if isinstance(snapshot, dict):
+            size += sum(len(t.get("partitions") or ()) for t in snapshot.get("topics") or ())
+        return size >= self.gc_freeze_min_records
+
+    async def _apply_change(self, body: dict) -> bool:
         self.last_answer_at = self._clock()
+        if self._large_change(body):
+            self._gc_hold.hold()   # until published: the next pages' fetches run under it too
         steps = self.feed.accept_in_steps(body, FEED_CHUNK_RECORDS)
         while True:   # a change of thousands of partitions is built in chunks: the loop serves meanwhile
             try:
@@ -573,16 +602,19 @@ class MetadataFollower:
         return fetch.result()
 
     async def run(self) -> None:
-        while not self._stopped:
-            try:
-                body = await self._fetch_following_active()
-                if body is not None:
-                    await self._apply(body)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.info("metadata feed poll failed: %s", exc)
-                await asyncio.sleep(self.error_backoff_ms / 1000)
+        try:
+            while not self._stopped:
+                try:
+                    body = await self._fetch_following_active()
+                    if body is not None:
+                        await self._apply(body)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.info("metadata feed poll failed: %s", exc)
+                    await asyncio.sleep(self.error_backoff_ms / 1000)
+        finally:
+            self._gc_hold.release(freeze=False)   # stopped in the middle of a change
 
     async def wait_for_offset(self, offset: int, timeout: float) -> bool:
         """Wait until the image has applied `offset` records; False on timeout."""

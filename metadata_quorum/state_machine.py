@@ -100,6 +100,38 @@ def feed_item_text(offset: int, record: dict) -> str:
     return json.dumps({"offset": offset, "record": record})
 
 
+class FullCollectionHold:
+    """Holds off full (generation 2) garbage collections while a large metadata change is
+    built, then moves what it built out of later full collections (gc.freeze()). A full
+    collection walks every tracked object of the process with the GIL held, and a change of
+    tens of thousands of records allocates enough to trigger several. Used by the state
+    machine's apply (raft thread) and the broker's MetadataFollower (event loop; a change
+    spans several feed answers, so `hold` and `release` are separate calls). Not
+    re-entrant: `hold` while held does nothing; `release` restores the threshold `hold` saw."""
+
+    def __init__(self) -> None:
+        self._saved: Optional[tuple] = None
+        self.freezes = 0
+
+    @property
+    def held(self) -> bool:
+        return self._saved is not None
+
+    def hold(self) -> None:
+        if self._saved is None:
+            self._saved = gc.get_threshold()
+            gc.set_threshold(self._saved[0], self._saved[1], 1 << 30)
+
+    def release(self, freeze: bool) -> None:
+        if self._saved is None:
+            return
+        if freeze:
+            gc.freeze()
+            self.freezes += 1
+        gc.set_threshold(*self._saved)
+        self._saved = None
+
+
 class MetadataStateMachine:
     """Image + feed tail + applied request ids. Invariant: tail holds records with offsets
     [tail_start, image.offset) contiguously."""
@@ -152,13 +184,12 @@ class MetadataStateMachine:
         if not self.gc_freeze_min_records or records < self.gc_freeze_min_records:
             yield
             return
-        thresholds = gc.get_threshold()
-        gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
+        hold = FullCollectionHold()
+        hold.hold()
         try:
             yield
         finally:
-            gc.freeze()   # the image is long-lived: later full collections skip it
-            gc.set_threshold(*thresholds)
+            hold.release(freeze=True)   # the image is long-lived: later full collections skip it
             self.gc_freezes += 1
 
     def _apply_entry(self, entry: dict) -> dict:

@@ -60,3 +60,79 @@ def test_feed_item_text_is_exactly_json_dumps_for_every_shape():
     for record in shapes:
         for offset in (0, 7, 123456789):
             assert feed_item_text(offset, record) == json.dumps({"offset": offset, "record": record}), record
+
+
+# ---------------------------------------------------------------- broker: full collections
+import asyncio   # noqa: E402
+import gc   # noqa: E402
+
+import pytest   # noqa: E402
+
+from metadata_quorum.client import MetadataFollower   # noqa: E402
+
+_HELD = 1 << 30
+
+
+@pytest.fixture
+def unfrozen():
+    gc.unfreeze()
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()   # do not leave this process's objects frozen for the next tests
+    assert gc.get_threshold() == thresholds
+
+
+class _PagedFeed:
+    """A controller feed of `sm`'s records in pages of `page` records; notes the gen-2
+    collection threshold at every request."""
+
+    def __init__(self, sm, page: int) -> None:
+        self.sm, self.page, self.thresholds = sm, page, []
+
+    async def metadata_records(self, after, max_wait_ms=0, max_records=None):
+        self.thresholds.append(gc.get_threshold()[2])
+        return {"cluster_id": "c", "records": self.sm.records_since(after, self.page),
+                "metadata_offset": self.sm.image.offset}
+
+
+def _follower(feed, min_records, seen):
+    def on_change(image, records):
+        seen.append((len(records) if records is not None else None, gc.get_threshold()[2],
+                     gc.get_freeze_count()))
+    return MetadataFollower(feed, on_change, max_wait_ms=0, gc_freeze_min_records=min_records)
+
+
+def _catch_up(follower, sm) -> None:
+    async def go():
+        while follower.offset < sm.image.offset:
+            await follower.poll_once()
+    asyncio.run(go())
+
+
+def test_a_large_change_is_fetched_built_and_applied_without_full_collections_then_frozen(unfrozen):
+    h = Harness()
+    h.create("small", partitions=10, rf=3)
+    feed = _PagedFeed(h.sm, 500)
+    seen: list = []
+    follower = _follower(feed, 1000, seen)
+    _catch_up(follower, h.sm)
+    assert seen[-1][1] != _HELD and gc.get_freeze_count() == 0   # 1,000+ records, but in small changes
+    feed.thresholds.clear()
+    h.create("big", partitions=1500, rf=3)   # one change of 1,501 records, in 4 pages of 500
+    _catch_up(follower, h.sm)
+    assert follower.image.partition_count() == 1510
+    assert seen[-1] == (1501, _HELD, 0), seen   # applied (the replica manager) held, frozen once published
+    assert feed.thresholds[0] != _HELD and feed.thresholds[1:] == [_HELD] * 3, feed.thresholds   # pages 2-4 held
+    assert gc.get_freeze_count() > 1500        # the new image is out of later full collections
+    assert gc.get_threshold()[2] != _HELD
+
+
+def test_small_changes_and_the_zero_setting_leave_the_collector_alone(unfrozen):
+    h = Harness()
+    h.create("small", partitions=10, rf=3)
+    seen: list = []
+    _catch_up(_follower(_PagedFeed(h.sm, 500), 1000, seen), h.sm)
+    h.create("big", partitions=1500, rf=3)
+    _catch_up(_follower(_PagedFeed(h.sm, 500), 0, seen), h.sm)
+    assert seen and all(s[1] != _HELD for s in seen), seen
+    assert gc.get_freeze_count() == 0
