@@ -83,6 +83,7 @@ class Broker:
 
     async def start(self) -> None:
         from metadata_quorum.client import BrokerLifecycle, ControllerClient, MetadataFollower
+        from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT
         from metadata_quorum.feed import change_of
         from partitions.log.config import LogConfig
         from partitions.log.log_manager import LogManager
@@ -152,7 +153,8 @@ class Broker:
                          image.offset, (time.monotonic() - t0) * 1000)
 
         # short metadata long polls: a controller shutting down waits for open polls to end
-        self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS)
+        self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS,
+                                         gc_freeze_min_records=GC_FREEZE_MIN_RECORDS_DEFAULT)
         self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
         self.lifecycle.incarnation_id = self.lifecycle_incarnation
         self.lifecycle.clean_shutdown = self.log_manager.clean_shutdown
