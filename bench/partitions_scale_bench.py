@@ -494,11 +494,27 @@ def failover_pipeline(n: int) -> None:
     from metadata_quorum.controller_server import feed_page_text
     from metadata_quorum.feed import FeedState
     from metadata_quorum.records import LeaderChangeRecord, UnfenceBrokerRecord, record_to_dict
-    from metadata_quorum.state_machine import MetadataStateMachine
+    from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, MetadataStateMachine
     from partitions.replication.replica_manager import ReplicaManager
     from tests.unit.replication.fake_log import MemoryLogManager
+    try:   # brokers hold full collections off during a large change (since 0162983)
+        from metadata_quorum.state_machine import FullCollectionHold
+    except ImportError:
+        FullCollectionHold = None
+    import gc
 
-    sm = MetadataStateMachine(feed_retained_records=10 ** 7)
+    full_gcs = [0, 0.0, 0.0]   # full collections: count, CPU seconds, start
+
+    def on_gc(phase: str, info: dict) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                full_gcs[2] = time.process_time()
+            else:
+                full_gcs[0] += 1
+                full_gcs[1] += time.process_time() - full_gcs[2]
+    gc.callbacks.append(on_gc)
+    # as the controller process runs it: full collections held off during a large apply
+    sm = MetadataStateMachine(feed_retained_records=10 ** 7, gc_freeze_min_records=GC_FREEZE_MIN_RECORDS_DEFAULT)
     c = QuorumController(rng=random.Random(1))
 
     def write(recs: list) -> None:
@@ -554,9 +570,13 @@ def failover_pipeline(n: int) -> None:
             cost[stages[5]] = clock() - t5
             for b in (1, 3):
                 ch = None
+                # as MetadataFollower does from the first page of a large change on
+                hold = FullCollectionHold() if FullCollectionHold and len(recs) >= GC_FREEZE_MIN_RECORDS_DEFAULT else None
                 for text in pages:
                     t6 = clock()
                     body = _json.loads(text)
+                    if hold is not None:
+                        hold.hold()
                     t7 = clock()
                     ch = feeds[b].accept(body) or ch
                     t8 = clock()
@@ -564,6 +584,8 @@ def failover_pipeline(n: int) -> None:
                     cost[stages[7]] += (t8 - t7) / 2
                 t9 = clock()
                 await rms[b].apply_metadata(ch.image, ch.records)
+                if hold is not None:
+                    hold.release(freeze=True)
                 cost[stages[8]] += (clock() - t9) / 2
             return cost, len(recs)
 
@@ -574,6 +596,8 @@ def failover_pipeline(n: int) -> None:
             return all(leads(1, k) or leads(3, k) for k in led)
         crit = None
         total = dict.fromkeys(stages, 0.0)
+        full_gcs[:2] = [0, 0.0]
+        crit_gcs = None
         entries = []
         decide = lambda img: c.fence_broker(img, 2)   # noqa: E731
         while True:
@@ -585,6 +609,7 @@ def failover_pipeline(n: int) -> None:
             entries.append(res[1])
             if crit is None and writable():
                 crit = dict(total)
+                crit_gcs = list(full_gcs[:2])
             decide = lambda img: c.maintenance(img, 0)   # noqa: E731 - the follow-up entries
         row(f"{n} partitions, {len(led)} led by the fenced broker: entries (records)", " + ".join(map(str, entries)))
         row("stage: CPU ms critical path / all entries", "")
@@ -595,7 +620,12 @@ def failover_pipeline(n: int) -> None:
         row("  metadata path without decide / apply_metadata", (
             f"{'-' if crit is None else f'{(sum(crit.values()) - crit[stages[0]] - crit[stages[8]]) * 1000:.0f}'} / "
             f"{(sum(total.values()) - total[stages[0]] - total[stages[8]]) * 1000:.0f}"))
+        row("  full collections in the stages above (count, CPU ms)",
+            f"{'-' if crit_gcs is None else f'{crit_gcs[0]}, {crit_gcs[1] * 1000:.0f}'} / "
+            f"{full_gcs[0]}, {full_gcs[1] * 1000:.0f}")
     asyncio.run(go())
+    gc.callbacks.remove(on_gc)
+    gc.unfreeze()
 
 
 def main(argv: list | None = None) -> None:
