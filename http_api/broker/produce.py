@@ -14,6 +14,7 @@ import aiohttp
 
 from http_api.broker.context import Routes, json_response, partition_param
 from http_api.broker.producer_ids import ProducerIdAllocator
+from http_api.loop_slices import gather_in_slices
 from http_api.broker import txn_verification
 from http_api.wire import codecs
 from http_api.wire.auth import forwarding_headers
@@ -79,7 +80,9 @@ class ProduceRoutes(Routes):
                  for p, idx in by_partition.items()}
         self.metrics.produce_bytes.inc(len(body))
         self.metrics.produce_records.inc(len(records))
-        results = await asyncio.gather(*(self._append_anywhere(name, p, built[p], acks) for p in built))
+        # started a slice of partitions per turn of the loop: a request naming thousands of
+        # partitions does not hold the loop for seconds (http_api/loop_slices.py)
+        results = await gather_in_slices(lambda p: self._append_anywhere(name, p, built[p], acks), list(built))
         entries: list[dict | None] = [None] * len(records)
         first_error: KraftlogError | None = None
         for (p, idx), res in zip(by_partition.items(), results):

@@ -29,6 +29,7 @@ from http_api.kafka.protocol import API_VERSIONS, API_VERSIONS_KEY, FrameError, 
 from http_api.broker.authorization import CLUSTER, grant_hint
 from http_api.kafka.protocol import Denied
 from http_api.kafka.sasl import MECHANISMS, SaslFailed, SaslSession
+from http_api.loop_slices import gather_in_slices
 from metadata_quorum.security.acl import Operation as Op, ResourceType as RT
 from http_api.wire.auth import _current_principal   # what forwarding_headers() names (set per request)
 from http_api.kafka.records import (InvalidRecord, batches_below, check_client_batch, kafka_to_stored,
@@ -354,8 +355,9 @@ class KafkaApis:
         for t in req.topic_data:
             for p in t.partition_data:
                 jobs.append((t.name, p.index, p.records))
-        results = await asyncio.gather(*(self._produce_partition(t, p, r, acks, timeout_ms, transactional, header,
-                                                                 req.transactional_id) for t, p, r in jobs))
+        results = await gather_in_slices(   # a slice of partitions per turn of the loop (http_api/loop_slices.py)
+            lambda job: self._produce_partition(job[0], job[1], job[2], acks, timeout_ms, transactional, header,
+                                                req.transactional_id), jobs)
         if acks == ACKS_NONE:
             return NO_RESPONSE
         by_topic: dict[str, list] = {}

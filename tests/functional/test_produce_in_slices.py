@@ -1,0 +1,91 @@
+"""A produce request naming hundreds of partitions does not hold the broker's event loop for
+one long turn (issue 25): its appends are started `REQUEST_SLICE_PARTITIONS` at a time with a
+turn of the loop between slices (http_api/loop_slices.py), so heartbeats, replica fetches and
+`/healthz` are served meanwhile. At 3,334 partitions one turn used to take 1.2-1.5 s."""
+import asyncio
+
+import pytest
+
+from http_api.broker.produce import ProduceRoutes
+from http_api.loop_slices import REQUEST_SLICE_PARTITIONS, gather_in_slices
+from tests.functional.broker_harness import running_broker
+from tests.functional.fake_controller import FakeControllerClient
+
+
+class LoopTurns:
+    """Counts turns of the running event loop (a callback that re-schedules itself once per turn)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._stopped = False
+        asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        if not self._stopped:
+            self.n += 1
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._stopped = True
+
+
+async def test_gather_in_slices_starts_a_slice_per_turn_keeps_order_and_cancels_all():
+    turns = LoopTurns()
+    started: list[int] = []
+
+    async def work(i: int) -> int:
+        started.append(turns.n)
+        await asyncio.sleep(0.001)
+        return i * 2
+
+    assert await gather_in_slices(work, range(25), slice_size=10) == [i * 2 for i in range(25)]
+    per_turn: dict = {}
+    for t in started:
+        per_turn[t] = per_turn.get(t, 0) + 1
+    assert max(per_turn.values()) <= 10 and len(per_turn) >= 3, per_turn
+    # a cancelled gather cancels what it started
+    blocked = asyncio.Event()
+    made: list[asyncio.Task] = []
+
+    async def hang(_i: int) -> None:
+        made.append(asyncio.current_task())
+        await blocked.wait()
+
+    g = asyncio.ensure_future(gather_in_slices(hang, range(30), slice_size=10))
+    while len(made) < 30:
+        await asyncio.sleep(0)
+    g.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await g
+    await asyncio.sleep(0)
+    assert all(t.cancelled() for t in made)
+    turns.stop()
+
+
+async def test_a_produce_to_many_partitions_is_started_a_slice_per_turn(tmp_path, monkeypatch):
+    n = 2 * REQUEST_SLICE_PARTITIONS + 44
+    controller = FakeControllerClient()
+    async with running_broker(tmp_path, controller, 1) as b:
+        r = await b.client.post("/v1/topics", json={"name": "wide", "partitions": n, "replication_factor": 1})
+        assert r.status == 201, await r.text()
+        turns = LoopTurns()
+        started: list[int] = []
+        original = ProduceRoutes._append_anywhere
+
+        async def counted(self, topic, partition, batches, acks):
+            started.append(turns.n)
+            return await original(self, topic, partition, batches, acks)
+        monkeypatch.setattr(ProduceRoutes, "_append_anywhere", counted)
+        r = await b.client.post("/v1/topics/wide/records?acks=1",
+                                json={"records": [{"value": f"v{p}", "partition": p} for p in range(n)]})
+        body = await r.json()
+        assert r.status == 200, body
+        assert sorted(e["partition"] for e in body["offsets"]) == list(range(n))
+        assert all(e["offset"] == 0 for e in body["offsets"])
+        turns.stop()
+        per_turn: dict = {}
+        for t in started:
+            per_turn[t] = per_turn.get(t, 0) + 1
+        assert len(started) == n
+        # without slicing all n start in the same turn
+        assert max(per_turn.values()) <= REQUEST_SLICE_PARTITIONS and len(per_turn) >= 3, per_turn
