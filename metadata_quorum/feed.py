@@ -252,12 +252,15 @@ class FeedState:
             image.feed_change = ChangeInfo(None, None, self)
             self._note_behind()
             return Change(image, None, MetadataDelta(everything=True))
+        expected, pending = self.next_offset, self.pending
         for i, item in enumerate(body.get("records", [])):
-            if item["offset"] != self.next_offset:
+            if item["offset"] != expected:
                 break  # gap or overlap: ask again from our offset
-            self.pending.append(record_from_dict(item["record"]))
+            pending.append(record_from_dict(item["record"]))
+            expected += 1
             if chunk_records and i % chunk_records == chunk_records - 1:
                 yield None
+                expected = self.next_offset   # (nothing else appends; kept exact regardless)
         if controller_offset is not None:
             self.controller_offset = controller_offset
         self._note_behind()
