@@ -20,8 +20,10 @@ leader's CPU (issue 25). With a session:
 
 Follower progress of the partitions a request does not name is restated as of that
 request (their fetch offset is unchanged), but at most once per `refresh_ms` per session
-(`due_for_refresh`): that keeps a caught-up follower in the ISR and not "silent" while
-costing one walk per interval, not one per poll.
+(`due_for_refresh`): that keeps a caught-up follower in the ISR and not "silent". Caught-up
+partitions that did not change are restated by the session's clock alone
+(`FetchSession.liveness`, a `partition.FollowerLiveness`, issue 25): a restate visits only
+the session's other (`loose`) partitions, so an idle session costs next to nothing.
 
 An unknown session or an epoch other than the expected one is answered with a session
 error (`FETCH_SESSION_ID_NOT_FOUND`, `INVALID_FETCH_SESSION_EPOCH`) and no partitions; the
@@ -37,7 +39,7 @@ the leader's (`FetchSession.partitions`) after every answered request.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable
+from typing import Any, Hashable, Iterable
 
 NO_SESSION = 0
 INITIAL_EPOCH = 0
@@ -74,6 +76,7 @@ class FetchSession:
     partitions: dict = field(default_factory=dict)     # key -> CachedPartition
     dirty: set = field(default_factory=set)
     refreshed_ms: int = -1          # when unnamed partitions' progress was last restated
+    liveness: Any = None            # the follower's FollowerLiveness on this leader (None: none)
 
     def due_for_refresh(self, now_ms: int, refresh_ms: int) -> bool:
         """True (and the refresh time reset) when the unnamed partitions' follower progress
@@ -131,7 +134,8 @@ class FetchSessionCache:
             if sid != NO_SESSION and sid not in self.sessions:
                 return sid
 
-    def new_session(self, replica_id: int, partitions: Iterable[tuple[Key, int, int]], now_ms: int) -> FetchSession:
+    def new_session(self, replica_id: int, partitions: Iterable[tuple[Key, int, int]], now_ms: int,
+                    liveness: Any = None) -> FetchSession:
         """A full fetch: a new session holding [(key, fetch_offset, leader_epoch)]; the
         replica's previous session (a restarted follower) is dropped, and the least recently
         used one when the cache is full."""
@@ -142,6 +146,7 @@ class FetchSessionCache:
         while len(self.sessions) >= self.sessions_max:
             self.remove(min(self.sessions.values(), key=lambda s: s.last_used_ms).session_id)
         s = FetchSession(self._new_id(), replica_id, INITIAL_EPOCH, now_ms)   # answered() makes it 1
+        s.liveness = liveness
         self.sessions[s.session_id] = s
         self._by_replica[replica_id] = s.session_id
         for key, offset, epoch in partitions:
@@ -171,6 +176,8 @@ class FetchSessionCache:
             if c is None:
                 self._add(s, key, offset, epoch)
             else:
+                if s.liveness is not None:
+                    s.liveness.detach(key)   # restated from its new offset / epoch from now on
                 # named again: its last answer may not have been taken (the follower
                 # truncated, or skipped it); answer it this time whatever it holds
                 c.fetch_offset, c.leader_epoch = offset, epoch
@@ -223,14 +230,21 @@ class FetchSessionCache:
                     del self._by_partition[key]
         s.partitions.clear()   # a long poll still parked on it answers from nothing more
         s.dirty.clear()
+        if s.liveness is not None:
+            s.liveness.close()
 
     def _add(self, s: FetchSession, key: Key, offset: int, epoch: int) -> None:
         s.partitions[key] = CachedPartition(offset, epoch)
+        if s.liveness is not None:
+            s.liveness.loose.add(key)
         self._by_partition.setdefault(key, set()).add(s.session_id)
 
     def _discard(self, s: FetchSession, key: Key) -> None:
         if s.partitions.pop(key, None) is None:
             return
+        if s.liveness is not None:
+            s.liveness.detach(key)
+            s.liveness.loose.discard(key)
         s.dirty.discard(key)
         ids = self._by_partition.get(key)
         if ids is not None:

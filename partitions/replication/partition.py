@@ -29,17 +29,134 @@ def effective_min_insync_replicas(configured: int, replication_factor: int) -> i
     return max(1, min(configured, replication_factor))
 
 
-@dataclass
 class ReplicaState:
-    """What the leader knows about one follower replica."""
+    """What the leader knows about one follower replica.
 
-    broker_id: int
-    log_end_offset: int = -1
-    last_fetch_time_ms: int = -1
-    last_fetch_leader_log_end_offset: int = -1
-    last_caught_up_time_ms: int = -1
-    broker_epoch: int = -1      # registration of the process that fetched last (KIP-903)
-    left_isr_ms: int = -1       # when the metadata last took it out of this leader's ISR
+    While `liveness` is set, the follower's fetch session restates this partition lazily
+    (issue 25, `FollowerLiveness`): its last fetch and last caught-up times are the
+    session's `heard_ms`, read through the properties below; every writer detaches it
+    first (`FollowerLiveness.detach` writes the times down)."""
+
+    __slots__ = ("broker_id", "log_end_offset", "_fetch_ms", "last_fetch_leader_log_end_offset",
+                 "_caught_up_ms", "broker_epoch", "left_isr_ms", "liveness")
+
+    def __init__(self, broker_id: int, log_end_offset: int = -1, last_fetch_time_ms: int = -1,
+                 last_fetch_leader_log_end_offset: int = -1, last_caught_up_time_ms: int = -1,
+                 broker_epoch: int = -1, left_isr_ms: int = -1) -> None:
+        self.broker_id = broker_id
+        self.log_end_offset = log_end_offset
+        self._fetch_ms = last_fetch_time_ms
+        self.last_fetch_leader_log_end_offset = last_fetch_leader_log_end_offset
+        self._caught_up_ms = last_caught_up_time_ms
+        self.broker_epoch = broker_epoch      # registration of the process that fetched last (KIP-903)
+        self.left_isr_ms = left_isr_ms        # when the metadata last took it out of this leader's ISR
+        self.liveness: FollowerLiveness | None = None
+
+    @property
+    def last_fetch_time_ms(self) -> int:
+        lv = self.liveness
+        return self._fetch_ms if lv is None else lv.heard_ms
+
+    @last_fetch_time_ms.setter
+    def last_fetch_time_ms(self, value: int) -> None:
+        self._fetch_ms = value
+
+    @property
+    def last_caught_up_time_ms(self) -> int:
+        lv = self.liveness
+        return self._caught_up_ms if lv is None else lv.heard_ms
+
+    @last_caught_up_time_ms.setter
+    def last_caught_up_time_ms(self, value: int) -> None:
+        self._caught_up_ms = value
+
+    def _fields(self) -> tuple:
+        return (self.broker_id, self.log_end_offset, self.last_fetch_time_ms, self.last_fetch_leader_log_end_offset,
+                self.last_caught_up_time_ms, self.broker_epoch, self.left_isr_ms)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReplicaState) and self._fields() == other._fields()
+
+    __hash__ = None   # mutable
+
+    def __repr__(self) -> str:
+        return ("ReplicaState(broker_id=%r, log_end_offset=%r, last_fetch_time_ms=%r, "
+                "last_fetch_leader_log_end_offset=%r, last_caught_up_time_ms=%r, broker_epoch=%r, "
+                "left_isr_ms=%r)" % self._fields())
+
+
+class FollowerLiveness:
+    """One follower's fetch session on this leader as one clock (issue 25).
+
+    A session's request restates the progress of every partition it does not name (the
+    follower fetches again at the same offset: `Partition.restate_follower_fetch`). For a
+    partition whose follower is caught up (its fetch offset is the leader's LEO) and whose
+    state has not changed since, that restate only sets the fetch and caught-up times to the
+    request's time. Such partitions are `attached` here: a restate moves `heard_ms` once
+    instead of visiting them, and their times read as `heard_ms`.
+
+    Anything that would make the next restate of an attached partition do more (an append
+    moves the LEO, a fetch at another offset or from another registration, a role change,
+    a suspension, the session naming, forgetting or dropping it) detaches it first:
+    `detach` writes `heard_ms` into its times (exactly what the restates would have left),
+    puts it back into `loose` (the session's partitions a restate visits) and into the
+    owner's `loud` set (led partitions the ISR and silence rules must look at).
+
+    Invariants: a partition is attached to at most one liveness per follower; an attached
+    partition is in its session and not in `loose`; once `close`d nothing attaches again."""
+
+    __slots__ = ("replica_id", "broker_epoch", "heard_ms", "attached", "loose", "closed", "_loud", "_registry")
+
+    def __init__(self, replica_id: int, broker_epoch: int = -1, *, loud: set | None = None,
+                 registry: set | None = None) -> None:
+        self.replica_id = replica_id
+        self.broker_epoch = broker_epoch
+        self.heard_ms = -1
+        self.attached: dict = {}      # key -> ReplicaState
+        self.loose: set = set()       # the session's partitions not attached
+        self.closed = False
+        self._loud = loud
+        self._registry = registry
+        if registry is not None:
+            registry.add(self)
+
+    def heard(self, now_ms: int) -> None:
+        """A request of the session restates every attached partition at `now_ms`."""
+        self.heard_ms = now_ms
+
+    def attach(self, key, state: ReplicaState) -> None:
+        if self.closed or state.liveness is self:
+            return
+        if state.liveness is not None:
+            state.liveness.detach(key)
+        state.liveness = self
+        self.attached[key] = state
+        self.loose.discard(key)
+
+    def detach(self, key) -> None:
+        """`key` is no longer restated by moving `heard_ms` (see the class docstring)."""
+        state = self.attached.pop(key, None)
+        if state is None:
+            return
+        if state.liveness is self:
+            state._fetch_ms = state._caught_up_ms = self.heard_ms
+            state.liveness = None
+        if not self.closed:
+            self.loose.add(key)
+        if self._loud is not None:
+            self._loud.add(key)
+
+    def detach_all(self) -> None:
+        for key in list(self.attached):
+            self.detach(key)
+
+    def close(self) -> None:
+        """The session is gone: its partitions keep the times of its last request."""
+        self.closed = True
+        self.detach_all()
+        self.loose.clear()
+        if self._registry is not None:
+            self._registry.discard(self)
 
 
 @dataclass
@@ -79,6 +196,7 @@ class Partition:
         A new leader epoch resets follower state: followers must fetch again before
         they count towards the high watermark beyond what the log already had.
         """
+        self.settle_followers()
         if self.is_stale(leader_epoch, partition_epoch):
             return False
         new_epoch = leader_epoch != self.leader_epoch or not self.is_leader
@@ -115,6 +233,7 @@ class Partition:
                       leader_epoch: int, partition_epoch: int, log_end_offset: int,
                       high_watermark: int) -> bool:
         """Become (or stay) a follower of `leader_id`. Returns False for stale metadata."""
+        self.settle_followers()
         if self.is_stale(leader_epoch, partition_epoch):
             return False
         self.replicas = list(replicas)
@@ -128,10 +247,21 @@ class Partition:
         self.pending_isr_additions = set()
         return True
 
+    def settle_followers(self) -> None:
+        """Detach every follower from its session's liveness (`FollowerLiveness.detach`):
+        its times are written down before this partition's state changes."""
+        key = None
+        for state in self.remote_replicas.values():
+            if state.liveness is not None:
+                key = key or (self.topic, self.partition)
+                state.liveness.detach(key)
+
     # ---- offsets ------------------------------------------------------------------------
 
     def update_local_log_end_offset(self, log_end_offset: int) -> bool:
         """Record the local LEO after an append; returns True when the HW moved."""
+        if log_end_offset != self.local_log_end_offset:
+            self.settle_followers()   # the next restate of a follower differs now
         self.local_log_end_offset = log_end_offset
         return self.maybe_increment_high_watermark()
 
@@ -152,6 +282,8 @@ class Partition:
         if state is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"broker {broker_id} is not a replica of {self.topic}-{self.partition}")
+        if state.liveness is not None:
+            state.liveness.detach((self.topic, self.partition))
         if broker_epoch != state.broker_epoch:
             state.broker_epoch = broker_epoch
             state.last_fetch_leader_log_end_offset = -1
@@ -170,6 +302,8 @@ class Partition:
         True, or does nothing and returns False when that would do more than refresh the
         follower's liveness (another offset or registration, not leader): call it then."""
         state = self.remote_replicas.get(broker_id)
+        if state is not None and state.liveness is not None:
+            state.liveness.detach((self.topic, self.partition))
         if (not self.is_leader or state is None or broker_epoch != state.broker_epoch
                 or fetch_offset != state.log_end_offset):
             return False

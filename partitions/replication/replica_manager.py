@@ -127,6 +127,7 @@ class ReplicaManager:
         self.fetch_sessions = FetchSessionCache()
         self.fetch_session_refresh_ms = FETCH_SESSION_REFRESH_MS
         self._session_waiters: dict[int, asyncio.Future] = {}
+        self.restate_visits = 0   # partitions restated one by one (tests, benchmarks)
         self._long_polls = 0
         self.replica_fetches_waiting = 0   # follower long polls parked here (metrics)
         self._closing = False
@@ -654,7 +655,7 @@ class ReplicaManager:
         mono = self._monotonic_ms()
         named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch) for r in requests]
         if session_id == NO_SESSION:
-            s = cache.new_session(replica_id, named, mono)
+            s = cache.new_session(replica_id, named, mono, liveness=self.core.open_liveness(replica_id, broker_epoch))
             keys = [k for k, _, _ in named]
             keys = cache.take_dirty(s, keys)
         else:
@@ -712,23 +713,51 @@ class ReplicaManager:
         """The session's partitions not read in this request keep their fetch offsets:
         record them as fetched now (follower liveness for the ISR and silence rules). ->
         partitions whose leadership changed under the session (read them: the follower
-        gets their error)."""
+        gets their error).
+
+        Issue 25: the caught-up, unchanged partitions are attached to the session's clock
+        (`FollowerLiveness`) and restated by moving it; only the others (`loose`: lagging,
+        changed, just added, stale) are visited, and those that are caught up afterwards
+        attach."""
         now = self._clock_ms()
         stale = []
         suspended = self.core.suspended
-        for key, c in s.partitions.items():
-            if key in skip:
-                continue
+        lv = s.liveness
+        if lv is None:
+            items = [(key, c) for key, c in s.partitions.items() if key not in skip]
+        else:
+            if broker_epoch != lv.broker_epoch:   # another registration: restate each one
+                lv.detach_all()
+                lv.broker_epoch = broker_epoch
+            for key in skip:
+                lv.detach(key)   # read by this request instead
+            lv.heard(now)
+            items = []
+            for key in list(lv.loose):
+                c = s.partitions.get(key)
+                if c is None:
+                    lv.loose.discard(key)
+                elif key not in skip:
+                    items.append((key, c))
+        self.restate_visits += len(items)
+        for key, c in items:
             part = self.partitions.get(key)
             if part is None or not part.is_leader or part.leader_epoch != c.leader_epoch or key in suspended:
                 stale.append(key)
                 continue
-            if part.restate_follower_fetch(replica_id, c.fetch_offset, now, broker_epoch):
-                continue   # only its liveness moved (the common case): no HW work
-            try:
-                self._carry_out(self.core.follower_fetched(key, replica_id, c.fetch_offset, now, broker_epoch))
-            except KraftlogError:
-                stale.append(key)
+            if not part.restate_follower_fetch(replica_id, c.fetch_offset, now, broker_epoch):
+                try:
+                    self._carry_out(self.core.follower_fetched(key, replica_id, c.fetch_offset, now, broker_epoch))
+                except KraftlogError:
+                    stale.append(key)
+                    continue
+            if lv is not None:
+                state = part.remote_replicas.get(replica_id)
+                if (state is not None and state.log_end_offset == c.fetch_offset >= part.local_log_end_offset
+                        and state.last_fetch_leader_log_end_offset == part.local_log_end_offset
+                        and state.broker_epoch == broker_epoch
+                        and state.last_fetch_time_ms == now == state.last_caught_up_time_ms):
+                    lv.attach(key, state)
         return stale
 
     def _read_session_partitions(self, s: FetchSession, keys: list, results: dict, replica_id: int,
@@ -792,7 +821,11 @@ class ReplicaManager:
 
     def replica_lag_time_max_ms(self, topic: str, default_ms: int) -> int:
         """The topic's `replica.lag.time.max.ms`, else the broker's."""
-        raw = self._topic_configs.get(topic, {}).get("replica.lag.time.max.ms")
+        return self.replica_lag_time_max_ms_of(self._topic_configs.get(topic, {}).get("replica.lag.time.max.ms"),
+                                               default_ms)
+
+    @staticmethod
+    def replica_lag_time_max_ms_of(raw, default_ms: int) -> int:
         try:
             return int(raw) if raw is not None else default_ms
         except ValueError:
@@ -804,9 +837,15 @@ class ReplicaManager:
         or expand (caught-up replicas); the caller sends AlterPartition with
         `part.broker_epochs(new_isr)` (KIP-903).
         `replica_lag_time_max_ms` is the broker default; a topic config overrides it."""
+        floor = replica_lag_time_max_ms
+        for configs in self._topic_configs.values():
+            raw = configs.get("replica.lag.time.max.ms")
+            if raw is not None:
+                floor = min(floor, self.replica_lag_time_max_ms_of(raw, replica_lag_time_max_ms))
         return self.core.isr_changes(self._clock_ms(),
                                      lambda topic: self.replica_lag_time_max_ms(topic, replica_lag_time_max_ms),
-                                     replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms)
+                                     replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms,
+                                     lag_floor_ms=floor)
 
     # ---- replication: follower side ----------------------------------------------------
 

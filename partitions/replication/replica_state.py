@@ -37,7 +37,7 @@ from partitions.errors import ErrorCode, KraftlogError
 from partitions.invariants import invariant
 from partitions.log import errors as log_errors
 from partitions.log.protocols import AppendedBatches, PartitionLog, TopicPartition
-from partitions.replication.partition import Partition, effective_min_insync_replicas
+from partitions.replication.partition import FollowerLiveness, Partition, effective_min_insync_replicas
 
 
 
@@ -139,6 +139,15 @@ class ReplicaState:
         # partitions whose role (leader, leader epoch) changed or that were removed since the
         # replica fetcher last took them (`take_role_changes`): its sync looks at these only
         self.role_changes: set[TopicPartition] = set()
+        # issue 25: the idle cost of the ISR, silence and isolation rules. Followers caught up
+        # in a fetch session are restated by the session's clock (`FollowerLiveness`), so a
+        # led partition whose followers are all attached to one, with the whole replica set
+        # in the ISR and no acks=all waiter, is decided by those clocks alone: a rule looks at
+        # it only when one of its clocks is older than the rule's limit. `loud`: led
+        # partitions that may be otherwise (a superset, pruned by `rule_partitions`).
+        self.loud: set = set()
+        self.liveness_clocks: set[FollowerLiveness] = set()
+        self.rule_visits = 0   # partitions the rules looked at (tests, benchmarks)
 
     # ---- replicas ----------------------------------------------------------------------
 
@@ -159,10 +168,13 @@ class ReplicaState:
         part = self.partitions.pop(tp, None)
         self.logs.pop(tp, None)
         self.led.pop(tp, None)
+        self.loud.discard(tp)
         self.role_changes.add(tp)
         self.suspended.discard(tp)
         self._hw_floor.pop(tp, None)
         if part is not None:
+            part.settle_followers()
+            self.loud.discard(tp)
             self._fail_ack_waiters(tp, eff, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         eff.wake(tp)
         return eff
@@ -196,6 +208,7 @@ class ReplicaState:
                 log_end_offset=lg.log_end_offset, high_watermark=part.high_watermark)
         if part.is_leader:
             self.led[tp] = part
+            self.loud.add(tp)
         else:
             self.led.pop(tp, None)
         if changed or (part.is_leader, part.leader_epoch) != (was_leader, old_epoch):
@@ -251,11 +264,23 @@ class ReplicaState:
             self.suspended.clear()
             return eff
         self.suspended.intersection_update(self.led)   # no longer led: not suspended
+        if silent_partitions is not None:   # issue 25: no walk of the led partitions
+            for tp in [tp for tp in self.suspended if tp not in silent_partitions]:
+                self.suspended.discard(tp)
+            for tp in silent_partitions:
+                part = self.led.get(tp)
+                if part is not None and tp not in self.suspended:
+                    self.suspended.add(tp)
+                    part.settle_followers()   # restated no more while suspended
+                    self._fail_ack_waiters(tp, eff, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                    eff.wake(tp)
+            return eff
         for tp, part in self.led.items():
             suspend = (tp in silent_partitions if silent_partitions is not None
                        else bool(self._silent_isr_members(part, now_ms, replica_silence_report_ms)))
             if suspend and tp not in self.suspended:
                 self.suspended.add(tp)
+                part.settle_followers()
                 self._fail_ack_waiters(tp, eff, ErrorCode.NOT_LEADER_OR_FOLLOWER)
                 eff.wake(tp)
             elif not suspend:
@@ -310,6 +335,7 @@ class ReplicaState:
             eff.completed.append(waiter)
         else:
             self._ack_waiters.setdefault(tp, []).append((last_offset, waiter))
+            self.loud.add(tp)
         return eff
 
     def remove_ack_waiter(self, tp: TopicPartition, waiter: Waiter) -> None:
@@ -329,7 +355,7 @@ class ReplicaState:
         once its own heartbeats and probe agree (issue 24 part B). A busy follower that
         fetches, however slowly, is never silent."""
         out: dict[int, int] = {}
-        for part in self.led.values():
+        for _, part in self.rule_partitions(now_ms, replica_silence_report_ms):
             for r, silent in self._silent_isr_members(part, now_ms, replica_silence_report_ms).items():
                 out[r] = max(out.get(r, 0), silent)
         return out
@@ -339,13 +365,60 @@ class ReplicaState:
         answer, the led partitions with a silent ISR member for `update_isolation`)."""
         out: dict[int, int] = {}
         silent_parts: set = set()
-        for tp, part in self.led.items():
+        for tp, part in self.rule_partitions(now_ms, replica_silence_report_ms):
             members = self._silent_isr_members(part, now_ms, replica_silence_report_ms)
             if members:
                 silent_parts.add(tp)
                 for r, silent in members.items():
                     out[r] = max(out.get(r, 0), silent)
         return out, silent_parts
+
+    def open_liveness(self, replica_id: int, broker_epoch: int = -1) -> FollowerLiveness:
+        """A new fetch session's clock (`FollowerLiveness`); close it with the session."""
+        return FollowerLiveness(replica_id, broker_epoch, loud=self.loud, registry=self.liveness_clocks)
+
+    def rule_partitions(self, now_ms: int, limit_ms: int | None) -> list[tuple[TopicPartition, Partition]]:
+        """The led partitions a rule with time limit `limit_ms` must look at (issue 25):
+        the `loud` ones that are not quiet, and those attached to a follower clock not heard
+        for more than `limit_ms`. A quiet partition (every follower attached to a clock, the
+        whole replica set in the ISR, no pending ISR addition, no acks=all waiter) is neither
+        lagging, silent nor expandable while its clocks are within the limit; the others
+        are judged as before. `limit_ms` None: every led partition."""
+        if limit_ms is None:
+            out = list(self.led.items())
+            self.rule_visits += len(out)
+            return out
+        led = self.led
+        visit: dict = {}
+        quiet = []
+        for tp in self.loud:
+            part = led.get(tp)
+            if part is None or self._quiet(tp, part):
+                quiet.append(tp)
+            else:
+                visit[tp] = part
+        self.loud.difference_update(quiet)
+        for lv in self.liveness_clocks:
+            if lv.attached and now_ms - lv.heard_ms > limit_ms:
+                for key in lv.attached:
+                    part = led.get(key)
+                    if part is not None:
+                        visit[key] = part
+        self.rule_visits += len(visit)
+        return list(visit.items())
+
+    def _quiet(self, tp: TopicPartition, part: Partition) -> bool:
+        if not part.is_leader or part.pending_isr_additions or self._ack_waiters.get(tp):
+            return False
+        if len(part.isr) != len(part.replicas) or set(part.isr) != set(part.replicas):
+            return False
+        for r in part.replicas:
+            if r == self.broker_id:
+                continue
+            state = part.remote_replicas.get(r)
+            if state is None or state.liveness is None:
+                return False
+        return True
 
     def _silent_isr_members(self, part: Partition, now_ms: int, silence_ms: int) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -484,14 +557,16 @@ class ReplicaState:
         return eff
 
     def isr_changes(self, now_ms: int, replica_lag_time_max_ms: Callable[[str], int], *,
-                    replica_fetch_silence_max_ms: int | None = None) -> list[tuple[Partition, list[int]]]:
+                    replica_fetch_silence_max_ms: int | None = None,
+                    lag_floor_ms: int | None = None) -> list[tuple[Partition, list[int]]]:
         """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
         followers; silent followers while acks=all produces wait for them, when
         `replica_fetch_silence_max_ms` is set) or expand (caught-up replicas): the shell
         sends AlterPartition with `part.broker_epochs(new_isr)` (KIP-903). Proposed additions
-        hold the HW back from now on."""
+        hold the HW back from now on. `lag_floor_ms`: no topic's lag time is below it (then
+        only `rule_partitions` are looked at); None: every led partition."""
         out = []
-        for tp, part in self.led.items():
+        for tp, part in self.rule_partitions(now_ms, lag_floor_ms):
             new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
                                               acks_waiting_offset=self.acks_waiting_offset(tp))
