@@ -612,6 +612,7 @@ class MetadataFollower:
                     raise
                 except Exception as exc:
                     log.info("metadata feed poll failed: %s", exc)
+                    self._gc_hold.release(freeze=False)   # not while the controller is away; the next page holds again
                     await asyncio.sleep(self.error_backoff_ms / 1000)
         finally:
             self._gc_hold.release(freeze=False)   # stopped in the middle of a change

@@ -189,3 +189,47 @@ def test_compiled_record_codecs_equal_the_general_loops_for_every_record_type():
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} decoded")
+
+
+class _FailingOnce(_PagedFeed):
+    """Fails the second request (the controller went away in the middle of a change)."""
+
+    def __init__(self, sm, page: int) -> None:
+        super().__init__(sm, page)
+        self.calls = 0
+
+    def active_changed(self):
+        return asyncio.Event()
+
+    async def metadata_records(self, after, max_wait_ms=0, max_records=None):
+        self.calls += 1
+        if self.calls == 2:
+            self.thresholds.append(gc.get_threshold()[2])
+            raise RuntimeError("controller unreachable")
+        return await super().metadata_records(after, max_wait_ms, max_records)
+
+
+def test_a_failed_feed_request_in_the_middle_of_a_change_turns_full_collections_back_on(unfrozen):
+    h = Harness()
+    follower_seen: list = []
+    feed = _FailingOnce(h.sm, 500)
+    follower = _follower(feed, 1000, follower_seen)
+    follower.error_backoff_ms = 1
+    _catch_up(follower, h.sm)
+    feed.thresholds.clear()
+    feed.calls = 0
+    h.create("big", partitions=1500, rf=3)
+
+    def on_change(image, records):
+        if image.offset == h.sm.image.offset:
+            follower.stop()
+    follower.on_change = on_change
+
+    async def go():
+        await asyncio.wait_for(follower.run(), 30)
+    asyncio.run(go())
+    assert follower.image.partition_count() == 1500
+    # request 1: not held yet; request 2 (fails): held; request 3, after the failure: released
+    assert feed.thresholds[:3] == [feed.thresholds[0], _HELD, feed.thresholds[0]], feed.thresholds
+    assert feed.thresholds[0] != _HELD and feed.thresholds[3:] == [_HELD] * (len(feed.thresholds) - 3)
+    assert gc.get_threshold()[2] != _HELD
