@@ -79,7 +79,9 @@ def unfrozen():
     thresholds = gc.get_threshold()
     yield
     gc.unfreeze()   # do not leave this process's objects frozen for the next tests
-    assert gc.get_threshold() == thresholds
+    left = gc.get_threshold()
+    gc.set_threshold(*thresholds)   # nor full collections off, should a test fail half-way
+    assert left == thresholds
 
 
 class _PagedFeed:
