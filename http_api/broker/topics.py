@@ -15,11 +15,13 @@ shows it whole, then 200.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 from aiohttp import web
 
 from http_api.broker.context import Routes, json_response, validate_topic_name
+from http_api.wire.codecs import JSON
 from partitions import internal_topics
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.log.config import validate_topic_configs
@@ -31,11 +33,43 @@ def _topic_ready(img, name: str) -> bool:
     return t is not None and bool(t.partitions) and all(p.leader >= 0 for p in t.partitions.values())
 
 
+# partitions of the `GET /v1/metadata` body encoded per turn of the event loop
+METADATA_BODY_SLICE_PARTITIONS = 2000
+
+
+async def metadata_body_in_slices(img, slice_partitions: int = METADATA_BODY_SLICE_PARTITIONS) -> bytes:
+    """The `GET /v1/metadata` body of `img` (the same bytes as `json_response(img.to_metadata_json())`),
+    built a topic at a time with a turn of the event loop after every `slice_partitions`
+    partitions: at 100,000 partitions the body is 14 MB and took 1.05 s of CPU in one turn."""
+    def enc(doc) -> str:
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    head = enc({"cluster_id": img.cluster_id, "controller_id": img.controller_id,
+                "brokers": [img.brokers[b].to_json() for b in sorted(img.brokers)]})
+    parts = []
+    since_yield = 0
+    for name in sorted(img.topics):
+        t = img.topics[name]
+        parts.append(enc(t.to_json()))
+        since_yield += len(t.partitions)
+        if since_yield >= slice_partitions:
+            since_yield = 0
+            await asyncio.sleep(0)
+    return (head[:-1] + ',"topics":[' + ",".join(parts) + "]}").encode("utf-8")
+
+
 class TopicRoutes(Routes):
     """Metadata and topic admin handlers."""
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._metadata_body: tuple | None = None   # (image, its GET /v1/metadata body)
+
     async def get_metadata(self, request: web.Request) -> web.Response:
-        return json_response(self.image.to_metadata_json())
+        img = self.image
+        cached = self._metadata_body
+        if cached is None or cached[0] is not img:   # a published image never changes: one body per image
+            cached = self._metadata_body = (img, await metadata_body_in_slices(img))
+        return web.Response(body=cached[1], content_type=JSON)
 
     async def list_topics(self, request: web.Request) -> web.Response:
         return json_response({"topics": sorted(self.image.topics)})

@@ -42,6 +42,9 @@ from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE
 
 log = logging.getLogger("kraftlog.kafka")
 
+# partitions of a Metadata answer built per turn of the event loop (100,000 partitions: not in one turn)
+METADATA_SLICE_PARTITIONS = 2000
+
 NO_RESPONSE = object()
 FETCH_KEY = 1
 _ZERO_UUID = uuid.UUID(int=0)
@@ -272,7 +275,11 @@ class KafkaApis:
         else:
             names = [t.name for t in topics_req if t.name is not None]
         topics = []
+        since_yield = 0
         for name in names:
+            if since_yield >= METADATA_SLICE_PARTITIONS:   # 100,000 partitions: not in one turn of the loop
+                since_yield = 0
+                await asyncio.sleep(0)
             if not self._may(header, Op.DESCRIBE, RT.TOPIC, name):
                 topics.append({"error_code": K.topic_authorization_failed, "name": name, "topic_id": _ZERO_UUID,
                                "is_internal": False, "partitions": ()})
@@ -297,6 +304,7 @@ class KafkaApis:
                                    "partitions": ()})
                     continue
             parts = []
+            since_yield += len(t.partitions)
             for p in sorted(t.partitions.values(), key=lambda p: p.partition):
                 live = [r for r in p.replicas if r in img.brokers and not img.brokers[r].fenced]
                 parts.append({
