@@ -745,6 +745,8 @@ class ReplicaManager:
             if part is None or not part.is_leader or part.leader_epoch != c.leader_epoch or key in suspended:
                 stale.append(key)
                 continue
+            if replica_id not in part.isr:
+                self.core.loud.add(key)   # it may rejoin now (`ReplicaState._quiet`)
             if not part.restate_follower_fetch(replica_id, c.fetch_offset, now, broker_epoch):
                 try:
                     self._carry_out(self.core.follower_fetched(key, replica_id, c.fetch_offset, now, broker_epoch))

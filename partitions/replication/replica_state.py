@@ -408,15 +408,27 @@ class ReplicaState:
         return list(visit.items())
 
     def _quiet(self, tp: TopicPartition, part: Partition) -> bool:
+        """No rule can act on `tp` until an event marks it loud or one of its clocks ages:
+        every ISR member attached to a clock, and every other replica unable to rejoin
+        (`in_sync_candidates`) until it fetches (`follower_fetched` marks it loud then)."""
         if not part.is_leader or part.pending_isr_additions or self._ack_waiters.get(tp):
             return False
-        if len(part.isr) != len(part.replicas) or set(part.isr) != set(part.replicas):
-            return False
-        for r in part.replicas:
+        remote = part.remote_replicas
+        isr = part.isr
+        for r in isr:
             if r == self.broker_id:
                 continue
-            state = part.remote_replicas.get(r)
+            state = remote.get(r)
             if state is None or state.liveness is None:
+                return False
+        floor = max(part.high_watermark, part.leader_epoch_start_offset)
+        for r, state in remote.items():   # replicas outside the ISR (e.g. a follower broker down)
+            if r in isr:
+                continue
+            if state.liveness is not None:
+                return False   # caught up and restated by its clock: it may rejoin any time
+            caught_up = state.last_caught_up_time_ms
+            if state.log_end_offset >= floor and caught_up >= 0 and caught_up > state.left_isr_ms:
                 return False
         return True
 
@@ -551,6 +563,8 @@ class ReplicaState:
         tp = TopicPartition(*tp)
         part, _ = self.leader(tp)
         eff = Effects()
+        if replica_id not in part.isr:
+            self.loud.add(tp)   # it may rejoin now (`_quiet`)
         if part.update_follower_fetch(replica_id, fetch_offset, now_ms, broker_epoch):
             self._high_watermark_changed(tp, eff)
             eff.wake(tp)
