@@ -233,7 +233,8 @@ class Partition:
                       leader_epoch: int, partition_epoch: int, log_end_offset: int,
                       high_watermark: int) -> bool:
         """Become (or stay) a follower of `leader_id`. Returns False for stale metadata."""
-        self.settle_followers()
+        if self.remote_replicas:
+            self.settle_followers()
         if self.is_stale(leader_epoch, partition_epoch):
             return False
         self.replicas = list(replicas)
@@ -322,7 +323,8 @@ class Partition:
         if not self.is_leader or len(self.isr) < self.min_insync_replicas:
             return False
         candidate = self.local_log_end_offset
-        for r in self.maximal_isr():
+        # the maximal ISR; the metadata ISR alone when no addition is pending (no list built)
+        for r in (self.maximal_isr() if self.pending_isr_additions else self.isr):
             if r == self.local_broker_id:
                 continue
             state = self.remote_replicas.get(r)

@@ -189,7 +189,8 @@ class ReplicaState:
         """Become leader or follower of `tp` as `state` says. `registered`: the metadata
         already holds this process's registration; until then a leadership in it is the
         previous incarnation's (it may have had a longer log) and is not taken up."""
-        tp = TopicPartition(*tp)
+        if tp.__class__ is not TopicPartition:
+            tp = TopicPartition(*tp)
         part, lg = self.partitions[tp], self.logs[tp]
         eff = Effects()
         was_leader, old_epoch = part.is_leader, part.leader_epoch
