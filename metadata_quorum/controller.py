@@ -54,6 +54,7 @@ from metadata_quorum.records import (
     RemoveTopicRecord,
     TopicRecord,
     UnfenceBrokerRecord,
+    frozen_instance,
 )
 from partitions.replication.partition import effective_min_insync_replicas
 
@@ -224,7 +225,7 @@ class QuorumController:
 
     def _change(self, t, p: PartitionRegistration, *, isr=None, leader=None, replicas=None,
                 unclean: Optional[int] = None, elr_add: Iterable[int] = (),
-                adding=None, removing=None) -> Optional[PartitionChangeRecord]:
+                adding=None, removing=None, min_isr: Optional[int] = None) -> Optional[PartitionChangeRecord]:
         """The record moving `p` to the given ISR / leader / replicas, with its ELR derived:
         members leaving the ISR join the ELR while the new ISR is below min.insync.replicas
         (their log has every committed record: brokers hold the HW there); `unclean` is a
@@ -232,13 +233,14 @@ class QuorumController:
         stays below min.insync.replicas, members lost that way are kept in `last_known_elr`
         (unclean recovery compares their logs; they stay there after it, so another unclean
         restart of its leader compares again; `elr_add`: replicas whose reported log equals
-        the one unclean recovery elected)."""
+        the one unclean recovery elected; `min_isr`: `_min_isr(t, replicas)` when the caller
+        already has it)."""
         new_isr = tuple(p.isr if isr is None else isr)
         new_leader = p.leader if leader is None else leader
         new_replicas = tuple(p.replicas if replicas is None else replicas)
         new_adding = tuple(p.adding_replicas if adding is None else adding)
         new_removing = tuple(p.removing_replicas if removing is None else removing)
-        if len(new_isr) >= self._min_isr(t, new_replicas):
+        if len(new_isr) >= (self._min_isr(t, new_replicas) if min_isr is None else min_isr):
             new_elr: tuple = ()
             new_lke: tuple = ()
         else:
@@ -252,20 +254,20 @@ class QuorumController:
                 and new_elr == p.elr and new_lke == p.last_known_elr
                 and new_adding == p.adding_replicas and new_removing == p.removing_replicas):
             return None
-        return PartitionChangeRecord(
-            topic=t.name,
-            topic_id=t.topic_id,
-            partition=p.partition,
-            replicas=new_replicas,
-            isr=new_isr,
-            leader=new_leader,
-            leader_epoch=p.leader_epoch + 1 if new_leader != p.leader else p.leader_epoch,
-            partition_epoch=p.partition_epoch + 1,
-            elr=new_elr,
-            last_known_elr=new_lke,
-            adding_replicas=new_adding,
-            removing_replicas=new_removing,
-        )
+        return frozen_instance(PartitionChangeRecord, {   # every field, in field order
+            "topic": t.name,
+            "topic_id": t.topic_id,
+            "partition": p.partition,
+            "replicas": new_replicas,
+            "isr": new_isr,
+            "leader": new_leader,
+            "leader_epoch": p.leader_epoch + 1 if new_leader != p.leader else p.leader_epoch,
+            "partition_epoch": p.partition_epoch + 1,
+            "elr": new_elr,
+            "last_known_elr": new_lke,
+            "adding_replicas": new_adding,
+            "removing_replicas": new_removing,
+        })
 
     def _elect(self, image: MetadataImage, replicas, isr, excluded=(), included=()) -> int:
         for r in replicas:
@@ -291,40 +293,81 @@ class QuorumController:
         return b
 
     def _remove_broker_changes(self, image: MetadataImage, broker_id: int, unclean: bool = False,
-                               led_only: bool = False) -> list:
+                               led_only: bool = False, limit: Optional[int] = None) -> list:
         """Partition changes taking `broker_id` out of ISRs and leaderships (fencing,
         controlled shutdown, a restart). The last ISR member stays in the ISR with leader -1
         when no other eligible replica is usable, unless `unclean` (it restarted after an
         unclean shutdown): then it leaves the ISR and ELR too (see the module docstring).
-        `led_only`: only those of the partitions it leads (a split fencing's first entry)."""
-        out = []
-        excluded = (broker_id,)
+        `led_only`: only those of the partitions it leads (a split fencing's first entry);
+        `limit`: the first `limit` of them (in the same order), the walk stops there."""
+        return self._removals(image, broker_id, unclean, led_only, limit)[0]
+
+    def _removals(self, image: MetadataImage, broker_id: int, unclean: bool, led_only: bool,
+                  limit: Optional[int]) -> tuple:
+        """(`_remove_broker_changes`, how many partitions `led_only` skipped that `broker_id`
+        is an ISR member of without leading them). One walk of the partitions; the usable
+        brokers, each topic's unclean-election flag and its min.insync.replicas per
+        replication factor are worked out once, not per partition (a fencing at 100,000
+        partitions decides 33,334 leader changes in one call, with the GIL and the state
+        machine's lock held)."""
+        out: list = []
+        isr_only = 0
+        usable = {b.id for b in image.brokers.values() if not b.fenced and not b.in_controlled_shutdown}
+        usable.discard(broker_id)
+        unclean_id = broker_id if unclean else None
         for t in image.topics.values():
-            unclean_election = _unclean_election_enabled(t)
+            unclean_election = None
+            min_isr: dict = {}
             for p in t.partitions.values():
-                if led_only and p.leader != broker_id:
+                isr = p.isr
+                leads = p.leader == broker_id
+                if not leads and broker_id not in isr and not (unclean and broker_id in p.elr):
                     continue
-                if broker_id not in p.isr and p.leader != broker_id and not (unclean and broker_id in p.elr):
+                if led_only and not leads:
+                    if broker_id in isr:
+                        isr_only += 1
                     continue
-                new_isr = tuple(r for r in p.isr if r != broker_id)
-                if new_isr and p.leader in new_isr and self._usable(image, p.leader, excluded):
+                replicas = p.replicas
+                new_isr = tuple(r for r in isr if r != broker_id)
+                if new_isr and p.leader in new_isr and p.leader in usable:
                     leader = p.leader
                 else:
-                    leader = self._elect(image, p.replicas, new_isr, excluded)
+                    leader = next((r for r in replicas if r in new_isr and r in usable), NO_LEADER)
                     if leader == NO_LEADER:
-                        leader = self._elect(image, p.replicas, p.elr, excluded)
+                        elr = p.elr
+                        leader = next((r for r in replicas if r in elr and r in usable), NO_LEADER)
                         if leader != NO_LEADER:
                             new_isr = (leader,)    # elected from the ELR
                 if leader == NO_LEADER and not new_isr and not unclean:
-                    new_isr = p.isr  # the last ISR member stays (it may lead again when back)
-                if leader == NO_LEADER and unclean_election:
-                    cand = next((r for r in p.replicas if self._usable(image, r, excluded)), None)
-                    if cand is not None:
-                        leader, new_isr = cand, (cand,)
-                rec = self._change(t, p, isr=new_isr, leader=leader, unclean=broker_id if unclean else None)
+                    new_isr = isr  # the last ISR member stays (it may lead again when back)
+                if leader == NO_LEADER:
+                    if unclean_election is None:
+                        unclean_election = _unclean_election_enabled(t)
+                    if unclean_election:
+                        cand = next((r for r in replicas if r in usable), None)
+                        if cand is not None:
+                            leader, new_isr = cand, (cand,)
+                rf = len(replicas)
+                m = min_isr.get(rf)
+                if m is None:
+                    m = min_isr[rf] = self._min_isr(t, replicas)
+                if len(new_isr) >= m and not p.elr and not p.last_known_elr:
+                    # what `_change` returns here (no ELR before or after), built directly
+                    if new_isr == isr and leader == p.leader:
+                        continue
+                    rec = frozen_instance(PartitionChangeRecord, {
+                        "topic": t.name, "topic_id": t.topic_id, "partition": p.partition,
+                        "replicas": replicas, "isr": new_isr, "leader": leader,
+                        "leader_epoch": p.leader_epoch + 1 if leader != p.leader else p.leader_epoch,
+                        "partition_epoch": p.partition_epoch + 1, "elr": (), "last_known_elr": (),
+                        "adding_replicas": p.adding_replicas, "removing_replicas": p.removing_replicas})
+                else:
+                    rec = self._change(t, p, isr=new_isr, leader=leader, unclean=unclean_id, min_isr=m)
                 if rec is not None:
                     out.append(rec)
-        return out
+                    if limit is not None and len(out) >= limit:
+                        return out, isr_only
+        return out, isr_only
 
     def _elect_leaderless(self, image: MetadataImage, extra_usable: Iterable[int] = ()) -> list:
         """Give a leader to every leaderless partition with a usable ISR member, else a
@@ -580,11 +623,9 @@ class QuorumController:
         if b is None or b.fenced:
             return []
         limit = self.settings.fence_batch_records_max
-        led = self._remove_broker_changes(image, broker_id, led_only=True)
-        # at most this many ISR-only removals follow (counted, not built: the first entry of a
-        # split fencing builds only the leader changes)
-        isr_only = sum(1 for t in image.topics.values() for p in t.partitions.values()
-                       if p.leader != broker_id and broker_id in p.isr)
+        # one walk builds the leader changes and counts the ISR-only removals that follow
+        # (counted, not built: the first entry of a split fencing builds only the leader changes)
+        led, isr_only = self._removals(image, broker_id, False, True, None)
         if isr_only <= self.settings.fence_isr_removals_inline_max and len(led) + isr_only <= limit:
             return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
         self.fence_pending.add(broker_id)
@@ -600,10 +641,10 @@ class QuorumController:
         for broker_id in sorted(self.fence_pending):
             b = image.brokers.get(broker_id)
             if b is not None and b.fenced:
-                records = (self._remove_broker_changes(image, broker_id, led_only=True)
-                           or self._remove_broker_changes(image, broker_id))
+                records = (self._remove_broker_changes(image, broker_id, led_only=True, limit=limit)
+                           or self._remove_broker_changes(image, broker_id, limit=limit))
                 if records:
-                    return records[:limit]
+                    return records
             self.fence_pending.discard(broker_id)
         return []
 
