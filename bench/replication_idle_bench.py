@@ -12,6 +12,9 @@ broker's default cadences:
 - one fetch-session poll per follower per replica_fetch_wait_max_ms = 500 ms (the idle
   long poll answered when its wait ends; the wait itself costs no CPU and is not run).
 
+`--follower-down`: follower 3 has stopped and the controller took it out of every ISR (a
+follower broker down, e.g. after a kill -9); follower 2 keeps fetching.
+
 It prints the CPU time (process time) per simulated second of idle: the share of a core
 the leader side of replication costs while doing nothing.
 
@@ -55,8 +58,9 @@ async def _poll(rm, state: dict, follower: int, broker_epoch: int = 7) -> None:
     state[follower] = (new_sid, epoch + 1 if new_sid == sid else 1, keys)
 
 
-async def measure(n: int, seconds: int) -> dict:
-    """CPU ms per simulated idle second with `n` led partitions."""
+async def measure(n: int, seconds: int, follower_down: bool = False) -> dict:
+    """CPU ms per simulated idle second with `n` led partitions (`follower_down`: follower 3
+    stopped and the controller took it out of every ISR before the measurement)."""
     from partitions.clock import ManualClock
     from partitions.log.protocols import TopicPartition
     from partitions.replication.replica_manager import ReplicaManager
@@ -74,6 +78,12 @@ async def measure(n: int, seconds: int) -> dict:
         for f in FOLLOWERS:
             await _poll(rm, sessions, f)
         clock.advance(FOLLOWER_POLL_MS)
+    polling = FOLLOWERS
+    if follower_down:
+        polling = FOLLOWERS[:1]
+        for t, p in keys:
+            rm.core.apply_leader_and_isr(TopicPartition(t, p), LeaderAndIsr(1, 0, (1, 2, 3), (1, 2), 1),
+                                         now_ms=clock.now_ms())
     step = 25
     isr_checks = scans = polls = 0
     t0 = None
@@ -93,7 +103,7 @@ async def measure(n: int, seconds: int) -> dict:
             rm.update_isolation(None, leader_lease_ms=5000, replica_silence_report_ms=SILENCE_REPORT_MS,
                                 now_ms=now, silent_partitions=parts)
             scans += 1
-        for i, f in enumerate(FOLLOWERS):   # staggered, as real followers are
+        for i, f in enumerate(polling):   # staggered, as real followers are
             if (ms + i * FOLLOWER_POLL_MS // len(FOLLOWERS)) % FOLLOWER_POLL_MS == 0:
                 await _poll(rm, sessions, f)
                 polls += 1
@@ -102,15 +112,17 @@ async def measure(n: int, seconds: int) -> dict:
             "isr_checks": isr_checks, "scans": scans, "polls": polls}
 
 
-def _child(n: int, seconds: int) -> None:
-    print(json.dumps(asyncio.run(measure(n, seconds))))
+def _child(n: int, seconds: int, follower_down: bool) -> None:
+    print(json.dumps(asyncio.run(measure(n, seconds, follower_down))))
 
 
-def _run(code_dir: str | None, n: int, seconds: int) -> float:
+def _run(code_dir: str | None, n: int, seconds: int, follower_down: bool = False) -> float:
     env = dict(os.environ)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = code_dir if code_dir else here
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n), "--seconds", str(seconds)],
+    extra = ["--follower-down"] if follower_down else []
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n), "--seconds", str(seconds)]
+                         + extra,
                          env=env, capture_output=True, text=True, check=True, cwd=code_dir or here)
     return json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms_per_s"]
 
@@ -121,19 +133,22 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=10, help="simulated idle seconds per measurement")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--before", metavar="DIR", help="a worktree of the older code: alternate rounds, print ratios")
+    ap.add_argument("--follower-down", action="store_true",
+                    help="follower 3 stopped and out of every ISR (a follower broker down), 2 still fetching")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(args.child, args.seconds)
+        _child(args.child, args.seconds, args.follower_down)
         return
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     for n in args.partitions:
         before, after = [], []
         for _ in range(args.rounds):
             if args.before:
-                before.append(_run(args.before, n, args.seconds))
-            after.append(_run(None, n, args.seconds))
-        line = f"{n:>7} led partitions, 2 followers: after {statistics.median(after):8.1f} CPU ms per idle s"
+                before.append(_run(args.before, n, args.seconds, args.follower_down))
+            after.append(_run(None, n, args.seconds, args.follower_down))
+        who = "1 follower fetching, 1 down" if args.follower_down else "2 followers"
+        line = f"{n:>7} led partitions, {who}: after {statistics.median(after):8.1f} CPU ms per idle s"
         if before:
             b, a = statistics.median(before), statistics.median(after)
             line += (f"   before {b:8.1f}   ratio {b / a:6.1f}x   (rounds before {[round(x, 1) for x in before]}, "
