@@ -105,9 +105,17 @@ class FullCollectionHold:
     built, then moves what it built out of later full collections (gc.freeze()). A full
     collection walks every tracked object of the process with the GIL held, and a change of
     tens of thousands of records allocates enough to trigger several. Used by the state
-    machine's apply (raft thread) and the broker's MetadataFollower (event loop; a change
-    spans several feed answers, so `hold` and `release` are separate calls). Not
-    re-entrant: `hold` while held does nothing; `release` restores the threshold `hold` saw."""
+    machine's apply (raft thread), the active controller's write (event loop: decide and
+    the entry's plain data) and the broker's MetadataFollower (event loop; a change spans
+    several feed answers, so `hold` and `release` are separate calls). Not re-entrant:
+    `hold` while held does nothing. Holds of several instances (threads) overlap safely:
+    the first hold of the process saves the thresholds, the last release restores them (a
+    raft-thread apply released after an event-loop write would otherwise restore the
+    write's held threshold and leave full collections off for good)."""
+
+    _lock = threading.Lock()
+    _holders = 0
+    _saved_process: Optional[tuple] = None
 
     def __init__(self) -> None:
         self._saved: Optional[tuple] = None
@@ -118,9 +126,15 @@ class FullCollectionHold:
         return self._saved is not None
 
     def hold(self) -> None:
-        if self._saved is None:
-            self._saved = gc.get_threshold()
-            gc.set_threshold(self._saved[0], self._saved[1], 1 << 30)
+        if self._saved is not None:
+            return
+        cls = FullCollectionHold
+        with cls._lock:
+            if cls._holders == 0:
+                cls._saved_process = gc.get_threshold()
+                gc.set_threshold(cls._saved_process[0], cls._saved_process[1], 1 << 30)
+            cls._holders += 1
+            self._saved = cls._saved_process
 
     def release(self, freeze: bool) -> None:
         if self._saved is None:
@@ -128,7 +142,12 @@ class FullCollectionHold:
         if freeze:
             gc.freeze()
             self.freezes += 1
-        gc.set_threshold(*self._saved)
+        cls = FullCollectionHold
+        with cls._lock:
+            cls._holders -= 1
+            if cls._holders == 0:
+                gc.set_threshold(*cls._saved_process)
+                cls._saved_process = None
         self._saved = None
 
 
