@@ -198,6 +198,23 @@ class MetadataStateMachine:
             return results
 
     @contextlib.contextmanager
+    def large_command_hold(self):
+        """The raft layer unpickles and applies a large committed command inside this
+        (raft/syncobj_log.py `install_command_hold`): full collections off from before the
+        unpickle (which allocates the entry's 33,334 record dicts at 100,000 partitions)
+        until `apply` has frozen what it built. Does nothing when this state machine never
+        touches the collector (gc_freeze_min_records 0)."""
+        if not self.gc_freeze_min_records:
+            yield
+            return
+        hold = FullCollectionHold()
+        hold.hold()
+        try:
+            yield
+        finally:
+            hold.release(freeze=False)   # a large apply froze the image and the entry already
+
+    @contextlib.contextmanager
     def _gc_held(self, records: int):
         """Around a large apply: no full collection inside it, gc.freeze() after it."""
         if not self.gc_freeze_min_records or records < self.gc_freeze_min_records:
