@@ -501,6 +501,10 @@ def failover_pipeline(n: int) -> None:
         from metadata_quorum.state_machine import FullCollectionHold
     except ImportError:
         FullCollectionHold = None
+    import contextlib
+
+    from metadata_quorum import controller_server as _controller_server
+    controller_write_holds = hasattr(_controller_server.ControllerServer, "_decide_entry")
     import gc
 
     full_gcs = [0, 0.0, 0.0]   # full collections: count, CPU seconds, start
@@ -543,23 +547,38 @@ def failover_pipeline(n: int) -> None:
 
         async def entry(decide) -> tuple | None:
             cost = dict.fromkeys(stages, 0.0)
+            # as ControllerServer.write does (since 66cb662): full collections held while it
+            # decides and builds the entry, a large entry frozen
+            write_hold = FullCollectionHold() if FullCollectionHold and controller_write_holds else None
+            if write_hold is not None:
+                write_hold.hold()
             t0 = clock()
             recs = decide(sm.image)
             t1 = clock()
             cost[stages[0]] = t1 - t0
             if not recs:
+                if write_hold is not None:
+                    write_hold.release(freeze=False)
                 return None
             base = sm.image.offset
             e = {"request_id": None, "controller_epoch": sm.image.controller_epoch,
                  "records": [record_to_dict(x) for x in recs]}
             t2 = clock()
+            if write_hold is not None:
+                write_hold.release(freeze=len(recs) >= GC_FREEZE_MIN_RECORDS_DEFAULT)
             cost[stages[1]] = t2 - t1
             data = _pickle.dumps(e)
             t3 = clock()
-            e = _pickle.loads(data)
-            t4 = clock()
-            r = sm.apply([e])[0]
-            t5 = clock()
+            # as raft/syncobj_log.py does (since e645040): a large command is unpickled and
+            # applied inside the state machine's hold
+            command_hold = (sm.large_command_hold() if hasattr(sm, "large_command_hold")
+                            and len(data) >= 64 * 1024 else contextlib.nullcontext())
+            with command_hold:
+                t3 = clock()
+                e = _pickle.loads(data)
+                t4 = clock()
+                r = sm.apply([e])[0]
+                t5 = clock()
             assert r["ok"], r
             cost[stages[2]], cost[stages[3]], cost[stages[4]] = t3 - t2, t4 - t3, t5 - t4
             pages, off = [], base
