@@ -923,12 +923,11 @@ class ReplicaManager:
 
     def under_replicated_count(self) -> int:
         """Led partitions whose ISR is smaller than their replica set (Kafka's URP metric)."""
-        return sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < len(p.replicas))
+        return sum(1 for p in self.core.led.values() if len(p.isr) < len(p.replicas))
 
     def local_partition_counts(self) -> tuple[int, int]:
         """(partitions hosted, partitions led) for metrics."""
-        leaders = sum(1 for p in self.partitions.values() if p.is_leader)
-        return len(self.partitions), leaders
+        return len(self.partitions), len(self.core.led)
 
 
 def _some(keys: set, shown: int = 10) -> str:

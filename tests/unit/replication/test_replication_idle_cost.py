@@ -303,3 +303,21 @@ def test_lazy_restates_and_rules_equal_the_per_partition_computation(ops, refres
             elif not f.cancelled():
                 f.exception()   # retrieved: failed waiters are expected here
     asyncio.run(run())
+
+
+def test_partition_count_metrics_come_from_the_led_index(monkeypatch):
+    """kraftlog_leader_partitions and kraftlog_under_replicated_partitions read the led
+    index (no walk of every hosted replica per scrape) and follow role and ISR changes."""
+    clock = ManualClock()
+    rm = leader_with(6, clock)
+    tps = [TopicPartition("t", p) for p in range(6)]
+    rm.core.apply_leader_and_isr(tps[0], LeaderAndIsr(2, 1, (1, 2, 3), (1, 2, 3), 1), now_ms=clock.now_ms())
+    rm.core.apply_leader_and_isr(tps[1], LeaderAndIsr(1, 0, (1, 2, 3), (1, 2), 1), now_ms=clock.now_ms())
+    rm.core.apply_leader_and_isr(tps[2], LeaderAndIsr(3, 1, (1, 2, 3), (3,), 1), now_ms=clock.now_ms())
+    walked = []
+    real = partition_mod.Partition.is_leader
+    monkeypatch.setattr(partition_mod.Partition, "is_leader",
+                        property(lambda part: walked.append(1) or real.fget(part)))
+    assert rm.local_partition_counts() == (6, 4)
+    assert rm.under_replicated_count() == 1
+    assert walked == []
