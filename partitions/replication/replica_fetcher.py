@@ -289,7 +289,9 @@ class _LeaderFetcher:
         looked_at = await self._update_wanted(now, throttle, throttled)
         if not self.wanted:
             return False
-        sent = dict(self.wanted)   # key -> (fetch offset, leader epoch) this request fetches
+        # key -> (fetch offset, leader epoch) this request fetches: `self.wanted` itself, not a
+        # copy (issue 25: only this task's next `_update_wanted` changes it, after the answer)
+        sent = self.wanted
         kwargs = {}
         keys = self.wanted
         if self.session is not None:
