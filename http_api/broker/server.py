@@ -295,17 +295,18 @@ class Broker:
             return []
         me = self.config.broker_id
         out = []
-        for t in image.topics.values():
-            for p in t.partitions.values():
-                if not p.awaiting_recovery or me not in p.last_known_elr:
-                    continue
-                lg = self.log_manager.get(t.name, p.partition)
-                part = self.rm.partitions.get((t.name, p.partition))
-                if part is None or part.partition_epoch != p.partition_epoch:
-                    continue    # the replica manager has not applied this state yet
-                out.append({"topic": t.name, "partition": p.partition, "partition_epoch": p.partition_epoch,
-                            "last_epoch": lg.latest_epoch if lg is not None else -1,
-                            "log_end_offset": lg.log_end_offset if lg is not None else 0})
+        # awaiting recovery implies leaderless: the image's leaderless index, not a walk of
+        # every partition on every heartbeat (1 s of the event loop at 30,000 partitions under load)
+        for t, p in image.leaderless_partitions():
+            if not p.awaiting_recovery or me not in p.last_known_elr:
+                continue
+            lg = self.log_manager.get(t.name, p.partition)
+            part = self.rm.partitions.get((t.name, p.partition))
+            if part is None or part.partition_epoch != p.partition_epoch:
+                continue    # the replica manager has not applied this state yet
+            out.append({"topic": t.name, "partition": p.partition, "partition_epoch": p.partition_epoch,
+                        "last_epoch": lg.latest_epoch if lg is not None else -1,
+                        "log_end_offset": lg.log_end_offset if lg is not None else 0})
         return out
 
     def _report_unreachable(self, leader_id: int) -> None:
