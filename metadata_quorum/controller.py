@@ -675,6 +675,20 @@ class QuorumController:
         self.silence_reports.setdefault(target_id, {})[reporter_id] = now_ms
         return True
 
+    def note_alive(self, image: MetadataImage, broker_id: Any, broker_epoch: Any, now_ms: int) -> bool:
+        """A broker's process says it is alive while its event loop is busy (issue 25: its
+        stall watchdog thread sends this when the loop has not turned for a while, e.g. while
+        it applies another broker's fencing at 30,000 partitions). It counts as a heartbeat
+        for the silence rule only (`silent_brokers`: a busy broker is not fenced as cut off or
+        stopped, as a Kafka broker's heartbeat thread keeps it registered while its request
+        handlers are busy); it renews no lease and unfences nothing. True when it counted (a
+        live registration of that epoch)."""
+        b = image.brokers.get(broker_id) if _is_int(broker_id) else None
+        if b is None or b.fenced or b.epoch != broker_epoch:
+            return False
+        self.heartbeats_received[broker_id] = max(now_ms, self.heartbeats_received.get(broker_id, now_ms))
+        return True
+
     def _heartbeat_silence_ms(self, broker_id: int, now_ms: int) -> Optional[int]:
         """How long this controller has had no heartbeat from `broker_id`; None: it has
         received none since it became active (the brokers were talking to its predecessor)."""

@@ -446,6 +446,7 @@ class ControllerServer:
         r.add_post(PREFIX + "/brokers/heartbeat", self.h_heartbeat)
         r.add_post(PREFIX + "/brokers/controlled-shutdown", self.h_controlled_shutdown)
         r.add_post(PREFIX + "/brokers/unreachable", self.h_broker_unreachable)
+        r.add_post(PREFIX + "/brokers/alive", self.h_broker_alive)
         r.add_post(PREFIX + "/alter-partition", self.h_alter_partition)
         r.add_post(PREFIX + "/alter-partitions", self.h_alter_partitions)
         r.add_post(PREFIX + "/topics", self.h_create_topic)
@@ -584,6 +585,16 @@ class ControllerServer:
             img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, True),
             reason=f"controlled shutdown requested by broker {broker_id}")
         return web.json_response(self._broker_state(broker_id))
+
+    async def h_broker_alive(self, request: web.Request) -> web.Response:
+        """A broker's stall watchdog: its process is alive though its event loop is busy
+        (`QuorumController.note_alive`). Read without the state machine's lock (one dict
+        lookup), so a raft apply in progress does not hold the answer."""
+        self._require_active()
+        body = await _json_body(request)
+        counted = self.controller.note_alive(self.sm.image, body.get("broker_id"), body.get("broker_epoch"),
+                                             self.clock.monotonic_ms())
+        return web.json_response({"counted": counted})
 
     async def h_broker_unreachable(self, request: web.Request) -> web.Response:
         """A broker reports that connections to `target_id` are refused (its process died:
@@ -938,6 +949,7 @@ _ERRORS = ErrorMiddleware(log, unexpected_log="controller request failed", chars
 # routes a broker calls for itself: the body's broker_id must be the authenticated broker
 BROKER_SELF_ROUTES = frozenset(PREFIX + p for p in ("/brokers/register", "/brokers/heartbeat",
                                                     "/brokers/controlled-shutdown", "/brokers/unreachable",
+                                                    "/brokers/alive",
                                                     "/alter-partition", "/producer-ids"))
 
 

@@ -9,6 +9,13 @@ broker whose loop stalls for seconds misses its controller heartbeats and its fo
 long-poll answers. To say which step holds it, a watchdog thread (`StallWatchdog`) logs the
 loop thread's stack while the loop has not ticked for more than `event_loop_lag_warn_ms`
 (once, then every `EVENT_LOOP_STALL_STACK_EVERY_MS` while the stall lasts).
+
+The same thread can say the process is alive while the loop is busy (`on_stall`, called
+after `EVENT_LOOP_STALL_ALIVE_NOTE_MS` and then as often while the stall lasts): the broker
+sends `POST /controller/v1/brokers/alive` from it, so the controller's silence fencing does
+not take a busy broker for a stopped or cut-off one (a stopped process's threads stop too; a
+cut-off host's note does not arrive). Kafka's brokers heartbeat from a thread of their own
+for the same reason.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ EVENT_LOOP_LAG_INTERVAL_MS = 100
 EVENT_LOOP_LAG_WINDOW_MS = 10_000
 EVENT_LOOP_LAG_WARN_MS = 1_000
 EVENT_LOOP_STALL_STACK_EVERY_MS = 2_000
+EVENT_LOOP_STALL_ALIVE_NOTE_MS = 500   # on_stall after this long without a tick, then as often
 
 
 class LagWindow:
@@ -63,7 +71,9 @@ class EventLoopLagMonitor:
     """Measures the running loop's stalls into a `LagWindow` (see the module docstring)."""
 
     def __init__(self, *, interval_ms: int = EVENT_LOOP_LAG_INTERVAL_MS, window_ms: int = EVENT_LOOP_LAG_WINDOW_MS,
-                 warn_ms: int = EVENT_LOOP_LAG_WARN_MS, clock_ms: Callable[[], float] | None = None) -> None:
+                 warn_ms: int = EVENT_LOOP_LAG_WARN_MS, clock_ms: Callable[[], float] | None = None,
+                 on_stall: Callable[[float], None] | None = None) -> None:
+        self.on_stall = on_stall   # the watchdog's note while the loop is stalled (StallWatchdog)
         self.interval_ms = interval_ms
         self.warn_ms = warn_ms
         self.window = LagWindow(window_ms)
@@ -77,7 +87,7 @@ class EventLoopLagMonitor:
 
     async def run(self, *, watchdog: bool = True) -> None:
         if watchdog:
-            self.watchdog = StallWatchdog(self.warn_ms)
+            self.watchdog = StallWatchdog(self.warn_ms, on_stall=self.on_stall)
             self.watchdog.start()
         try:
             await self._measure()
@@ -113,12 +123,19 @@ class StallWatchdog:
     `tick()` for more than `warn_ms`). `tick()` is called from the loop (cheap)."""
 
     def __init__(self, warn_ms: int = EVENT_LOOP_LAG_WARN_MS,
-                 stack_every_ms: int = EVENT_LOOP_STALL_STACK_EVERY_MS) -> None:
+                 stack_every_ms: int = EVENT_LOOP_STALL_STACK_EVERY_MS, *,
+                 on_stall: Callable[[float], None] | None = None,
+                 on_stall_every_ms: int = EVENT_LOOP_STALL_ALIVE_NOTE_MS) -> None:
         self.warn_ms = warn_ms
         self.stack_every_ms = stack_every_ms
+        # called from this thread with the stall so far (ms) once the loop has not ticked for
+        # `on_stall_every_ms`, then every `on_stall_every_ms` while the stall lasts
+        self.on_stall = on_stall
+        self.on_stall_every_ms = on_stall_every_ms
         self.loop_thread_id = threading.get_ident()
         self.last_tick = time.monotonic()
         self.stacks_logged = 0
+        self.stall_notes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -135,9 +152,18 @@ class StallWatchdog:
     def _run(self) -> None:
         logged_for = None   # the tick whose stall was logged last, and when
         next_log = 0.0
-        while not self._stop.wait(self.warn_ms / 4000):
+        next_note = 0.0
+        poll_ms = min(self.warn_ms, self.on_stall_every_ms) if self.on_stall is not None else self.warn_ms
+        while not self._stop.wait(poll_ms / 4000):
             tick = self.last_tick
             stalled_ms = (time.monotonic() - tick) * 1000
+            if self.on_stall is not None and stalled_ms > self.on_stall_every_ms and time.monotonic() >= next_note:
+                next_note = time.monotonic() + self.on_stall_every_ms / 1000
+                try:
+                    self.on_stall(stalled_ms)
+                    self.stall_notes += 1
+                except Exception as exc:   # the next note tries again
+                    log.debug("stall note failed: %s", exc)
             if stalled_ms <= self.warn_ms:
                 continue
             if logged_for == tick and time.monotonic() < next_log:

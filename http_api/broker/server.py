@@ -59,6 +59,30 @@ ALTER_PARTITIONS_BATCH = 1000     # ISR changes per batched AlterPartition reque
 METADATA_CHANGE_LOG_MIN_RECORDS = 1000
 
 
+def alive_note_sender(active_url, broker_epoch, broker_id: int, headers: dict, ssl_context=None,
+                      timeout_s: float = 1.0):
+    """The stall watchdog's `on_stall` (runs in its thread, blocking): `POST
+    /controller/v1/brokers/alive` to the active controller with this broker's epoch
+    (`QuorumController.note_alive`). `active_url` / `broker_epoch`: callables read at each
+    note; nothing is sent before the broker registered."""
+    import urllib.request
+    handlers = [urllib.request.ProxyHandler({})]   # straight to the controller, never an environment proxy
+    if ssl_context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=ssl_context))
+    opener = urllib.request.build_opener(*handlers)
+
+    def send(stalled_ms: float) -> None:
+        url, epoch = active_url(), broker_epoch()
+        if not url or epoch is None:
+            return
+        body = json.dumps({"broker_id": broker_id, "broker_epoch": epoch, "stalled_ms": int(stalled_ms)}).encode()
+        req = urllib.request.Request(url.rstrip("/") + "/controller/v1/brokers/alive", data=body, method="POST",
+                                     headers={**headers, "Content-Type": "application/json"})
+        with opener.open(req, timeout=timeout_s) as resp:
+            resp.read()
+    return send
+
+
 class Broker:
     """One broker's running parts; `start()` then `stop()`."""
 
@@ -175,7 +199,11 @@ class Broker:
                 connector=aiohttp.TCPConnector(ssl=client_ssl), headers=auth_headers)
         if self.tls is not None:
             deps.registry.register(TlsMetricsCollector([self.tls]))
-        self.loop_lag = EventLoopLagMonitor()   # kraftlog_event_loop_lag_ms (issue 25)
+        # kraftlog_event_loop_lag_ms (issue 25); its watchdog thread tells the controller this
+        # process is alive while the loop is busy (not fenced as stopped or cut off)
+        self.loop_lag = EventLoopLagMonitor(on_stall=alive_note_sender(
+            lambda: self.client.active_url, lambda: getattr(self.lifecycle, "broker_epoch", None),
+            cfg.broker_id, auth_headers, client_ssl))
         prom.Gauge("kraftlog_event_loop_lag_ms", "Longest event-loop stall of the last 10-20 s (ms)",
                    registry=deps.registry).set_function(self.loop_lag.lag_ms)
         self.tasks.append(asyncio.create_task(self.loop_lag.run(), name="event-loop-lag"))

@@ -229,3 +229,22 @@ def test_a_busy_broker_answers_the_second_probe_a_stopped_one_none():
         assert _probe_broker_attempts(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.5, 0.3, 2) == "no-answer"
     finally:
         silent.close()
+
+
+def test_a_broker_noted_alive_by_its_watchdog_is_not_silent_but_keeps_its_lease_as_it_was():
+    """`note_alive` (a broker's stall watchdog, issue 25): a reported broker whose event loop is
+    busy but whose process says it is alive counts as heard for the silence rule; it renews no
+    lease, and a stale epoch or a fenced broker does not count."""
+    h = harness()
+    h.now = 20_000
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == [2]
+    lease = h.controller.sessions.get(2)
+    assert not h.controller.note_alive(h.image, 2, epoch(h, 2) + 1, h.now)   # another incarnation's epoch
+    assert h.controller.silent_brokers(h.image, h.now) == [2]
+    assert h.controller.note_alive(h.image, 2, epoch(h, 2), h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == []
+    assert h.controller.sessions.get(2) == lease                              # no lease renewal
+    h.now += FENCE_MS + 1                                                     # the notes stopped
+    h.controller.report_silent(h.image, 1, epoch(h, 1), 2, h.now)
+    assert h.controller.silent_brokers(h.image, h.now) == [2]

@@ -52,3 +52,32 @@ def test_watchdog_logs_the_stack_of_the_step_holding_the_loop(caplog):
         logged = asyncio.run(main())
     assert logged >= 1
     assert any("hold_the_loop_for_a_while" in r.getMessage() for r in caplog.records)
+
+
+def test_watchdog_notes_the_process_alive_from_its_thread_while_the_loop_is_held():
+    """`on_stall` (the broker's `POST /controller/v1/brokers/alive`) is called from the
+    watchdog thread while the loop is held, every `on_stall_every_ms`, and not while it turns."""
+    import threading
+
+    notes: list = []
+
+    def note(stalled_ms: float) -> None:
+        notes.append((threading.get_ident(), stalled_ms))
+
+    async def main():
+        m = EventLoopLagMonitor(interval_ms=10, warn_ms=5000, on_stall=note)
+        t = asyncio.create_task(m.run())
+        try:
+            await asyncio.sleep(0.6)           # a turning loop: no note
+            quiet = len(notes)
+            m.watchdog.on_stall_every_ms = 200
+            time.sleep(1.0)                    # held 1 s: notes at ~200, ~400, ... ms
+            await asyncio.sleep(0.05)
+            return quiet, threading.get_ident()
+        finally:
+            t.cancel()
+    quiet, loop_thread = asyncio.run(main())
+    assert quiet == 0
+    assert len(notes) >= 2, notes
+    assert all(tid != loop_thread for tid, _ in notes)
+    assert all(ms > 200 for _, ms in notes)
