@@ -39,6 +39,7 @@ from http_api.wire.auth import broker_auth_headers, say_unauthenticated
 from http_api.wire.hardening import HardenedAppRunner, HardeningCollector, HttpLimits
 from http_api.wire.tls import ReloadingServerContext, TcpSite, TlsMetricsCollector, internal_client_context
 from partitions.errors import ErrorCode, KraftlogError
+from partitions.replication.loop_share import next_wait_s
 from partitions.replication.replica_fetcher import ReplicaFetcherManager
 from partitions.replication.replica_manager import ReplicaManager
 
@@ -390,18 +391,23 @@ class Broker:
         # a follower silent for replica_fetch_silence_max_ms while acks=all waits must be out of
         # the ISR within about that time plus one check: look every fifth of it
         silence = self.config.replica_fetch_silence_max_ms
+        took_s = 0.0
         while True:
             # Kafka checks every replica.lag.time.max.ms / 2 (topic configs may lower it)
             lag = min([self.config.replica_lag_time_max_ms] +
                       [self.rm.replica_lag_time_max_ms(t, self.config.replica_lag_time_max_ms)
                        for t in list(self.rm._topic_configs)])
             interval = min(ISR_CHECK_INTERVAL_MS, lag // 2, silence // 5 if silence > 0 else ISR_CHECK_INTERVAL_MS)
-            await asyncio.sleep(max(50, interval) / 1000)
+            # a check of thousands of partitions (a follower broker died) runs less often
+            await asyncio.sleep(next_wait_s(max(50, interval) / 1000, took_s))
             epoch = self.lifecycle.broker_epoch if self.lifecycle is not None else None
             if epoch is None:
                 continue
             due = []
-            for part, new_isr in self.rm.isr_changes(self.config.replica_lag_time_max_ms):
+            started = time.perf_counter()
+            changes = self.rm.isr_changes(self.config.replica_lag_time_max_ms)
+            took_s = time.perf_counter() - started
+            for part, new_isr in changes:
                 key = (part.topic, part.partition)
                 asked = pending.get(key)
                 now = time.monotonic()

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from partitions.clock import SYSTEM_CLOCK, Clock
+from partitions.replication.loop_share import next_wait_s
 
 if TYPE_CHECKING:
     from partitions.replication.replica_fetcher import ReplicaFetcherManager
@@ -101,13 +103,17 @@ class PeerSilenceReporter:
         if self.replica_silence_report_ms <= 0:
             return
         interval_s = max(50, self.replica_silence_report_ms // 8) / 1000
+        wait_s = interval_s
         try:
             while True:
-                await asyncio.sleep(interval_s)
+                await asyncio.sleep(wait_s)
+                started = time.perf_counter()
                 try:
                     self.check_once()
                 except Exception:  # noqa: BLE001 - never stop looking
                     log.exception("looking for silent peers failed")
+                # a scan of thousands of partitions (a follower broker died) runs less often
+                wait_s = next_wait_s(interval_s, time.perf_counter() - started)
         finally:
             for t in self._in_flight.values():
                 t.cancel()
