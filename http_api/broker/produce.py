@@ -27,6 +27,10 @@ from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_ac
 log = logging.getLogger("kraftlog.broker")
 
 METADATA_REFRESH_WAIT_S = 1.0   # topic-level produce: wait this long for newer metadata before retrying
+# a leader that refused a forwarded produce is not connected to again for this long: its
+# partitions fail at once as refused (after a kill -9 a request for thousands of partitions
+# tried a connection per partition, again after every metadata refresh)
+FORWARD_REFUSED_BACKOFF_MS = 500
 
 
 def _nothing_appended(e: KraftlogError) -> bool:
@@ -45,6 +49,7 @@ class ProduceRoutes(Routes):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.round_robin = RoundRobin()
+        self._refused_until: dict[str, float] = {}   # leader URL -> monotonic time (FORWARD_REFUSED_BACKOFF_MS)
 
     async def produce_topic(self, request: web.Request) -> web.Response:
         return await self.ctx.measured(self._produce_topic, request, self.metrics.produce_requests, self.metrics.produce_latency)
@@ -154,6 +159,11 @@ class ProduceRoutes(Routes):
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "forwarding is not configured on this broker")
         acks_s = "all" if acks == ACKS_ALL else str(acks)
         url = f"{leader_url.rstrip('/')}/v1/topics/{topic}/partitions/{partition}/records?acks={acks_s}"
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._refused_until.get(leader_url, 0.0):
+            raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"the leader of {topic}-{partition} at {leader_url} refused connections moments ago; "
+                                "retry after a metadata refresh", refused=True)
         try:
             # the leader authorizes the client, not this broker (auth.forwarding_headers)
             async with session.post(url, data=payload, headers={"Content-Type": RAW_BATCH, "Accept": JSON,
@@ -173,6 +183,7 @@ class ProduceRoutes(Routes):
                     raise KraftlogError(err.code, err.message, **extra)
                 return int(doc["offsets"][0]["offset"])
         except aiohttp.ClientConnectorError as e:  # refused: the request was never sent
+            self._refused_until[leader_url] = loop.time() + FORWARD_REFUSED_BACKOFF_MS / 1000
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"cannot reach the leader of {topic}-{partition} at {leader_url}: {e}; "
                                 "retry after a metadata refresh", refused=True) from None

@@ -89,3 +89,41 @@ async def test_a_produce_to_many_partitions_is_started_a_slice_per_turn(tmp_path
         assert len(started) == n
         # without slicing all n start in the same turn
         assert max(per_turn.values()) <= REQUEST_SLICE_PARTITIONS and len(per_turn) >= 3, per_turn
+
+
+async def test_a_leader_that_refused_a_forward_is_not_connected_to_again_for_a_moment():
+    """After a kill -9 a produce naming thousands of partitions forwarded each to the dead
+    leader, one refused connection per partition, again after each metadata refresh: a
+    refusal now marks the leader for FORWARD_REFUSED_BACKOFF_MS and its other partitions
+    fail as refused without a connection (the caller retries after a metadata refresh)."""
+    import socket
+    from types import SimpleNamespace
+
+    import aiohttp
+
+    from http_api.broker.produce import FORWARD_REFUSED_BACKOFF_MS
+    from http_api.wire.errors import ErrorCode, KraftlogError
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()                               # nothing listens: connections are refused
+    attempts = []
+    trace = aiohttp.TraceConfig()
+
+    async def on_start(_session, _ctx, _params):
+        attempts.append(1)
+    trace.on_connection_create_start.append(on_start)
+    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+        ctx = SimpleNamespace(config=SimpleNamespace(request_timeout_ms=2000),
+                              deps=SimpleNamespace(http_session=session), rm=None, metrics=None)
+        routes = ProduceRoutes(ctx)
+        for p in range(50):
+            with pytest.raises(KraftlogError) as e:
+                await routes._forward(dead, "t", p, b"x", 1)
+            assert e.value.code is ErrorCode.BROKER_NOT_AVAILABLE and e.value.extra.get("refused")
+        assert len(attempts) == 1           # one connection tried for 50 partitions
+        await asyncio.sleep(FORWARD_REFUSED_BACKOFF_MS / 1000 + 0.05)
+        with pytest.raises(KraftlogError):
+            await routes._forward(dead, "t", 0, b"x", 1)
+        assert len(attempts) == 2           # tried again after the backoff
