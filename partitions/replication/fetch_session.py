@@ -265,9 +265,6 @@ class FollowerSession:
     epoch: int = INITIAL_EPOCH
     sent: dict = field(default_factory=dict)
     _pending: dict | None = None
-    # an incremental request built from `candidates`: (entries named, keys forgotten), applied
-    # to `sent` once answered (issue 25: no copy of every partition's entry per poll)
-    _pending_diff: tuple | None = None
     full_fetches: int = 0
     incremental_fetches: int = 0
 
@@ -277,33 +274,22 @@ class FollowerSession:
         the caller tracks them, so no walk of `wanted`); None: compare them all.
         -> (session_id, epoch, keys to name in the request, forgotten keys). A full fetch
         (no session yet) names them all."""
-        self._pending_diff = None
+        self._pending = dict(wanted)
         if self.session_id == NO_SESSION:
-            self._pending = dict(wanted)
             self.full_fetches += 1
             return NO_SESSION, INITIAL_EPOCH, list(wanted), []
         self.incremental_fetches += 1
         if candidates is None:
-            self._pending = dict(wanted)
             named = [k for k, v in wanted.items() if self.sent.get(k) != v]
             forgotten = [k for k in self.sent if k not in wanted]
         else:
-            self._pending = None
             named = [k for k in candidates if k in wanted and self.sent.get(k) != wanted[k]]
             forgotten = [k for k in candidates if k in self.sent and k not in wanted]
-            self._pending_diff = ({k: wanted[k] for k in named}, forgotten)
         return self.session_id, self.epoch, named, forgotten
 
     def view(self) -> dict:
         """key -> (fetch_offset, leader_epoch) the leader holds once the pending request is
         answered: an answer's partitions are read from these offsets."""
-        if self._pending_diff is not None:
-            named, forgotten = self._pending_diff
-            out = dict(self.sent)
-            out.update(named)
-            for k in forgotten:
-                out.pop(k, None)
-            return out
         return self._pending if self._pending is not None else self.sent
 
     def answered(self, session_id: int | None, session_error: str | None = None) -> bool:
@@ -311,7 +297,6 @@ class FollowerSession:
         sessions) or a session error. -> False when the answer's partitions must be ignored
         (a session error: nothing was read)."""
         pending, self._pending = self._pending, None
-        diff, self._pending_diff = self._pending_diff, None
         if session_error:
             self.reset()
             return False
@@ -322,17 +307,11 @@ class FollowerSession:
             self.session_id, self.epoch = session_id, INITIAL_EPOCH + 1
         else:
             self.epoch += 1
-        if diff is not None:
-            named, forgotten = diff
-            self.sent.update(named)
-            for k in forgotten:
-                self.sent.pop(k, None)
-        else:
-            self.sent = pending if pending is not None else {}
+        self.sent = pending if pending is not None else {}
         return True
 
     def reset(self) -> None:
-        self.session_id, self.epoch, self._pending, self._pending_diff = NO_SESSION, INITIAL_EPOCH, None, None
+        self.session_id, self.epoch, self._pending = NO_SESSION, INITIAL_EPOCH, None
         self.sent = {}
 
     def forget(self, key: Key) -> None:

@@ -289,9 +289,7 @@ class _LeaderFetcher:
         looked_at = await self._update_wanted(now, throttle, throttled)
         if not self.wanted:
             return False
-        # key -> (fetch offset, leader epoch) this request fetches: `self.wanted` itself, not a
-        # copy (issue 25: only this task's next `_update_wanted` changes it, after the answer)
-        sent = self.wanted
+        sent = dict(self.wanted)   # key -> (fetch offset, leader epoch) this request fetches
         kwargs = {}
         keys = self.wanted
         if self.session is not None:

@@ -321,27 +321,3 @@ def test_partition_count_metrics_come_from_the_led_index(monkeypatch):
     assert rm.local_partition_counts() == (6, 4)
     assert rm.under_replicated_count() == 1
     assert walked == []
-
-
-def test_an_idle_follower_poll_copies_no_map_of_every_partition():
-    """The follower's session view is updated in place from the keys that changed: an idle
-    poll of 10,000 partitions builds and commits no copy of the whole map, and the view
-    still equals what was wanted (named, changed and forgotten keys included)."""
-    from partitions.replication.fetch_session import FollowerSession
-    wanted = {("t", p): (0, 0) for p in range(10_000)}
-    f = FollowerSession()
-    assert f.build(wanted)[2] == list(wanted)      # the full fetch names everything
-    f.answered(5)
-    view = f.sent
-    for _ in range(3):                               # idle: nothing changed
-        assert f.build(wanted, candidates=set()) == (5, f.epoch, [], [])
-        f.answered(5)
-        assert f.sent is view
-    wanted[("t", 3)] = (7, 0)
-    del wanted[("t", 4)]
-    wanted[("t", 10_000)] = (0, 1)
-    sid, _, named, forgotten = f.build(wanted, candidates={("t", 3), ("t", 4), ("t", 10_000), ("t", 5)})
-    assert sorted(named) == [("t", 3), ("t", 10_000)] and forgotten == [("t", 4)]
-    assert f.view() == wanted and f.sent is view
-    f.answered(5)
-    assert f.sent is view and f.sent == wanted
