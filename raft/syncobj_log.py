@@ -187,6 +187,12 @@ def install_command_hold(syncobj, hold: Callable[[], Any], min_bytes: int) -> bo
             return original(command)
 
     syncobj._SyncObj__doApplyCommand = do_apply_command
+    # pysyncobj's log compaction pickles every instance attribute not in `__properies`: the
+    # hook must be named there (an unpicklable closure made every full dump fail, and the
+    # raft thread retried it every tick at 100,000 partitions)
+    props = getattr(syncobj, "_SyncObj__properies", None)
+    if props is not None:
+        props.add("_SyncObj__doApplyCommand")
     return True
 
 
