@@ -486,14 +486,12 @@ def failover_pipeline(n: int) -> None:
     apply_metadata): in the cluster the 3 controllers and 2 brokers run their copies in
     parallel (on 2 cores)."""
     import json as _json
-    import random
 
     from pysyncobj import pickle as _pickle
 
-    from metadata_quorum.controller import QuorumController
     from metadata_quorum.controller_server import feed_page_text
     from metadata_quorum.feed import FeedState
-    from metadata_quorum.records import LeaderChangeRecord, UnfenceBrokerRecord, record_to_dict
+    from metadata_quorum.records import record_to_dict
     from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, MetadataStateMachine
     from partitions.replication.replica_manager import ReplicaManager
     from tests.unit.replication.fake_log import MemoryLogManager
@@ -518,19 +516,12 @@ def failover_pipeline(n: int) -> None:
                 full_gcs[1] += time.process_time() - full_gcs[2]
     gc.callbacks.append(on_gc)
     # as the controller process runs it: full collections held off during a large apply
-    sm = MetadataStateMachine(feed_retained_records=10 ** 7, gc_freeze_min_records=GC_FREEZE_MIN_RECORDS_DEFAULT)
-    c = QuorumController(rng=random.Random(1))
-
-    def write(recs: list) -> None:
-        r = sm.apply([{"request_id": None, "controller_epoch": sm.image.controller_epoch,
-                       "records": [record_to_dict(x) for x in recs]}])[0]
-        assert r["ok"], r
-    write([LeaderChangeRecord(1, 1)])
-    for b in (1, 2, 3):
-        write(c.register_broker(sm.image, b, f"i{b}", f"http://b{b}", now_ms=0))
-        write([UnfenceBrokerRecord(b, sm.image.brokers[b].epoch)])
+    from tests.rigs.metadata_image import ImageBuilder
+    built = ImageBuilder(MetadataStateMachine(feed_retained_records=10 ** 7,
+                                              gc_freeze_min_records=GC_FREEZE_MIN_RECORDS_DEFAULT), seed=1)
+    sm, c, write = built.sm, built.controller, built.write
     for i in range(10):
-        write(c.create_topic(sm.image, f"scale{i}", n // 10, 3))
+        built.create(f"scale{i}", n // 10, 3)
     led = {(t.name, p.partition) for t in sm.image.topics.values() for p in t.partitions.values() if p.leader == 2}
     stages = ("decide (controller.py)", "plain data (record_to_dict)", "raft entry pickle", "raft entry unpickle",
               "state machine apply (each controller)", "feed encode (once, cached)",

@@ -151,6 +151,17 @@ class FullCollectionHold:
         self._saved = None
 
 
+@contextlib.contextmanager
+def _full_collections_held(freeze: bool):
+    """No full collection inside; `gc.freeze()` after it when `freeze` (FullCollectionHold)."""
+    hold = FullCollectionHold()
+    hold.hold()
+    try:
+        yield
+    finally:
+        hold.release(freeze=freeze)
+
+
 class MetadataStateMachine:
     """Image + feed tail + applied request ids. Invariant: tail holds records with offsets
     [tail_start, image.offset) contiguously."""
@@ -207,12 +218,8 @@ class MetadataStateMachine:
         if not self.gc_freeze_min_records:
             yield
             return
-        hold = FullCollectionHold()
-        hold.hold()
-        try:
+        with _full_collections_held(freeze=False):   # a large apply froze the image and the entry already
             yield
-        finally:
-            hold.release(freeze=False)   # a large apply froze the image and the entry already
 
     @contextlib.contextmanager
     def _gc_held(self, records: int):
@@ -220,12 +227,10 @@ class MetadataStateMachine:
         if not self.gc_freeze_min_records or records < self.gc_freeze_min_records:
             yield
             return
-        hold = FullCollectionHold()
-        hold.hold()
         try:
-            yield
+            with _full_collections_held(freeze=True):   # the image is long-lived: later full collections skip it
+                yield
         finally:
-            hold.release(freeze=True)   # the image is long-lived: later full collections skip it
             self.gc_freezes += 1
 
     def _apply_entry(self, entry: dict) -> dict:

@@ -2,33 +2,20 @@
 the event loop between slices of partitions (14 MB and 1.05 s of CPU in one turn at 100,000
 partitions), byte for byte the body it was before, and built once per published image."""
 import asyncio
-import random
 
 from http_api.broker.topics import metadata_body_in_slices
 from http_api.wire.codecs import JSON, encode_document
-from metadata_quorum.controller import QuorumController
-from metadata_quorum.records import LeaderChangeRecord, UnfenceBrokerRecord, record_to_dict
-from metadata_quorum.state_machine import MetadataStateMachine
 from tests.functional.broker_harness import running_broker
 from tests.functional.fake_controller import FakeControllerClient
+from tests.rigs.metadata_image import ImageBuilder
 
 
 def _image(topics: int, partitions: int):
-    sm = MetadataStateMachine()
-    c = QuorumController(rng=random.Random(7))
-
-    def write(recs):
-        r = sm.apply([{"request_id": None, "controller_epoch": sm.image.controller_epoch,
-                       "records": [record_to_dict(x) for x in recs]}])[0]
-        assert r["ok"], r
-    write([LeaderChangeRecord(1, 1)])
-    for b in (1, 2, 3):
-        write(c.register_broker(sm.image, b, f"i{b}", f"http://b{b}", now_ms=0))
-        write([UnfenceBrokerRecord(b, sm.image.brokers[b].epoch)])
+    b = ImageBuilder(seed=7)
     for i in range(topics):
-        write(c.create_topic(sm.image, f"t{i}", partitions, 3, {"cleanup.policy": "compact"} if i == 1 else None))
-    sm.image.cluster_id = "c-ü"   # non-ASCII kept as UTF-8, as json_response does
-    return sm.image
+        b.create(f"t{i}", partitions, 3, {"cleanup.policy": "compact"} if i == 1 else None)
+    b.image.cluster_id = "c-ü"   # non-ASCII kept as UTF-8, as json_response does
+    return b.image
 
 
 async def test_the_body_is_the_same_bytes_built_over_several_turns():

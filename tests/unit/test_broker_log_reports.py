@@ -2,13 +2,11 @@
 from the image's leaderless index (issue 25): the partitions awaiting recovery that name this
 broker are reported with their log's epoch and end offset, and the heartbeat no longer walks
 every partition of the image (1 s of the event loop at 30,000 partitions under load)."""
-import random
 from types import SimpleNamespace
 
 from http_api.broker.server import Broker
-from metadata_quorum.controller import QuorumController
-from metadata_quorum.records import LeaderChangeRecord, PartitionChangeRecord, UnfenceBrokerRecord, record_to_dict
-from metadata_quorum.state_machine import MetadataStateMachine
+from metadata_quorum.records import PartitionChangeRecord
+from tests.rigs.metadata_image import ImageBuilder
 
 
 class CountingPartitions(dict):
@@ -21,18 +19,9 @@ class CountingPartitions(dict):
 
 
 def test_log_reports_name_the_partitions_awaiting_recovery_without_walking_the_image():
-    sm = MetadataStateMachine()
-    c = QuorumController(rng=random.Random(3))
-
-    def write(recs):
-        r = sm.apply([{"request_id": None, "controller_epoch": sm.image.controller_epoch,
-                       "records": [record_to_dict(x) for x in recs]}])[0]
-        assert r["ok"], r
-    write([LeaderChangeRecord(1, 1)])
-    for b in (1, 2, 3):
-        write(c.register_broker(sm.image, b, f"i{b}", f"http://b{b}", now_ms=0))
-        write([UnfenceBrokerRecord(b, sm.image.brokers[b].epoch)])
-    write(c.create_topic(sm.image, "big", 2000, 3))
+    b = ImageBuilder(seed=3)
+    b.create("big", 2000, 3)
+    sm, write = b.sm, b.write
     t = sm.image.topics["big"]
     p7 = t.partitions[7]
     # partition 7: leaderless, ISR and ELR empty, broker 1 among the last known ELR
