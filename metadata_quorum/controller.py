@@ -187,6 +187,27 @@ def _config_map(configs: Any, allow_null: bool) -> dict:
     return out
 
 
+def _next_state(t, p: PartitionRegistration, replicas, isr, leader, elr, last_known_elr, adding,
+                removing) -> PartitionChangeRecord:
+    """The PartitionChangeRecord moving partition `p` of topic `t` to this state: the leader
+    epoch bumped exactly when the leader changes, the partition epoch always. Built without
+    the frozen dataclass's `__init__` (33,334 of them in one fencing at 100,000 partitions)."""
+    return frozen_instance(PartitionChangeRecord, {   # every field, in field order
+        "topic": t.name,
+        "topic_id": t.topic_id,
+        "partition": p.partition,
+        "replicas": replicas,
+        "isr": isr,
+        "leader": leader,
+        "leader_epoch": p.leader_epoch + 1 if leader != p.leader else p.leader_epoch,
+        "partition_epoch": p.partition_epoch + 1,
+        "elr": elr,
+        "last_known_elr": last_known_elr,
+        "adding_replicas": adding,
+        "removing_replicas": removing,
+    })
+
+
 class QuorumController:
     """Decides metadata changes. Methods return lists of records (empty = nothing to do)."""
 
@@ -254,20 +275,7 @@ class QuorumController:
                 and new_elr == p.elr and new_lke == p.last_known_elr
                 and new_adding == p.adding_replicas and new_removing == p.removing_replicas):
             return None
-        return frozen_instance(PartitionChangeRecord, {   # every field, in field order
-            "topic": t.name,
-            "topic_id": t.topic_id,
-            "partition": p.partition,
-            "replicas": new_replicas,
-            "isr": new_isr,
-            "leader": new_leader,
-            "leader_epoch": p.leader_epoch + 1 if new_leader != p.leader else p.leader_epoch,
-            "partition_epoch": p.partition_epoch + 1,
-            "elr": new_elr,
-            "last_known_elr": new_lke,
-            "adding_replicas": new_adding,
-            "removing_replicas": new_removing,
-        })
+        return _next_state(t, p, new_replicas, new_isr, new_leader, new_elr, new_lke, new_adding, new_removing)
 
     def _elect(self, image: MetadataImage, replicas, isr, excluded=(), included=()) -> int:
         for r in replicas:
@@ -355,12 +363,7 @@ class QuorumController:
                     # what `_change` returns here (no ELR before or after), built directly
                     if new_isr == isr and leader == p.leader:
                         continue
-                    rec = frozen_instance(PartitionChangeRecord, {
-                        "topic": t.name, "topic_id": t.topic_id, "partition": p.partition,
-                        "replicas": replicas, "isr": new_isr, "leader": leader,
-                        "leader_epoch": p.leader_epoch + 1 if leader != p.leader else p.leader_epoch,
-                        "partition_epoch": p.partition_epoch + 1, "elr": (), "last_known_elr": (),
-                        "adding_replicas": p.adding_replicas, "removing_replicas": p.removing_replicas})
+                    rec = _next_state(t, p, replicas, new_isr, leader, (), (), p.adding_replicas, p.removing_replicas)
                 else:
                     rec = self._change(t, p, isr=new_isr, leader=leader, unclean=unclean_id, min_isr=m)
                 if rec is not None:

@@ -260,7 +260,7 @@ class FeedState:
             expected += 1
             if chunk_records and i % chunk_records == chunk_records - 1:
                 yield None
-                expected = self.next_offset   # (nothing else appends; kept exact regardless)
+                expected, pending = self.next_offset, self.pending   # as at the start (nothing else changes them)
         if controller_offset is not None:
             self.controller_offset = controller_offset
         self._note_behind()

@@ -67,6 +67,8 @@ def alive_note_sender(active_url, broker_epoch, broker_id: int, headers: dict, s
     (`QuorumController.note_alive`). `active_url` / `broker_epoch`: callables read at each
     note; nothing is sent before the broker registered."""
     import urllib.request
+
+    from metadata_quorum.client import PREFIX
     handlers = [urllib.request.ProxyHandler({})]   # straight to the controller, never an environment proxy
     if ssl_context is not None:
         handlers.append(urllib.request.HTTPSHandler(context=ssl_context))
@@ -77,7 +79,7 @@ def alive_note_sender(active_url, broker_epoch, broker_id: int, headers: dict, s
         if not url or epoch is None:
             return
         body = json.dumps({"broker_id": broker_id, "broker_epoch": epoch, "stalled_ms": int(stalled_ms)}).encode()
-        req = urllib.request.Request(url.rstrip("/") + "/controller/v1/brokers/alive", data=body, method="POST",
+        req = urllib.request.Request(url.rstrip("/") + PREFIX + "/brokers/alive", data=body, method="POST",
                                      headers={**headers, "Content-Type": "application/json"})
         with opener.open(req, timeout=timeout_s) as resp:
             resp.read()

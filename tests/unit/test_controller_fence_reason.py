@@ -7,7 +7,6 @@ really been silent.
 In-process controller over the in-memory raft log, with a clock the test moves."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 
@@ -16,16 +15,9 @@ from metadata_quorum.controller_server import ControllerConfig, ControllerServer
 from metadata_quorum.state_machine import MetadataStateMachine
 from partitions.clock import ManualClock
 from raft import InMemoryReplicatedLog
+from tests.rigs.controller_inprocess import wait_until
 
 SESSION_MS = 3000
-
-
-async def _wait(pred, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_fence_reason_is_the_silence_the_decision_saw_not_a_lease_renewed_during_the_commit(caplog):
@@ -39,7 +31,7 @@ async def test_fence_reason_is_the_silence_the_decision_saw_not_a_lease_renewed_
     raft_log = InMemoryReplicatedLog(sm, node_id=1, leader=False)
     server = ControllerServer(config, sm, raft_log, clock=clock, rng=random.Random(1))
     raft_log.become_leader()
-    await _wait(lambda: server.is_active)
+    await wait_until(lambda: server.is_active, 10.0)
     ctl = server.controller
     for b in (1, 2):
         await server.write(lambda img, b=b: ctl.register_broker(img, b, f"inc-{b}", f"http://127.0.0.1:{9000 + b}",

@@ -6,7 +6,6 @@ freezes a large entry out of later ones; holds of several threads overlap safely
 raft thread's apply holds too). In-process controller over the in-memory raft log."""
 from __future__ import annotations
 
-import asyncio
 import gc
 import random
 
@@ -14,16 +13,9 @@ from metadata_quorum.controller import ControllerSettings
 from metadata_quorum.controller_server import ControllerConfig, ControllerServer, Voter
 from metadata_quorum.state_machine import FullCollectionHold, MetadataStateMachine
 from raft import InMemoryReplicatedLog
+from tests.rigs.controller_inprocess import wait_until
 
 _HELD = 1 << 30
-
-
-async def _wait(pred, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 def test_holds_that_overlap_restore_the_thresholds_once_the_last_is_released():
@@ -52,7 +44,7 @@ async def test_write_holds_full_collections_while_deciding_and_freezes_a_large_e
     raft_log.become_leader()
     seen: dict = {}
     try:
-        await _wait(lambda: server.is_active)
+        await wait_until(lambda: server.is_active, 10.0)
         ctl = server.controller
         for b in (1, 2):
             await server.write(lambda img, b=b: ctl.register_broker(img, b, f"inc-{b}", f"http://127.0.0.1:{9000 + b}",
