@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from partitions.errors import ErrorCode, KraftlogError
 
@@ -69,6 +70,23 @@ class ReplicaState:
     @last_caught_up_time_ms.setter
     def last_caught_up_time_ms(self, value: int) -> None:
         self._caught_up_ms = value
+
+    def last_heard_ms(self, fetch_requests_ms: Mapping[int, int] | None = None) -> int:
+        """When the silence rules last heard of this follower: its last fetch or caught-up
+        time (a new leader epoch starts an ISR member caught up). While it has not fetched
+        this partition in this leader epoch (`last_fetch_time_ms` < 0: every fetch and
+        restate sets it, a new epoch resets it), also its broker's last fetch request to
+        this leader (`fetch_requests_ms`, broker id -> ms): that broker is alive and fetching
+        other partitions, it has not applied this epoch's metadata yet (issue 25: seconds
+        after a 10,000-partition create). A follower that did fetch this partition and then
+        stopped is judged by its own times alone."""
+        heard = self.last_fetch_time_ms
+        if heard >= 0:
+            return max(heard, self.last_caught_up_time_ms)
+        heard = self.last_caught_up_time_ms
+        if fetch_requests_ms:
+            heard = max(heard, fetch_requests_ms.get(self.broker_id, -1))
+        return heard
 
     def _fields(self) -> tuple:
         return (self.broker_id, self.log_end_offset, self.last_fetch_time_ms, self.last_fetch_leader_log_end_offset,
@@ -348,14 +366,16 @@ class Partition:
 
     def propose_isr_change(self, now_ms: int, replica_lag_time_max_ms: int, *,
                            replica_fetch_silence_max_ms: int | None = None,
-                           acks_waiting_offset: int | None = None) -> list[int] | None:
+                           acks_waiting_offset: int | None = None,
+                           fetch_requests_ms: Mapping[int, int] | None = None) -> list[int] | None:
         """The ISR the leader should ask the controller for (lagging members out, caught-up
         replicas in), or None. Proposed additions count for the HW from now on (until the
         metadata brings a new partition epoch, or `isr_change_rejected`).
 
         `acks_waiting_offset`: the highest offset acks=all produces wait for (None: none
         waits); members silent for `replica_fetch_silence_max_ms` that hold such a produce
-        back leave too (`silent_replicas`), but never so many that the ISR drops below
+        back leave too (`silent_replicas`; `fetch_requests_ms`: each follower broker's last
+        fetch request to this leader), but never so many that the ISR drops below
         min.insync.replicas on silence alone (the lag rule still applies to them).
 
         The two directions agree (issue 24, one-way-answers): a replica is proposed in only
@@ -368,26 +388,27 @@ class Partition:
         drop = self.out_of_sync_replicas(now_ms, replica_lag_time_max_ms)
         if replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None:
             may_leave = max(0, len(self.isr) - len(drop) - self.min_insync_replicas)
-            silent = self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset) - drop
-            drop |= set(self._longest_silent(silent, may_leave))
+            silent = self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset,
+                                          fetch_requests_ms=fetch_requests_ms) - drop
+            drop |= set(self._longest_silent(silent, may_leave, fetch_requests_ms))
         add = self.in_sync_candidates(now_ms, replica_lag_time_max_ms,
                                       replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
-                                      acks_waiting_offset=acks_waiting_offset)
+                                      acks_waiting_offset=acks_waiting_offset,
+                                      fetch_requests_ms=fetch_requests_ms)
         if not drop and not add:
             return None
         self.pending_isr_additions |= add
         return [r for r in self.isr if r not in drop] + sorted(add)
 
-    def _longest_silent(self, silent: set[int], limit: int) -> list[int]:
+    def _longest_silent(self, silent: set[int], limit: int,
+                        fetch_requests_ms: Mapping[int, int] | None = None) -> list[int]:
         """Up to `limit` of `silent`, the longest silent first (ties: lowest broker id)."""
-        def last_heard(r: int) -> int:
-            s = self.remote_replicas[r]
-            return max(s.last_fetch_time_ms, s.last_caught_up_time_ms)
-        return sorted(silent, key=lambda r: (last_heard(r), r))[:limit]
+        return sorted(silent, key=lambda r: (self.remote_replicas[r].last_heard_ms(fetch_requests_ms), r))[:limit]
 
     def in_sync_candidates(self, now_ms: int, replica_lag_time_max_ms: int, *,
                            replica_fetch_silence_max_ms: int | None = None,
-                           acks_waiting_offset: int | None = None) -> set[int]:
+                           acks_waiting_offset: int | None = None,
+                           fetch_requests_ms: Mapping[int, int] | None = None) -> set[int]:
         """Replicas outside the ISR to propose in: `caught_up_out_of_isr` (LEO at the HW and
         the epoch start), caught up (Kafka's rule, `update_follower_fetch`) since the
         metadata took them out of the ISR, and in sync by the shrink rules now: caught up
@@ -407,7 +428,7 @@ class Partition:
             if now_ms - s.last_caught_up_time_ms > replica_lag_time_max_ms:
                 continue
             if (replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None
-                    and now_ms - max(s.last_fetch_time_ms, s.last_caught_up_time_ms) > replica_fetch_silence_max_ms
+                    and now_ms - s.last_heard_ms(fetch_requests_ms) > replica_fetch_silence_max_ms
                     and s.log_end_offset <= acks_waiting_offset):
                 continue
             out.add(r)
@@ -440,13 +461,16 @@ class Partition:
         return out
 
     def silent_replicas(self, now_ms: int, replica_fetch_silence_max_ms: int,
-                        acks_waiting_offset: int) -> set[int]:
+                        acks_waiting_offset: int, *,
+                        fetch_requests_ms: Mapping[int, int] | None = None) -> set[int]:
         """ISR members (other than the leader) that sent no fetch request for
         `replica_fetch_silence_max_ms` (counted from this leader epoch's start at the
         earliest) and lack the record at `acks_waiting_offset` an acks=all produce waits
         for: a stopped or cut-off follower leaves in about that time instead of
         `replica.lag.time.max.ms`. A follower that fetches, however far behind, is never
-        silent (the lag rule alone judges it)."""
+        silent (the lag rule alone judges it). One that has not fetched this partition in
+        this leader epoch yet is silent only while its broker's last fetch request to this
+        leader (`fetch_requests_ms`) is that old too (`ReplicaState.last_heard_ms`)."""
         out: set[int] = set()
         if not self.is_leader:
             return out
@@ -456,7 +480,7 @@ class Partition:
             state = self.remote_replicas.get(r)
             if state is None:
                 continue   # the lag rule drops it
-            last_heard = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
+            last_heard = state.last_heard_ms(fetch_requests_ms)
             if now_ms - last_heard > replica_fetch_silence_max_ms and state.log_end_offset <= acks_waiting_offset:
                 out.add(r)
         return out

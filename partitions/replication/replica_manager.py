@@ -578,6 +578,7 @@ class ReplicaManager:
         partition has data (or an error), else waits up to max_wait_ms for an append on any
         of them; the answer always carries the current HW (how followers learn it). One entry per request: the
         result or the partition's error (FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...)."""
+        self.core.fetch_request_from(replica_id, self._clock_ms())   # its broker is alive (silence rules)
         requests = [ReplicaFetchRequest(*r) for r in requests]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
@@ -651,6 +652,7 @@ class ReplicaManager:
         only partitions with records, an error or news of the HW / log start offset. Parks
         like `replica_fetch` when nothing has data; an append to any session partition
         wakes it. -> (session id, session error or None, [(partition, result or error)])."""
+        self.core.fetch_request_from(replica_id, self._clock_ms())   # its broker is alive (silence rules)
         cache = self.fetch_sessions
         mono = self._monotonic_ms()
         named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch) for r in requests]

@@ -157,6 +157,19 @@ class ReplicaState:
         self.loud: set = set()
         self.liveness_clocks: set[FollowerLiveness] = set()
         self.rule_visits = 0   # partitions the rules looked at (tests, benchmarks)
+        # follower broker id -> when its last fetch request (any session, any partition)
+        # reached this leader: a follower that has not fetched a partition in its leader
+        # epoch yet is not silent while its broker fetches (`fetch_request_from`)
+        self.fetch_requests_ms: dict[int, int] = {}
+
+    def fetch_request_from(self, replica_id: int, now_ms: int) -> None:
+        """A fetch request of broker `replica_id` reached this leader at `now_ms` (the shell
+        calls this for every replica fetch, with or without a session, before reading).
+        Issue 25: after a large create the followers apply the metadata seconds after the
+        leader; until one names a new partition, the silence rules (`silent_replicas`,
+        `silent_followers`) count its silence from this clock and the epoch's start,
+        whichever is later (`partition.ReplicaState.last_heard_ms`)."""
+        self.fetch_requests_ms[replica_id] = now_ms
 
     # ---- replicas ----------------------------------------------------------------------
 
@@ -361,7 +374,8 @@ class ReplicaState:
         replicates to them for more than `replica_silence_report_ms` -> how long (ms), the
         longest across partitions. Only ISR members count (others may be stopped or fenced
         already); the silence of a member counts from this leader epoch's start at the
-        earliest. The broker reports them to the controller, which fences a silent broker
+        earliest, and, until it fetches the partition in this epoch, from its broker's last
+        fetch request to this leader (`fetch_request_from`). The broker reports them to the controller, which fences a silent broker
         once its own heartbeats and probe agree (issue 24 part B). A busy follower that
         fetches, however slowly, is never silent."""
         out: dict[int, int] = {}
@@ -450,7 +464,7 @@ class ReplicaState:
             state = part.remote_replicas.get(r)
             if r == self.broker_id or state is None:
                 continue
-            last_heard = max(state.last_fetch_time_ms, state.last_caught_up_time_ms)
+            last_heard = state.last_heard_ms(self.fetch_requests_ms)
             if last_heard < 0:
                 continue
             if now_ms - last_heard > silence_ms:
@@ -593,7 +607,8 @@ class ReplicaState:
         for tp, part in self.rule_partitions(now_ms, lag_floor_ms):
             new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
-                                              acks_waiting_offset=self.acks_waiting_offset(tp))
+                                              acks_waiting_offset=self.acks_waiting_offset(tp),
+                                              fetch_requests_ms=self.fetch_requests_ms)
             if new_isr is not None:
                 out.append((part, new_isr))
         return out

@@ -514,6 +514,7 @@ class Simulation:
             self.send(b.id, src, "epoch_resp", (leader_epoch, answer))
         elif kind == "fetch":
             leader_epoch, offset, follower_broker_epoch = payload
+            b.core.fetch_request_from(src, self.now)   # as ReplicaManager does for every fetch request
             if part.is_leader and part.leader_epoch == leader_epoch and offset > lg.log_end_offset:
                 # cannot happen after truncation: the follower is ahead
                 self.fail(f"broker {src} fetches offset {offset} beyond leader {b.id}'s LEO {lg.log_end_offset} "

@@ -1,0 +1,225 @@
+"""Issue 25: no ISR churn after a large create. A follower that has not fetched a partition
+since its leader epoch began is silent (the ISR silence rule `Partition.silent_replicas` and
+the controller report `ReplicaState.silent_followers` / `silence_scan`) only when its broker's
+last fetch request to this leader (`ReplicaState.fetch_request_from`, any partition, any
+session) is older than the limit too: a follower broker applies a 10,000-partition create
+seconds after the leader and keeps fetching its older partitions meanwhile.
+
+Unchanged: a broker that sends nothing is silent as before (issue 24: stopped, SIGSTOPped,
+cut off); a follower that fetched the partition in this epoch and then stopped naming it is
+judged by its own times (dropped while acks=all waits), as before; the lag rule
+(`replica.lag.time.max.ms`) still drops a follower that never fetches the partition.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from partitions.clock import ManualClock
+from partitions.log import record_batch as rb
+from partitions.log.protocols import TopicPartition
+from partitions.replication.replica_manager import ACKS_ALL, ReplicaManager
+from partitions.replication.replica_state import LeaderAndIsr, ReplicaFetchRequest, ReplicaState
+from tests.unit.replication.fake_log import MemoryLog, MemoryLogManager
+
+OLD = TopicPartition("old", 0)
+NEW = TopicPartition("new", 0)
+LAG_MS = 30_000
+SILENCE_MS = 1_500
+POLL_MS = 400        # a follower's long polls reach the leader at least this often
+
+
+def leader() -> ReplicaState:
+    """Broker 1 leading OLD (epoch 0) with replicas (1, 2, 3), min.insync.replicas 2."""
+    core = ReplicaState(1, min_isr_for=lambda topic: 2)
+    core.add_replica(OLD, MemoryLog())
+    core.apply_leader_and_isr(OLD, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 0), now_ms=0)
+    return core
+
+
+def create_new(core: ReplicaState, now_ms: int) -> object:
+    """NEW is created led by 1 (a fresh leader epoch); an acks=all produce waits on it."""
+    core.add_replica(NEW, MemoryLog())
+    core.apply_leader_and_isr(NEW, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 0), now_ms=now_ms)
+    info, _ = core.append_as_leader(NEW, rb.build_batch([rb.Record(None, b"v", timestamp=1)]),
+                                    required_min_isr=2)
+    waiter = object()
+    assert core.add_ack_waiter(NEW, waiter, info.last_offset).completed == []
+    return waiter
+
+
+def request(core: ReplicaState, broker: int, now_ms: int, *tps: TopicPartition) -> None:
+    """One fetch request of `broker` naming `tps` at their log end (as the shell records it)."""
+    core.fetch_request_from(broker, now_ms)
+    for tp in tps:
+        core.replica_read(tp, replica_id=broker, offset=core.logs[tp].log_end_offset, leader_epoch=0,
+                          max_bytes=1 << 20, now_ms=now_ms)
+
+
+def isr_changes(core: ReplicaState, now_ms: int) -> dict:
+    return {(p.topic, p.partition): isr for p, isr in core.isr_changes(
+        now_ms, lambda topic: LAG_MS, replica_fetch_silence_max_ms=SILENCE_MS)}
+
+
+def test_a_follower_whose_broker_fetches_other_partitions_is_not_silent_before_it_names_a_new_one():
+    core, now = leader(), 0
+    request(core, 2, now, OLD)
+    request(core, 3, now, OLD)
+    waiter = create_new(core, now)
+    for _ in range(8):                      # 3.2 s: 2 names NEW at once, 3 only fetches OLD
+        now += POLL_MS
+        request(core, 2, now, OLD, NEW)
+        request(core, 3, now, OLD)
+        assert isr_changes(core, now) == {}
+        assert core.silent_followers(now, SILENCE_MS) == {}
+        assert core.silence_scan(now, SILENCE_MS) == ({}, set())
+    # 3 applies the create and fetches NEW: the produce is committed, nobody left the ISR
+    request(core, 3, now, OLD, NEW)
+    assert core.ack_waiters(NEW) == [] and core.partitions[NEW].high_watermark == 1
+    assert waiter is not None and core.partitions[NEW].isr == [1, 2, 3]
+
+
+def test_a_follower_broker_silent_entirely_is_dropped_and_reported_as_before():
+    core, now = leader(), 0
+    request(core, 2, now, OLD)
+    request(core, 3, now, OLD)            # 3's last request, then it stops (SIGSTOP, cut link)
+    now += 1_000
+    create_new(core, now)                 # the epoch starts after 3's last request
+    for _ in range(3):                    # 1.2 s after the epoch start: not yet
+        now += POLL_MS
+        request(core, 2, now, OLD, NEW)
+        assert isr_changes(core, now) == {}
+    now += 400                            # 1.6 s since the epoch start, 2.6 s since 3's request
+    request(core, 2, now, OLD, NEW)
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+    # reported silent since the epoch start (the later of the two), OLD's silence is longer
+    assert core.silent_followers(now, SILENCE_MS) == {3: 2_600}
+    followers, parts = core.silence_scan(now, SILENCE_MS)
+    assert followers == {3: 2_600} and parts == {OLD, NEW}
+
+
+def test_a_broker_silent_since_its_last_request_counts_from_that_request():
+    core, now = leader(), 0
+    request(core, 2, now, OLD)
+    request(core, 3, now, OLD)
+    create_new(core, now)
+    for _ in range(2):                    # 3 fetches OLD for 0.8 s after the create, then stops
+        now += POLL_MS
+        request(core, 2, now, OLD, NEW)
+        request(core, 3, now, OLD)
+    last_3 = now
+    while now - last_3 <= SILENCE_MS:
+        assert isr_changes(core, now) == {} and core.silent_followers(now, SILENCE_MS) == {}
+        now += 100
+        request(core, 2, now, OLD, NEW)
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+    assert core.silent_followers(now, SILENCE_MS) == {3: now - last_3}
+
+
+def test_a_follower_that_fetched_the_partition_then_stopped_naming_it_is_still_dropped():
+    """Kept on purpose: it applied this epoch and fetched, so not naming the partition any
+    more (its fetcher backs it off, its log failed) holds acks=all back; the per-partition
+    rule drops it while acks=all waits (Kafka would wait for the lag time)."""
+    core, now = leader(), 0
+    create_new(core, now)
+    request(core, 2, now, OLD, NEW)
+    request(core, 3, now, OLD)
+    core.fetch_request_from(3, now)
+    core.replica_read(NEW, replica_id=3, offset=0, leader_epoch=0, max_bytes=0, now_ms=now)   # behind
+    for _ in range(4):
+        now += POLL_MS
+        request(core, 2, now, OLD, NEW)
+        request(core, 3, now, OLD)          # its broker fetches, but NEW no more
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+    assert core.silent_followers(now, SILENCE_MS) == {3: 4 * POLL_MS}
+
+
+def test_the_lag_rule_still_drops_a_follower_that_never_fetches_the_partition():
+    core, now = leader(), 0
+    core.add_replica(NEW, MemoryLog())
+    core.apply_leader_and_isr(NEW, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 0), now_ms=now)
+    core.append_as_leader(NEW, rb.build_batch([rb.Record(None, b"v", timestamp=1)]))   # acks=1
+    while now <= LAG_MS:
+        assert isr_changes(core, now) == {}
+        now += 1_000
+        request(core, 2, now, OLD, NEW)
+        request(core, 3, now, OLD)
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+
+
+def test_the_rules_visit_only_the_new_partition_while_its_follower_has_not_fetched_it():
+    """R's quiet-partition optimisation (issue 25): caught-up session partitions stay
+    unvisited; the new one is loud until its follower fetches it, then quiet again."""
+    clock = ManualClock()
+    rm = ReplicaManager(1, MemoryLogManager(), clock=clock, min_insync_replicas=2)
+    n = 200
+    for p in range(n):
+        tp = TopicPartition("old", p)
+        rm.core.add_replica(tp, rm.log_manager.get_or_create("old", p))
+        rm.core.apply_leader_and_isr(tp, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 0), now_ms=clock.now_ms())
+    olds = [ReplicaFetchRequest("old", p, 0, 0) for p in range(n)]
+    sessions = {}
+
+    async def poll(b: int, reqs: list) -> None:
+        sid, epoch = sessions.get(b, (0, 0))
+        sid, err, _ = await rm.replica_fetch_session(b, sid, epoch, reqs, [], max_bytes=1 << 20,
+                                                     partition_max_bytes=1 << 20, max_wait_ms=0)
+        assert err is None
+        sessions[b] = (sid, epoch + 1)
+
+    async def run():
+        for b in (2, 3):
+            await poll(b, olds)
+        clock.advance(300)
+        for b in (2, 3):
+            await poll(b, [])
+        assert rm.isr_changes(LAG_MS) == []
+        rm.core.add_replica(NEW, rm.log_manager.get_or_create("new", 0))
+        rm.core.apply_leader_and_isr(NEW, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 0), now_ms=clock.now_ms())
+        produce = asyncio.ensure_future(rm.append("new", 0, rb.build_batch([rb.Record(None, b"v")]),
+                                                  acks=ACKS_ALL, timeout_ms=60_000))
+        await asyncio.sleep(0)
+        visits = []
+        for _ in range(10):               # 3 s: both followers poll their sessions, NEW unnamed
+            clock.advance(300)
+            for b in (2, 3):
+                await poll(b, [])
+            before = rm.core.rule_visits
+            assert rm.isr_changes(LAG_MS) == []
+            assert rm.core.silence_scan(clock.now_ms(), SILENCE_MS) == ({}, set())
+            visits.append(rm.core.rule_visits - before)
+        assert visits == [2] * 10          # NEW, once by each rule; the 200 quiet partitions never
+        for b in (2, 3):                   # they apply the create and name NEW
+            await poll(b, [ReplicaFetchRequest("new", 0, 0, 0)])
+        for b in (2, 3):
+            await poll(b, [ReplicaFetchRequest("new", 0, 1, 0)])
+        await asyncio.wait_for(produce, 1)
+        for _ in range(2):                 # the HW news is read, then the next restate attaches NEW
+            clock.advance(300)
+            for b in (2, 3):
+                await poll(b, [])
+            assert rm.isr_changes(LAG_MS) == []
+        before = rm.core.rule_visits
+        assert rm.isr_changes(LAG_MS) == [] and rm.core.rule_visits == before   # quiet again
+    asyncio.run(run())
+
+
+def test_every_fetch_request_is_recorded_with_or_without_a_session():
+    clock = ManualClock()
+    rm = ReplicaManager(1, MemoryLogManager(), clock=clock)
+    rm.core.add_replica(OLD, rm.log_manager.get_or_create("old", 0))
+    rm.core.apply_leader_and_isr(OLD, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 0), now_ms=0)
+
+    async def run():
+        clock.advance(100)
+        await rm.replica_fetch(2, [ReplicaFetchRequest("old", 0, 0, 0)], max_bytes=100, partition_max_bytes=100)
+        clock.advance(100)
+        sid, _, _ = await rm.replica_fetch_session(3, 0, 0, [ReplicaFetchRequest("old", 0, 0, 0)], [],
+                                                   max_bytes=100, partition_max_bytes=100)
+        t0 = clock.now_ms() - 200
+        assert rm.core.fetch_requests_ms == {2: t0 + 100, 3: t0 + 200}
+        clock.advance(100)
+        await rm.replica_fetch_session(3, sid, 1, [], [], max_bytes=100, partition_max_bytes=100)
+        clock.advance(100)
+        await rm.replica_fetch_session(2, 12345, 7, [], [], max_bytes=100, partition_max_bytes=100)  # session error
+        assert rm.core.fetch_requests_ms == {2: t0 + 400, 3: t0 + 300}
+    asyncio.run(run())
