@@ -31,6 +31,11 @@ METADATA_REFRESH_WAIT_S = 1.0   # topic-level produce: wait this long for newer 
 # partitions fail at once as refused (after a kill -9 a request for thousands of partitions
 # tried a connection per partition, again after every metadata refresh)
 FORWARD_REFUSED_BACKOFF_MS = 500
+# forwarded produces in flight to one leader at a time; the others wait here, not in aiohttp's
+# connector, so each re-checks FORWARD_REFUSED_BACKOFF_MS once it may go (issue 25: after a
+# kill -9, 10,000 forwards queued in the connector each tried a refused connection in turn,
+# holding the event loop 2-4.5 s)
+FORWARD_CONNECTIONS_PER_LEADER = 100
 
 
 def _nothing_appended(e: KraftlogError) -> bool:
@@ -50,6 +55,7 @@ class ProduceRoutes(Routes):
         super().__init__(ctx)
         self.round_robin = RoundRobin()
         self._refused_until: dict[str, float] = {}   # leader URL -> monotonic time (FORWARD_REFUSED_BACKOFF_MS)
+        self._forward_slots: dict[str, asyncio.Semaphore] = {}   # leader URL -> FORWARD_CONNECTIONS_PER_LEADER
 
     async def produce_topic(self, request: web.Request) -> web.Response:
         return await self.ctx.measured(self._produce_topic, request, self.metrics.produce_requests, self.metrics.produce_latency)
@@ -159,11 +165,23 @@ class ProduceRoutes(Routes):
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "forwarding is not configured on this broker")
         acks_s = "all" if acks == ACKS_ALL else str(acks)
         url = f"{leader_url.rstrip('/')}/v1/topics/{topic}/partitions/{partition}/records?acks={acks_s}"
-        loop = asyncio.get_running_loop()
-        if loop.time() < self._refused_until.get(leader_url, 0.0):
+        self._check_not_refused(leader_url, topic, partition)
+        slots = self._forward_slots.get(leader_url)
+        if slots is None:
+            slots = self._forward_slots[leader_url] = asyncio.Semaphore(FORWARD_CONNECTIONS_PER_LEADER)
+        async with slots:
+            self._check_not_refused(leader_url, topic, partition)   # refused while this one waited
+            return await self._forward_now(session, url, leader_url, topic, partition, payload)
+
+    def _check_not_refused(self, leader_url: str, topic: str, partition: int) -> None:
+        if asyncio.get_running_loop().time() < self._refused_until.get(leader_url, 0.0):
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"the leader of {topic}-{partition} at {leader_url} refused connections moments ago; "
                                 "retry after a metadata refresh", refused=True)
+
+    async def _forward_now(self, session, url: str, leader_url: str, topic: str, partition: int,
+                           payload: bytes) -> int:
+        loop = asyncio.get_running_loop()
         try:
             # the leader authorizes the client, not this broker (auth.forwarding_headers)
             async with session.post(url, data=payload, headers={"Content-Type": RAW_BATCH, "Accept": JSON,

@@ -127,3 +127,38 @@ async def test_a_leader_that_refused_a_forward_is_not_connected_to_again_for_a_m
         with pytest.raises(KraftlogError):
             await routes._forward(dead, "t", 0, b"x", 1)
         assert len(attempts) == 2           # tried again after the backoff
+
+
+async def test_concurrent_forwards_to_a_dead_leader_try_few_connections():
+    """After a kill -9 thousands of partitions' forwards start at once: they wait for one of
+    FORWARD_CONNECTIONS_PER_LEADER slots, and those that waited while a connection was
+    refused fail without trying their own (queued in aiohttp's connector, each tried one,
+    holding the event loop for seconds)."""
+    import socket
+    from types import SimpleNamespace
+
+    import aiohttp
+
+    from http_api.broker.produce import FORWARD_CONNECTIONS_PER_LEADER
+    from http_api.wire.errors import ErrorCode, KraftlogError
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    attempts = []
+    trace = aiohttp.TraceConfig()
+
+    async def on_start(_session, _ctx, _params):
+        attempts.append(1)
+    trace.on_connection_create_start.append(on_start)
+    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+        ctx = SimpleNamespace(config=SimpleNamespace(request_timeout_ms=2000),
+                              deps=SimpleNamespace(http_session=session), rm=None, metrics=None)
+        routes = ProduceRoutes(ctx)
+        n = 5 * FORWARD_CONNECTIONS_PER_LEADER
+        results = await asyncio.gather(*(routes._forward(dead, "t", p, b"x", 1) for p in range(n)),
+                                       return_exceptions=True)
+    assert all(isinstance(r, KraftlogError) and r.code is ErrorCode.BROKER_NOT_AVAILABLE
+               and r.extra.get("refused") for r in results)
+    assert len(attempts) <= FORWARD_CONNECTIONS_PER_LEADER, len(attempts)
