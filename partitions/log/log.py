@@ -20,6 +20,7 @@ import shutil
 import struct
 import threading
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,11 @@ LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned", ".swap")
 # Present once offsets may have gaps between batches (compaction ran, or a follower copied
 # a compacted leader): recovery then stops treating a gap as corruption.
 OFFSET_GAPS_MARKER = "log-has-offset-gaps"
+
+
+def has_flush_policy(config: LogConfig) -> bool:
+    """flush.ms or flush.messages is set (both default to None: the OS decides when)."""
+    return config.flush_ms is not None or config.flush_messages is not None
 
 
 def parse_topic_partition(name: str) -> tuple[str, int]:
@@ -147,6 +153,12 @@ class Log:
         self._bases: list[int] = []
         self._unflushed_messages = 0
         self._last_flush_ms = clock.now_ms()
+        self._flush_policy = has_flush_policy(config)
+        # the LogManager's indexes (issue 25: its periodic passes visit only the logs they can
+        # act on): a log with a flush policy adds itself to `flush_candidates` when an append
+        # leaves unflushed data; `on_config_change(log)` runs after every update_config
+        self.flush_candidates: set | None = None
+        self.on_config_change: Callable[["Log"], None] | None = None
         self.producer_state = None
         self.transactions: TransactionIndex | None = None
         # tiered storage: offsets below this are in the remote store (set by the remote log
@@ -359,8 +371,14 @@ class Log:
     def update_config(self, config: LogConfig) -> None:
         with self._lock:
             self._config = config
+            self._flush_policy = has_flush_policy(config)
             for seg in self._segments:
                 seg.config = config
+            if self.policy_flush_pending and self.flush_candidates is not None:
+                self.flush_candidates.add(self)
+        hook = self.on_config_change
+        if hook is not None:   # outside _lock: the hook takes its manager's lock
+            hook(self)
 
     @property
     def lock(self) -> threading.RLock:
@@ -426,6 +444,11 @@ class Log:
     @property
     def unflushed_messages(self) -> int:
         return self._unflushed_messages
+
+    @property
+    def policy_flush_pending(self) -> bool:
+        """Unflushed data under a flush policy: a future `needs_flush` may say True."""
+        return self._flush_policy and self._unflushed_messages > 0
 
     @property
     def closed(self) -> bool:
@@ -604,6 +627,8 @@ class Log:
             self._roll(now)
         self._segments[-1].append(data, entries)
         self._unflushed_messages += num_records
+        if self._flush_policy and self.flush_candidates is not None:
+            self.flush_candidates.add(self)   # after the count: see LogManager.flush_needed
         # no _check_offsets() here: an append only raises the log end (the segment checks that
         # offsets increase), so log start <= HW <= LEO and recovery point <= LEO still hold
 
