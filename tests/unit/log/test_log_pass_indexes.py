@@ -337,3 +337,21 @@ def test_a_checkpoint_in_progress_does_not_deadlock_close(tmp_path, monkeypatch)
     closing.join(5)
     assert not periodic.is_alive() and not closing.is_alive()
     assert (tmp_path / "d1" / log_manager_mod.CLEAN_SHUTDOWN_MARKER).exists()
+
+
+def test_checkpoint_reads_offsets_in_slices_with_pauses(tmp_path, monkeypatch):
+    m = LogManager([str(tmp_path / "d")], LogConfig())
+    m.open_all()
+    logs = [m.get_or_create("t", p) for p in range(5)]
+    logs[4].append_as_leader(make_batch(2), 0)
+    logs[4].update_high_watermark(1)
+    pauses = []
+    monkeypatch.setattr(log_manager_mod, "CHECKPOINT_SLICE_LOGS", 2)
+    monkeypatch.setattr(log_manager_mod, "pause_between_slices", pauses.append)
+    m.checkpoint()
+    assert pauses == [log_manager_mod.CHECKPOINT_PAUSE_S] * 2   # slices [0, 2) [2, 4) [4, 5)
+    assert read_offset_checkpoint(tmp_path / "d" / REPLICATION_OFFSET_CHECKPOINT) == {
+        ("t", p): 1 if p == 4 else 0 for p in range(5)}
+    assert read_offset_checkpoint(tmp_path / "d" / LOG_START_OFFSET_CHECKPOINT) == {("t", p): 0 for p in range(5)}
+    monkeypatch.undo()
+    m.close()
