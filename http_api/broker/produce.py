@@ -128,15 +128,25 @@ class ProduceRoutes(Routes):
         payload = batches[0] if len(batches) == 1 else b"".join(batches)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.request_timeout_ms / 1000
+        view = self.deps.metadata
         while True:
+            route = self._route(topic, partition)
             res = await self._append_once(topic, partition, payload, acks)
             if not (isinstance(res, KraftlogError) and _nothing_appended(res)) or loop.time() >= deadline:
                 return res
             # the leader moved (failover, controlled shutdown): wait for newer metadata, retry
-            view = self.deps.metadata
-            version = view.version
-            await view.wait_until(lambda _img: view.version != version,
-                                  min(METADATA_REFRESH_WAIT_S, max(0.0, deadline - loop.time())))
+            wait_s = min(METADATA_REFRESH_WAIT_S, max(0.0, deadline - loop.time()))
+            if not hasattr(view, "partition_change"):   # a plain view (tests): any update
+                version = view.version
+                await view.wait_until(lambda _img: view.version != version, wait_s)
+            elif self._route(topic, partition) == route:   # else it moved while we tried: at once
+                # woken only by an update touching this partition (not by every ISR change)
+                await view.partition_change(topic, partition, wait_s)
+
+    def _route(self, topic: str, partition: int):
+        """Where an append of `topic`-`partition` goes now: (leads here, leader id, leader URL)."""
+        part = self.rm.partitions.get((topic, partition))
+        return part is not None and part.is_leader, self.rm.leader_info(topic, partition)
 
     async def _append_once(self, topic: str, partition: int, payload: bytes, acks: int):
         try:
