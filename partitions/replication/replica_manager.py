@@ -179,8 +179,13 @@ class ReplicaManager:
                 delta = describe_records(changed)
                 if delta.everything or self.broker_id in delta.brokers:
                     delta = None
+            self.core.set_fenced_brokers(b for b, reg in image.brokers.items() if reg.fenced)
             await self._apply(image, delta)
             self._image = image
+
+    def _leads(self, key: tuple[str, int]) -> bool:
+        part = self.partitions.get(key)
+        return part is not None and part.is_leader
 
     async def _apply(self, image: MetadataImage, delta: MetadataDelta | None = None) -> None:
         """Apply `image` (everything, or what `delta` names). New logs are created in
@@ -241,6 +246,13 @@ class ReplicaManager:
                 to_apply.append((key, reg))
         if to_create:
             await self._create_logs(to_create)
+        # leaderships this broker takes up first: after a fencing they are what producers wait
+        # for, and the change also carries thousands of ISR-only changes (issue 25)
+        me = self.broker_id
+        taking = [kr for kr in to_apply if kr[1].leader == me and not self._leads(kr[0])]
+        if taking and len(taking) < len(to_apply):
+            taken = {kr[0] for kr in taking}
+            to_apply = taking + [kr for kr in to_apply if kr[0] not in taken]
         for i, (key, reg) in enumerate(to_apply):
             if i and i % APPLY_CHUNK_PARTITIONS == 0:
                 await asyncio.sleep(0)   # let produce/fetch of other partitions run
