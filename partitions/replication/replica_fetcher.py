@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from time import perf_counter
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from metadata_quorum.image import MetadataImage
@@ -50,17 +49,6 @@ TRUNCATION_ROUNDS_MAX = 50
 FETCHER_CHUNK_PARTITIONS = 256   # partitions walked or applied per turn of the event loop
 FETCHER_CHUNK_TRUNCATIONS = 16   # log truncations per turn of the event loop (each cuts a file)
 FOLLOWER_RESYNC_MS = 5_000   # full walk of the followed partitions at least this often (a safety net)
-# ... unless the walk itself costs more than 1/FOLLOWER_RESYNC_COST_RATIO of the time between
-# walks: at 66,000 followed partitions a walk is ~1 s of the event loop, every 5 s was 20% of a
-# core on an idle broker (issue 25); the next walk then waits walk time x this ratio
-FOLLOWER_RESYNC_COST_RATIO = 50
-
-
-def resync_interval_ms(walk_ms: float) -> float:
-    """The time until the next safety-net walk of the followed partitions after a walk that
-    took `walk_ms`: FOLLOWER_RESYNC_MS, or longer when the walk would otherwise take more
-    than 1/FOLLOWER_RESYNC_COST_RATIO of the event loop."""
-    return max(FOLLOWER_RESYNC_MS, walk_ms * FOLLOWER_RESYNC_COST_RATIO)
 
 
 class FetchedPartition(Protocol):
@@ -274,19 +262,14 @@ class _LeaderFetcher:
         -> the keys looked at (None: all of them)."""
         changed = self.state.take_changed(now)
         if self.session is None or self.session.session_id == 0 or now >= self.resync_at_ms:
+            self.resync_at_ms = now + FOLLOWER_RESYNC_MS
             self.wanted, self.wanted_hw = {}, {}
-            walk_s = 0.0                     # the walk's own time, not the loop's work between chunks
-            t0 = perf_counter()
             for i, s in enumerate(list(self.state.partitions.values())):
                 if i and i % FETCHER_CHUNK_PARTITIONS == 0:
-                    walk_s += perf_counter() - t0
                     await asyncio.sleep(0)   # thousands of partitions: the loop serves between chunks
-                    t0 = perf_counter()
                 if self.state.partitions.get((s.topic, s.partition)) is not s:
                     continue                 # removed or replaced meanwhile: it is in the changed set
                 self._set_wanted((s.topic, s.partition), self._wanted_entry(s, now, throttle, throttled))
-            walk_s += perf_counter() - t0
-            self.resync_at_ms = now + resync_interval_ms(walk_s * 1000)
             return None   # keys changed meanwhile (and back-offs set by this walk) are looked at next time
         if throttle is not None and throttle.follower.rate is not None:
             changed.update(k for k, reps in throttle.throttled.items() if self.mgr.broker_id in reps)

@@ -218,28 +218,3 @@ async def test_new_partitions_join_the_session_without_cancelling_its_poll(pair)
     await rms[1].append("t", 5, batch(b"y"), acks=1)
     await caught_up(rms, range(6))
     assert session.full_fetches == 1 and transport.session_errors == []   # no cancel, no full fetch
-
-
-def test_resync_interval_grows_with_the_cost_of_the_walk():
-    assert replica_fetcher.resync_interval_ms(1) == replica_fetcher.FOLLOWER_RESYNC_MS
-    slow_ms = 2 * replica_fetcher.FOLLOWER_RESYNC_MS / replica_fetcher.FOLLOWER_RESYNC_COST_RATIO
-    assert replica_fetcher.resync_interval_ms(slow_ms) == 2 * replica_fetcher.FOLLOWER_RESYNC_MS
-
-
-async def test_a_costly_safety_net_walk_postpones_the_next_one(pair, monkeypatch):  # noqa: F811
-    """At tens of thousands of followed partitions the walk costs about a second of the loop:
-    the next walk waits FOLLOWER_RESYNC_COST_RATIO times that, not FOLLOWER_RESYNC_MS."""
-    rms, fetchers, transport, apply = pair
-    await apply(image(leader=1, epoch=1, partitions=PARTITIONS))
-    await caught_up(rms)
-    f = fetchers[2].fetchers[1]
-    clock = iter(range(0, 10 ** 9, 1))   # each perf_counter() reading is one second later
-    monkeypatch.setattr(replica_fetcher, "perf_counter", lambda: next(clock))
-    f.resync_at_ms = 0                   # walk at the next poll
-    await rms[1].append("t", 0, batch(b"z"), acks=1)
-    for _ in range(200):
-        if f.resync_at_ms:
-            break
-        await asyncio.sleep(0.01)
-    now = fetchers[2].now_ms()
-    assert f.resync_at_ms - now > 5 * replica_fetcher.FOLLOWER_RESYNC_MS, (f.resync_at_ms, now)
