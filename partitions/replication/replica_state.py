@@ -389,6 +389,34 @@ class ReplicaState:
                 out[r] = max(out.get(r, 0), silent)
         return out
 
+    def silent_followers_by_clock(self, now_ms: int, replica_silence_report_ms: int) -> dict[int, int]:
+        """`silent_followers`'s answer without visiting the partitions of an aged follower
+        clock one by one (issue 25: a kill -9 of a follower broker of 20,000 partitions made
+        every scan walk them, a fifth of a survivor's loop until the fencing arrived). An
+        attached partition's times read as its clock's `heard_ms` (`FollowerLiveness`), so a
+        clock older than the limit is one answer for its follower: silent since `heard_ms`,
+        if it is an ISR member of one attached led partition. Loud partitions are visited
+        as before. The same brokers and times as `silent_followers` (tested against it)."""
+        out: dict[int, int] = {}
+        limit = replica_silence_report_ms
+        loud = self._loud_partitions()
+        self.rule_visits += len(loud)
+        for part in loud.values():
+            for r, silent in self._silent_isr_members(part, now_ms, limit).items():
+                out[r] = max(out.get(r, 0), silent)
+        led, fenced = self.led, self.fenced_brokers
+        for lv in self.liveness_clocks:
+            r = lv.replica_id
+            silent = now_ms - lv.heard_ms
+            if not lv.attached or silent <= limit or r in fenced or silent <= out.get(r, 0):
+                continue
+            for key in lv.attached:
+                part = led.get(key)
+                if part is not None and r in part.isr and r in self._silent_isr_members(part, now_ms, limit):
+                    out[r] = max(out.get(r, 0), silent)
+                    break
+        return out
+
     def silence_scan(self, now_ms: int, replica_silence_report_ms: int) -> tuple[dict[int, int], set]:
         """One walk of the led partitions for both silence rules: (`silent_followers`'s
         answer, the led partitions with a silent ISR member for `update_isolation`)."""
@@ -426,15 +454,7 @@ class ReplicaState:
             self.rule_visits += len(out)
             return out
         led = self.led
-        visit: dict = {}
-        quiet = []
-        for tp in self.loud:
-            part = led.get(tp)
-            if part is None or self._quiet(tp, part):
-                quiet.append(tp)
-            else:
-                visit[tp] = part
-        self.loud.difference_update(quiet)
+        visit = self._loud_partitions()
         fenced = self.fenced_brokers
         for lv in self.liveness_clocks:
             if lv.attached and now_ms - lv.heard_ms > limit_ms and lv.replica_id not in fenced:
@@ -444,6 +464,20 @@ class ReplicaState:
                         visit[key] = part
         self.rule_visits += len(visit)
         return list(visit.items())
+
+    def _loud_partitions(self) -> dict:
+        """The `loud` led partitions that are not quiet (the quiet ones leave `loud`)."""
+        led = self.led
+        visit: dict = {}
+        quiet = []
+        for tp in self.loud:
+            part = led.get(tp)
+            if part is None or self._quiet(tp, part):
+                quiet.append(tp)
+            else:
+                visit[tp] = part
+        self.loud.difference_update(quiet)
+        return visit
 
     def _quiet(self, tp: TopicPartition, part: Partition) -> bool:
         """No rule can act on `tp` until an event marks it loud or one of its clocks ages:

@@ -68,9 +68,15 @@ class PeerSilenceReporter:
         Then suspend or resume leaderships by the isolation rule (part D). One walk of the
         led partitions serves both rules (`ReplicaState.silence_scan`)."""
         scan_ms = self.rm._clock_ms()
-        followers, silent_parts = self.rm.core.silence_scan(scan_ms, self.replica_silence_report_ms)
-        if self.isolation is not None:
-            heartbeat_silence_ms, leader_lease_ms = self.isolation()
+        isolation = self.isolation() if self.isolation is not None else None
+        if isolation is not None and isolation[0] is not None and isolation[0] >= isolation[1]:
+            # heartbeats failing for the lease: the isolation rule needs the silent partitions
+            followers, silent_parts = self.rm.core.silence_scan(scan_ms, self.replica_silence_report_ms)
+        else:   # the common case: the report alone, an aged follower clock read as one answer
+            followers = self.rm.core.silent_followers_by_clock(scan_ms, self.replica_silence_report_ms)
+            silent_parts = set()
+        if isolation is not None:
+            heartbeat_silence_ms, leader_lease_ms = isolation
             self.rm.update_isolation(heartbeat_silence_ms, leader_lease_ms=leader_lease_ms,
                                      replica_silence_report_ms=self.replica_silence_report_ms,
                                      now_ms=scan_ms, silent_partitions=silent_parts)

@@ -54,6 +54,9 @@ def test_a_fenced_followers_partitions_are_not_visited_and_are_again_once_it_is_
         assert visits_of_one_check() == N            # its clock aged past the silence limit: all of them
         silent, _ = rm.core.silence_scan(clock.now_ms(), SILENCE_MS)
         assert set(silent) == {3}
+        before = rm.core.rule_visits          # the report alone reads broker 3's clock once
+        assert rm.core.silent_followers_by_clock(clock.now_ms(), SILENCE_MS) == silent
+        assert rm.core.rule_visits == before
         rm.core.set_fenced_brokers({3})              # the metadata shows it fenced
         assert visits_of_one_check() == 0
         assert rm.core.silence_scan(clock.now_ms(), SILENCE_MS)[0] == {}

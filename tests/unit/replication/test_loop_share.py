@@ -24,7 +24,8 @@ async def test_a_slow_silence_scan_runs_less_often():
         scans.append(time.monotonic())
         time.sleep(0.15)          # a scan of many partitions, holding the loop
         return {}, set()
-    rm = SimpleNamespace(core=SimpleNamespace(silence_scan=slow_scan, silent_followers=lambda *a: {}),
+    rm = SimpleNamespace(core=SimpleNamespace(silence_scan=slow_scan, silent_followers=lambda *a: {},
+                                               silent_followers_by_clock=lambda *a: slow_scan(*a)[0]),
                          _clock_ms=lambda: int(time.monotonic() * 1000))
     fetchers = SimpleNamespace(silent_leaders=lambda limit: {})
 

@@ -289,6 +289,7 @@ def test_lazy_restates_and_rules_equal_the_per_partition_computation(ops, refres
                 now = clock.now_ms()
                 assert new.core.silence_scan(now, o[1]) == ref.silence(now, o[1])
                 assert new.core.silent_followers(now, o[1]) == ref.silence(now, o[1])[0]
+                assert new.core.silent_followers_by_clock(now, o[1]) == ref.silence(now, o[1])[0]
                 got = [sorted(((p.topic, p.partition), tuple(i)) for p, i in rm.isr_changes(o[1] * 3))
                        for rm in rms]
                 assert got[0] == got[1]
