@@ -96,28 +96,14 @@ async def test_a_leader_that_refused_a_forward_is_not_connected_to_again_for_a_m
     leader, one refused connection per partition, again after each metadata refresh: a
     refusal now marks the leader for FORWARD_REFUSED_BACKOFF_MS and its other partitions
     fail as refused without a connection (the caller retries after a metadata refresh)."""
-    import socket
-    from types import SimpleNamespace
-
     import aiohttp
 
     from http_api.broker.produce import FORWARD_REFUSED_BACKOFF_MS
     from http_api.wire.errors import ErrorCode, KraftlogError
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    s.close()                               # nothing listens: connections are refused
-    attempts = []
-    trace = aiohttp.TraceConfig()
-
-    async def on_start(_session, _ctx, _params):
-        attempts.append(1)
-    trace.on_connection_create_start.append(on_start)
+    dead, trace, attempts = dead_leader_and_counter()
     async with aiohttp.ClientSession(trace_configs=[trace]) as session:
-        ctx = SimpleNamespace(config=SimpleNamespace(request_timeout_ms=2000),
-                              deps=SimpleNamespace(http_session=session), rm=None, metrics=None)
-        routes = ProduceRoutes(ctx)
+        routes = forwarding_routes(session)
         for p in range(50):
             with pytest.raises(KraftlogError) as e:
                 await routes._forward(dead, "t", p, b"x", 1)
@@ -134,31 +120,43 @@ async def test_concurrent_forwards_to_a_dead_leader_try_few_connections():
     FORWARD_CONNECTIONS_PER_LEADER slots, and those that waited while a connection was
     refused fail without trying their own (queued in aiohttp's connector, each tried one,
     holding the event loop for seconds)."""
-    import socket
-    from types import SimpleNamespace
-
     import aiohttp
 
     from http_api.broker.produce import FORWARD_CONNECTIONS_PER_LEADER
     from http_api.wire.errors import ErrorCode, KraftlogError
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    s.close()
-    attempts = []
-    trace = aiohttp.TraceConfig()
-
-    async def on_start(_session, _ctx, _params):
-        attempts.append(1)
-    trace.on_connection_create_start.append(on_start)
+    dead, trace, attempts = dead_leader_and_counter()
     async with aiohttp.ClientSession(trace_configs=[trace]) as session:
-        ctx = SimpleNamespace(config=SimpleNamespace(request_timeout_ms=2000),
-                              deps=SimpleNamespace(http_session=session), rm=None, metrics=None)
-        routes = ProduceRoutes(ctx)
+        routes = forwarding_routes(session)
         n = 5 * FORWARD_CONNECTIONS_PER_LEADER
         results = await asyncio.gather(*(routes._forward(dead, "t", p, b"x", 1) for p in range(n)),
                                        return_exceptions=True)
     assert all(isinstance(r, KraftlogError) and r.code is ErrorCode.BROKER_NOT_AVAILABLE
                and r.extra.get("refused") for r in results)
     assert len(attempts) <= FORWARD_CONNECTIONS_PER_LEADER, len(attempts)
+
+
+def dead_leader_and_counter():
+    """(URL nobody listens at, aiohttp TraceConfig, list that grows by one per connection tried)."""
+    import socket
+
+    import aiohttp
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()                               # nothing listens: connections are refused
+    attempts: list = []
+    trace = aiohttp.TraceConfig()
+
+    async def on_start(_session, _ctx, _params):
+        attempts.append(1)
+    trace.on_connection_create_start.append(on_start)
+    return dead, trace, attempts
+
+
+def forwarding_routes(session) -> ProduceRoutes:
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(config=SimpleNamespace(request_timeout_ms=2000),
+                          deps=SimpleNamespace(http_session=session), rm=None, metrics=None)
+    return ProduceRoutes(ctx)
