@@ -183,7 +183,8 @@ class ReplicaManager:
             await self._apply(image, delta)
             self._image = image
 
-    def _leads(self, key: tuple[str, int]) -> bool:
+    def leads(self, key: tuple[str, int]) -> bool:
+        """True when the local replica of `key` (topic, partition) is its leader now."""
         part = self.partitions.get(key)
         return part is not None and part.is_leader
 
@@ -249,7 +250,7 @@ class ReplicaManager:
         # leaderships this broker takes up first: after a fencing they are what producers wait
         # for, and the change also carries thousands of ISR-only changes (issue 25)
         me = self.broker_id
-        taking = [kr for kr in to_apply if kr[1].leader == me and not self._leads(kr[0])]
+        taking = [kr for kr in to_apply if kr[1].leader == me and not self.leads(kr[0])]
         if taking and len(taking) < len(to_apply):
             taken = {kr[0] for kr in taking}
             to_apply = taking + [kr for kr in to_apply if kr[0] not in taken]

@@ -66,7 +66,7 @@ async def test_a_produce_for_a_dead_leader_retries_on_its_partitions_change_only
                 return KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, "refused", refused=True)
             return 7
 
-    rm = SimpleNamespace(partitions={}, leader_info=lambda t, p: (leader["id"], f"http://b{leader['id']}"))
+    rm = SimpleNamespace(leads=lambda key: False, leader_info=lambda t, p: (leader["id"], f"http://b{leader['id']}"))
     ctx = SimpleNamespace(config=SimpleNamespace(request_timeout_ms=30_000),
                           deps=SimpleNamespace(metadata=view), rm=rm, metrics=None)
     routes = Routes(ctx)
