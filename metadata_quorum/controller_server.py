@@ -512,7 +512,9 @@ class ControllerServer:
                 records = self.sm.records_since_json(after, max_records)
                 if records is None:
                     return self._snapshot_response()
-                return web.Response(text=feed_page_text(self.sm.image.cluster_id, records, self.sm.image.offset),
+                metadata_offset = self.sm.image.offset   # read after the records: ends them or lies beyond
+                ends = self.sm.batch_ends_in(after, after + len(records))
+                return web.Response(text=feed_page_text(self.sm.image.cluster_id, records, metadata_offset, ends),
                                     content_type="application/json")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -825,11 +827,15 @@ def reassignment_json(topic: str, p) -> dict:
             "adding_replicas": list(p.adding_replicas), "removing_replicas": list(p.removing_replicas)}
 
 
-def feed_page_text(cluster_id: str, records_json: list, metadata_offset: int) -> str:
+def feed_page_text(cluster_id: str, records_json: list, metadata_offset: int,
+                   batch_ends: Optional[list] = None) -> str:
     """The `GET /metadata/records` answer json.dumps would write for {"cluster_id", "records",
-    "metadata_offset"}, from the records' JSON texts (`MetadataStateMachine.records_since_json`)."""
+    "metadata_offset"[, "batch_ends"]}, from the records' JSON texts
+    (`MetadataStateMachine.records_since_json`). `batch_ends`: the offsets after each entry
+    that ends inside the page (a broker may publish up to any of them; feed.FeedState)."""
+    ends = "" if batch_ends is None else f', "batch_ends": [{", ".join(str(int(e)) for e in batch_ends)}]'
     return (f'{{"cluster_id": {json.dumps(cluster_id)}, "records": [{", ".join(records_json)}], '
-            f'"metadata_offset": {int(metadata_offset)}}}')
+            f'"metadata_offset": {int(metadata_offset)}{ends}}}')
 
 
 # ---------------------------------------------------------------------- decision log

@@ -9,8 +9,12 @@ changes:
 - records are buffered (`pending`) until the feed says they end at a batch boundary: the
   answer's `metadata_offset` (the controller's applied offset, read after the records
   under its state machine's lock, which is held across whole batches) equals the offset
-  after the last buffered record. A paged answer ends before `metadata_offset`, so its
-  tail waits for the next page; readers never see half a batch.
+  after the last buffered record, or an answer's `batch_ends` (the offset after each
+  entry that ends inside its page) names an offset within the buffer. The buffer is
+  released up to the LAST such boundary and the rest waits for the next page; readers
+  never see half a batch. Without `batch_ends` a broker could publish nothing while the
+  controller kept committing: at 100,000 partitions a fencing's leader changes (33,334
+  records) waited 20 s for the 66,667 follow-up ISR removals written after them.
 - a complete change is replayed into a NEW image (`apply_records`): the published image is
   never mutated, so a reader holding it sees one consistent offset. Only what the change
   touches is copied (the top-level maps and the TopicImage of each topic it names: a dict
@@ -22,7 +26,7 @@ the offset it was made from and the change's records (so the broker's replica ma
 looks only at what changed), and the FeedState itself (the metadata lag: `lag`).
 
 Invariant: `image` is the last complete image; `image.offset + len(pending)` is the next
-feed offset to ask for.
+feed offset to ask for; `batch_ends` holds only boundaries beyond `image.offset`.
 """
 from __future__ import annotations
 
@@ -215,6 +219,7 @@ class FeedState:
     def __init__(self, image: Optional[MetadataImage] = None, clock: Optional[Callable[[], float]] = None) -> None:
         self.image = image if image is not None else MetadataImage()
         self.pending: list = []
+        self.batch_ends: set = set()  # batch boundaries the feed named beyond image.offset
         self.controller_offset = 0    # the controller's applied offset in the last answer
         self._clock = clock           # seconds (monotonic) for the lag; None: lag ms stays 0
         self._published = 0           # the offset its consumer has published (observe)
@@ -247,6 +252,7 @@ class FeedState:
             if cluster_id:
                 image.cluster_id = cluster_id
             self.pending = []
+            self.batch_ends = set()
             self.image = image
             self.controller_offset = max(image.offset, controller_offset or 0)
             image.feed_change = ChangeInfo(None, None, self)
@@ -263,6 +269,10 @@ class FeedState:
                 expected, pending = self.next_offset, self.pending   # as at the start (nothing else changes them)
         if controller_offset is not None:
             self.controller_offset = controller_offset
+        base = self.image.offset
+        for end in body.get("batch_ends") or ():
+            if type(end) is int and end > base:
+                self.batch_ends.add(end)
         self._note_behind()
         if cluster_id and not self.image.cluster_id and not self.pending:
             self.image.cluster_id = cluster_id   # before the first change: nobody reads it yet
@@ -270,11 +280,15 @@ class FeedState:
             return None
         # the controller applies a batch whole under its state machine's lock; an answer
         # whose records end exactly at the offset it reported ends at a batch boundary
-        # (an answer without metadata_offset comes from an older controller: take it whole)
-        if controller_offset is not None and self.next_offset < controller_offset:
-            return None
-        records, self.pending = self.pending, []
-        base = self.image.offset
+        # (an answer without metadata_offset comes from an older controller: take it whole),
+        # and so does every offset it names in batch_ends
+        cut = self.next_offset
+        if controller_offset is not None and cut < controller_offset:
+            cut = max((e for e in self.batch_ends if e <= cut), default=base)
+            if cut <= base:
+                return None
+        records, self.pending = self.pending[:cut - base], self.pending[cut - base:]
+        self.batch_ends = {e for e in self.batch_ends if e > cut}
         image = _clone_for(self.image, records)
         for i, r in enumerate(records):
             image.replay(r)

@@ -21,6 +21,7 @@ image or deciding.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -163,8 +164,10 @@ def _full_collections_held(freeze: bool):
 
 
 class MetadataStateMachine:
-    """Image + feed tail + applied request ids. Invariant: tail holds records with offsets
-    [tail_start, image.offset) contiguously."""
+    """Image + feed tail + applied request ids. Invariants: tail holds records with offsets
+    [tail_start, image.offset) contiguously; `batch_ends` holds, ascending, the offset after
+    the last record of every applied entry whose records are in the tail (the feed's batch
+    boundaries: a reader may publish up to any of them without seeing half an entry)."""
 
     def __init__(self, cluster_id: str = "", feed_retained_records: int = 100_000,
                  request_ids_retained: int = 10_000, gc_freeze_min_records: int = 0,
@@ -187,6 +190,7 @@ class MetadataStateMachine:
         self.image = MetadataImage(cluster_id)
         self.tail: list[tuple[int, dict]] = []
         self.tail_start = 0
+        self.batch_ends: list[int] = []
         self.request_ids: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self.applied_batches = 0
         self.rejected_batches = 0
@@ -268,10 +272,13 @@ class MetadataStateMachine:
                 as_dict = record_to_dict(record)
             image.replay(record)
             self.tail.append((offset, as_dict))
+        if image.offset > base:
+            self.batch_ends.append(image.offset)
         if len(self.tail) > 2 * self.feed_retained_records:
             drop = len(self.tail) - self.feed_retained_records
             del self.tail[:drop]
             self.tail_start = self.tail[0][0]
+            del self.batch_ends[:bisect.bisect_right(self.batch_ends, self.tail_start)]
         if request_id is not None:
             self.request_ids[request_id] = base
             while len(self.request_ids) > self.request_ids_retained:
@@ -299,6 +306,7 @@ class MetadataStateMachine:
             self.quorum_change = dict(data["quorum_change"]) if data.get("quorum_change") else None
             self.tail = []
             self.tail_start = self.image.offset
+            self.batch_ends = []
             self._encoded = {}
 
     # ------------------------------------------------------------ readers (any thread)
@@ -340,6 +348,12 @@ class MetadataStateMachine:
             if self.image.offset == offset:
                 self._snapshot_text = (offset, text)
         return offset, text
+
+    def batch_ends_in(self, after: int, until: int) -> list:
+        """The batch boundaries (see the class docstring) in (after, until], ascending."""
+        with self.lock:
+            ends = self.batch_ends
+            return ends[bisect.bisect_right(ends, after):bisect.bisect_right(ends, until)]
 
     def records_since_json(self, offset: int, max_records: int) -> Optional[list]:
         """`records_since` as JSON texts (one per item, as `json.dumps` writes it), or None.
