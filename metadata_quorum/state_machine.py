@@ -288,12 +288,17 @@ class MetadataStateMachine:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {
-                "image": self.image.to_snapshot(),
-                "request_ids": list(self.request_ids.items()),
-                "controllers": {nid: dict(c) for nid, c in self.controllers.items()},
-                "quorum_change": dict(self.quorum_change) if self.quorum_change else None,
-            }
+            return self.snapshot_unlocked()
+
+    def snapshot_unlocked(self) -> dict:
+        """`snapshot` without the lock: for the raft thread's forked dump child only
+        (raft/syncobj_log.py SnapshotWhenPickled), where no other thread exists."""
+        return {
+            "image": self.image.to_snapshot(),
+            "request_ids": list(self.request_ids.items()),
+            "controllers": {nid: dict(c) for nid, c in self.controllers.items()},
+            "quorum_change": dict(self.quorum_change) if self.quorum_change else None,
+        }
 
     def restore(self, data: dict) -> None:
         partitions = sum(len(t.get("partitions") or ()) for t in (data.get("image") or {}).get("topics") or ())
