@@ -59,6 +59,7 @@ from typing import Any, Callable, Optional
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from raft.apply_grace import APPLY_GRACE_MIN_BYTES_DEFAULT, install_apply_grace
 from raft.election_backoff import ELECTION_BACKOFF_MAX_S_DEFAULT, ElectionBackoff
 from raft.frame_guard import install_frame_guard
 from raft.log import (RAFT_FRAME_MAX_BYTES_DEFAULT, MembershipChangeError, NotLeaderError, OutcomeUnknownError,
@@ -123,6 +124,10 @@ class RaftConfig:
     # machine's `large_command_hold()` (full collections off; see `install_command_hold`);
     # 0: never
     apply_gc_hold_min_bytes: int = 64 * 1024
+    # a tick's committed commands of at least this many bytes: a leader sends AppendEntries
+    # before applying them, a follower gives its leader as long as its own apply took
+    # (raft/apply_grace.py); 0: never
+    apply_grace_min_bytes: int = APPLY_GRACE_MIN_BYTES_DEFAULT
 
     @property
     def journal_file(self) -> str:
@@ -304,6 +309,12 @@ class SyncObjReplicatedLog:
             if not install_command_hold(self._syncobj, hold, c.apply_gc_hold_min_bytes):
                 log.warning("raft command hold not installed (unexpected pysyncobj internals): full collections "
                             "may run while a large entry is unpickled")
+        if c.apply_grace_min_bytes:
+            from pysyncobj.monotonic import monotonic as raft_clock
+
+            if not install_apply_grace(self._syncobj, raft_clock, c.raft_min_timeout_s, c.apply_grace_min_bytes):
+                log.warning("raft apply grace not installed (unexpected pysyncobj internals): a leader busy "
+                            "applying a large entry may be deposed")
         if not install_frame_guard(self._syncobj, c.frame_max_bytes, self._peer_stats):
             log.warning("raft frame guard not installed (unexpected pysyncobj internals): frames are not capped")
         if c.prevote:
