@@ -27,6 +27,13 @@ from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_ac
 log = logging.getLogger("kraftlog.broker")
 
 METADATA_REFRESH_WAIT_S = 1.0   # topic-level produce: wait this long for newer metadata before retrying
+# ... when the partition has no live leader (none in the metadata, or its leader refused the
+# connection: its process is gone). Only a metadata change of the partition (the leader's
+# fencing, a new leader) helps then, and that wakes the wait at once; the fallback retry is
+# for a missed change. At 1 s, the 10,000 partitions a kill -9 left held at 30,000
+# partitions retried each second, a quarter of a survivor's event loop while it was
+# applying the fencing (issue 25).
+NO_LEADER_REFRESH_WAIT_S = 5.0
 # a leader that refused a forwarded produce is not connected to again for this long: its
 # partitions fail at once as refused (after a kill -9 a request for thousands of partitions
 # tried a connection per partition, again after every metadata refresh)
@@ -46,6 +53,12 @@ def _nothing_appended(e: KraftlogError) -> bool:
     if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER:
         return "leader_id" in e.extra or "becoming leader" in e.message
     return e.code is ErrorCode.BROKER_NOT_AVAILABLE and bool(e.extra.get("refused"))
+
+
+def _no_live_leader(e: KraftlogError) -> bool:
+    """The partition has no leader in the metadata, or its leader's process is gone (refused)."""
+    return e.code is ErrorCode.LEADER_NOT_AVAILABLE or (
+        e.code is ErrorCode.BROKER_NOT_AVAILABLE and bool(e.extra.get("refused")))
 
 
 class ProduceRoutes(Routes):
@@ -137,8 +150,8 @@ class ProduceRoutes(Routes):
             # the leader moved (failover, controlled shutdown): wait for newer metadata, retry
             if self._route(topic, partition) == route:   # else it moved while we tried: at once
                 # woken only by an update touching this partition (not by every ISR change)
-                await view.partition_change(topic, partition,
-                                            min(METADATA_REFRESH_WAIT_S, max(0.0, deadline - loop.time())))
+                fallback = NO_LEADER_REFRESH_WAIT_S if _no_live_leader(res) else METADATA_REFRESH_WAIT_S
+                await view.partition_change(topic, partition, min(fallback, max(0.0, deadline - loop.time())))
 
     def _route(self, topic: str, partition: int):
         """Where an append of `topic`-`partition` goes now: (leads here, (leader id, leader URL))."""

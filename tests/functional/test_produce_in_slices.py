@@ -160,3 +160,48 @@ def forwarding_routes(session) -> ProduceRoutes:
     ctx = SimpleNamespace(config=SimpleNamespace(request_timeout_ms=2000),
                           deps=SimpleNamespace(http_session=session), rm=None, metrics=None)
     return ProduceRoutes(ctx)
+
+
+async def test_a_produce_held_for_a_gone_leader_falls_back_to_retrying_rarely():
+    """A partition whose leader refused the forward (its process is gone) or that has no
+    leader waits for a metadata change of that partition, falling back to a retry only
+    every NO_LEADER_REFRESH_WAIT_S: at 1 s, the 10,000 partitions held after a kill -9 at
+    30,000 partitions retried every second, a quarter of a survivor's event loop while it
+    was applying the fencing (issue 25). Other retryable errors keep the 1 s fallback."""
+    from types import SimpleNamespace
+
+    import aiohttp
+
+    from http_api.broker.produce import METADATA_REFRESH_WAIT_S, NO_LEADER_REFRESH_WAIT_S
+
+    class Stop(Exception):
+        pass
+
+    waits: list = []
+
+    class View:
+        async def partition_change(self, topic, partition, timeout):
+            waits.append(timeout)
+            raise Stop()
+
+    dead, trace, attempts = dead_leader_and_counter()
+    leader = {"id": 2, "url": dead}
+    rm = SimpleNamespace(partitions={}, leads=lambda key: False,
+                         leader_info=lambda t, p: (leader["id"], leader["url"]),
+                         no_leader_message=lambda t, p: f"{t}-{p} has no leader")
+    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+        routes = forwarding_routes(session)
+        routes.ctx.config.request_timeout_ms = 30_000
+        routes.ctx.config.broker_id = 1
+        routes.ctx.deps.metadata = View()
+        routes.rm = rm
+        for case in ("refused", "no leader", "becoming leader"):
+            if case == "no leader":
+                leader.update(id=-1, url=None)
+            elif case == "becoming leader":
+                leader.update(id=1, url="http://127.0.0.1:1")   # metadata says we lead, not applied yet
+            with pytest.raises(Stop):
+                await routes._append_anywhere("t", 0, [b"x"], 1)
+    assert waits == [NO_LEADER_REFRESH_WAIT_S, NO_LEADER_REFRESH_WAIT_S, METADATA_REFRESH_WAIT_S], waits
+    assert NO_LEADER_REFRESH_WAIT_S >= 5 * METADATA_REFRESH_WAIT_S
+    assert len(attempts) == 1   # the refused leader was tried once
