@@ -25,11 +25,12 @@ import aiohttp
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.feed import FeedState
 from metadata_quorum.state_machine import FullCollectionHold
+from partitions.replication.loop_share import LoopSlice
 
 log = logging.getLogger("kraftlog.controller_client")
 
 PREFIX = "/controller/v1"
-FEED_CHUNK_RECORDS = 500      # metadata records parsed/replayed per turn of the event loop
+FEED_CHUNK_RECORDS = 200      # metadata records parsed/replayed between looks at the clock (LoopSlice)
 FEED_JSON_OFF_LOOP_BYTES = 64 * 1024   # larger feed answers are decoded in a thread
 
 
@@ -549,13 +550,14 @@ class MetadataFollower:
         if self._large_change(body):
             self._gc_hold.hold()   # until published: the next pages' fetches run under it too
         steps = self.feed.accept_in_steps(body, FEED_CHUNK_RECORDS)
-        while True:   # a change of thousands of partitions is built in chunks: the loop serves meanwhile
+        turns = LoopSlice()
+        while True:   # a change of thousands of partitions is built in slices: the loop serves meanwhile
             try:
                 next(steps)
             except StopIteration as done:
                 change = done.value
                 break
-            await asyncio.sleep(0)
+            await turns.maybe_yield()
         if change is None:
             if body.get("cluster_id") and not self.image.cluster_id:
                 self.image.cluster_id = body["cluster_id"]

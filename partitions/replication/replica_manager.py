@@ -40,6 +40,7 @@ from partitions.log.protocols import LogDirectory, PartitionLog
 from partitions.log.protocols import TopicPartition
 from partitions.replication.fetch_session import (FETCH_SESSION_REFRESH_MS, NO_SESSION, FetchSession,
                                                    FetchSessionCache)
+from partitions.replication.loop_share import LoopSlice
 from partitions.replication.partition import Partition
 from partitions.replication.replication_throttle import ReplicationThrottle
 from partitions.replication.replica_state import (Effects, FetchResult, ReplicaFetchRequest, ReplicaState,
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 # applying metadata (issue 25): role changes per yield to the loop, logs per executor
 # call, executor calls at once (their fsyncs overlap)
-APPLY_CHUNK_PARTITIONS = 256
+APPLY_CHUNK_PARTITIONS = 64   # role changes between looks at the clock (LoopSlice)
 READ_CHUNK_PARTITIONS = 256   # partitions a replica fetch reads per turn of the event loop
 CREATE_BATCH_PARTITIONS = 512
 CREATE_PARALLELISM = 3
@@ -191,8 +192,9 @@ class ReplicaManager:
     async def _apply(self, image: MetadataImage, delta: MetadataDelta | None = None) -> None:
         """Apply `image` (everything, or what `delta` names). New logs are created in
         batches off the loop (several executor threads at once: their fsyncs overlap), role
-        changes run on the loop in chunks of APPLY_CHUNK_PARTITIONS with a yield between
-        them, so produce and fetch of other partitions wait a few ms at most."""
+        changes run on the loop in slices of METADATA_LOOP_SLICE_MS (loop_share.LoopSlice,
+        the clock read every APPLY_CHUNK_PARTITIONS) with a turn of the loop between them,
+        so produce and fetch of other partitions wait that long at most."""
         now = self._clock_ms()
         registered = self._registered_in(image)
         wanted: set[tuple[str, int]] = set()
@@ -254,9 +256,10 @@ class ReplicaManager:
         if taking and len(taking) < len(to_apply):
             taken = {kr[0] for kr in taking}
             to_apply = taking + [kr for kr in to_apply if kr[0] not in taken]
+        turns = LoopSlice()
         for i, (key, reg) in enumerate(to_apply):
             if i and i % APPLY_CHUNK_PARTITIONS == 0:
-                await asyncio.sleep(0)   # let produce/fetch of other partitions run
+                await turns.maybe_yield()   # let produce/fetch of other partitions run
             tp = TopicPartition(*key)
             if key not in self.partitions:
                 self.core.add_replica(tp, self.logs[key])
