@@ -3,6 +3,9 @@ the leader, leadership moves."""
 from http_api.wire import codecs
 from partitions.log import record_batch as rb
 
+from broker_harness import running_broker
+from fake_controller import FakeControllerClient
+
 
 async def setup_topic(b1, partitions=2, rf=2):
     r = await b1.client.post("/v1/topics", json={"name": "t", "partitions": partitions, "replication_factor": rf})
@@ -46,8 +49,16 @@ async def test_topic_produce_on_any_broker_reaches_leaders(two_brokers):
         assert [x["value"] for x in (await r.json())["records"]] == [f"v{p}", f"v{p + 4}"]
 
 
-async def test_forward_failure_is_reported_per_record(two_brokers):
-    b1, b2 = two_brokers
+async def test_forward_failure_is_reported_per_record(tmp_path):
+    # the forward to a gone leader is retried until request_timeout_ms (30 s by default):
+    # a short one here, the retries are not what this test is about
+    controller = FakeControllerClient()
+    async with running_broker(tmp_path, controller, 1, request_timeout_ms=2000) as b1, \
+            running_broker(tmp_path, controller, 2, request_timeout_ms=2000) as b2:
+        await _forward_failure_is_reported_per_record(b1, b2)
+
+
+async def _forward_failure_is_reported_per_record(b1, b2):
     topic = await setup_topic(b1, partitions=2, rf=1)
     remote = next(p["partition"] for p in topic["partitions"] if p["leader"] == 1)
     local = next(p["partition"] for p in topic["partitions"] if p["leader"] == 2)
