@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import errno
 import json
 import os
 import resource
@@ -77,6 +78,14 @@ def _free_on_both() -> int:
             except OSError:
                 continue
     raise RuntimeError("no port free on both 127.0.0.1 and " + CONTROLLER_HOST)
+
+
+def _address_in_use(e: BaseException) -> bool:
+    """A bind that lost a port race (the proxy host reports its OSError as a RuntimeError)."""
+    return getattr(e, "errno", None) == errno.EADDRINUSE or "address already in use" in str(e).lower()
+
+
+PORT_ATTEMPTS = 20   # ChaosCluster: binds of a CONTROLLER_HOST proxy retried on a new port
 
 
 def _group_orphans(pgid: int) -> list[int]:
@@ -165,7 +174,7 @@ class ChaosCluster:
         self.admin_user: Optional[str] = None
         self.admin_password: Optional[str] = None
         self.http_port = {i: free_port() for i in self.ids}
-        self.ctl_port = {i: free_port() for i in self.ids}
+        self.ctl_port = {i: _free_on_both() for i in self.ids}
         self.raft_port = {i: _free_on_both() for i in self.ids}
         self.procs: dict[tuple[str, int], ProcessSpec] = {}
         # the proxies: in two processes of their own (raft links apart from HTTP links), or in
@@ -183,18 +192,41 @@ class ChaosCluster:
         else:
             def make(target, name, loop_name, **kw):
                 return Proxy(target, name, resolver=self.source_label, loop_name=loop_name, **kw)
-        self.broker_proxy = {i: make(self.http_port[i], f"broker-{i}", DEFAULT_LOOP, scheme=self.scheme)
-                             for i in self.ids}
-        self.ctl_proxy = {j: make(self.ctl_port[j], f"controller-{j}", DEFAULT_LOOP, host=CONTROLLER_HOST,
-                                  port=self.ctl_port[j], scheme=self.scheme) for j in self.ids}
-        self.raft_proxy = {j: make(self.raft_port[j], f"raft-{j}", RAFT_LOOP, host=CONTROLLER_HOST,
-                                   port=self.raft_port[j]) for j in self.ids}   # never behind HTTP storms
+        self.broker_proxy, self.ctl_proxy, self.raft_proxy = {}, {}, {}
+        try:
+            for i in self.ids:
+                self.broker_proxy[i] = make(self.http_port[i], f"broker-{i}", DEFAULT_LOOP, scheme=self.scheme)
+            for j in self.ids:
+                self.ctl_proxy[j] = self._open_on_controller_host(make, self.ctl_port, j, f"controller-{j}",
+                                                                  DEFAULT_LOOP, scheme=self.scheme)
+                self.raft_proxy[j] = self._open_on_controller_host(make, self.raft_port, j, f"raft-{j}",
+                                                                   RAFT_LOOP)   # never behind HTTP storms
+        except BaseException:
+            for p in [*self.broker_proxy.values(), *self.ctl_proxy.values(), *self.raft_proxy.values()]:
+                p.close()
+            for h in self.proxy_hosts:
+                h.close()
+            raise
         os.makedirs(self.root, exist_ok=True)
         if self.s.secure:
             self._make_secrets()
         for i in self.ids:
             self.procs[("controller", i)] = self._controller_spec(i)
             self.procs[("broker", i)] = self._broker_spec(i)
+
+    @staticmethod
+    def _open_on_controller_host(make, ports: dict, j: int, name: str, loop_name: str, **kw):
+        """The proxy of CONTROLLER_HOST:`ports[j]` (the same port number as its target on
+        127.0.0.1, as the voters list names it). The port was free when it was picked, but
+        another process may take it before the proxy binds it: then a new port free on both
+        hosts is picked (`ports[j]` updated; the process specs are built afterwards)."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return make(ports[j], name, loop_name, host=CONTROLLER_HOST, port=ports[j], **kw)
+            except (OSError, RuntimeError) as e:
+                if not _address_in_use(e) or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                ports[j] = _free_on_both()
 
     # ---- security ----------------------------------------------------------------------
 
