@@ -47,7 +47,7 @@ run: $(SERVE)
 
 ## test: the whole suite (unit, functional, integration, spark)
 test: $(STAMP) $(KCAT) $(CHROMIUM)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 ## test-fast: pure cores and in-process tests only
 test-fast: $(STAMP)
