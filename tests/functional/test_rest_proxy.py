@@ -235,3 +235,4 @@ async def test_a_json_instance_polling_a_record_that_is_not_json_skips_nothing(b
         if len(got) >= 2:
             break
     assert [(g["offset"], g["value"]) for g in got] == [(1, {"a": 1}), (2, {"b": 2})]
+    await call(c, "DELETE", "/consumers/gm/instances/m1", status=204)
