@@ -28,14 +28,19 @@ SEED = int(os.environ.get("KRAFTLOG_CHAOS_SEED", "20261122"))
 # one fault at a time, each waited for at most this long (a cluster that does not settle
 # costs at most 18 x 8 s here, inside the timeout; the log names what was missing)
 SETTLE_MAX_S = 8.0
+# each fault held longer than the fencing from fetch silence takes (broker_silence_fence_ms,
+# 1.5 s), so that path is exercised; the quiet time after a settled heal kept short (the
+# settle wait, not the quiet time, is what keeps two faults from adding up)
+HOLD_S = (1.6, 2.0)
+QUIET_S = (0.6, 1.0)
 
 
 async def test_short_fault_schedule_keeps_every_acknowledged_write(tmp_path):
     await run_short_schedule(tmp_path, list(ALL_NEMESES))
 
 
-async def run_short_schedule(tmp_path, kinds: list, *, secure: bool = False, hold_s=(1.5, 2.5),
-                             quiet_s=(1.0, 2.0)) -> dict:
+async def run_short_schedule(tmp_path, kinds: list, *, secure: bool = False, hold_s=HOLD_S,
+                             quiet_s=QUIET_S) -> dict:
     """Run one fault of each of `kinds` and assert the history checks clean, the faults were
     felt and the cleaner worked (shared by test_short_schedule_secure.py); -> the figures."""
     out = tmp_path / "report"
