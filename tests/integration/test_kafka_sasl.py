@@ -123,7 +123,7 @@ def test_a_wrong_password_is_refused(node, mechanism):
     deadline = time.monotonic() + POLL_S
     while _metadata_error(_conf(node)) is not None:   # alice exists (so only the password is wrong)
         assert time.monotonic() < deadline
-    err, seen = _metadata_error(_conf(node, **{"sasl.mechanism": mechanism, "sasl.password": "wrong"}), timeout=6)
+    err, seen = _metadata_error(_conf(node, **{"sasl.mechanism": mechanism, "sasl.password": "wrong"}), timeout=3)
     # refused by the broker (its SaslAuthenticate error), not only by the client's own check
     # of the server signature
     assert any(e.code() == KafkaError._AUTHENTICATION and "wrong user name or password" in e.str()
