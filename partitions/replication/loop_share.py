@@ -24,24 +24,22 @@ def next_wait_s(interval_s: float, took_s: float, share_max: float = PERIODIC_CH
     return max(interval_s, took_s * (1 - share_max) / share_max)
 
 
-# A long walk on a broker's event loop (applying a metadata change: the feed's pages parsed
-# and replayed, then the replica manager's role changes; a full replica fetch of thousands
-# of partitions, read by the leader and taken in by the follower) runs in slices of this
-# much wall time with a turn of the loop between them. Between two slices the loop runs
-# every other ready task once: after a kill -9 at 30,000 partitions that was about 170 ms of
-# held produces, fetch sessions and periodic checks per turn, so a change applied in 7 ms
-# slices (one chunk of 500 records or 256 partitions) took 25 times its CPU time in wall
-# time (7.3 s for 10,003 records), and every partition the dead broker led waited for it;
-# a full fetch of 20,000 partitions read in 256-partition turns took 13 s or more (issue 25).
-LOOP_SLICE_MS = 20
+# Applying a metadata change on a broker's event loop (the feed's pages parsed and replayed,
+# then the replica manager's role changes) runs in slices of this much wall time with a turn
+# of the loop between them. Between two slices the loop runs every other ready task once:
+# after a kill -9 at 30,000 partitions that was about 170 ms of held produces, fetch
+# sessions and periodic checks per turn, so a change applied in 7 ms slices (one chunk of
+# 500 records or 256 partitions) took 25 times its CPU time in wall time (7.3 s for 10,003
+# records), and every partition the dead broker led waited for it (issue 25).
+METADATA_LOOP_SLICE_MS = 20
 
 
 class LoopSlice:
     """Cooperative time slices on the event loop: call `maybe_yield()` between small steps;
     it yields (one turn of the loop) only once the current slice has run `slice_ms`."""
 
-    def __init__(self, slice_ms: float | None = None) -> None:
-        self.slice_s = (LOOP_SLICE_MS if slice_ms is None else slice_ms) / 1000
+    def __init__(self, slice_ms: float = METADATA_LOOP_SLICE_MS) -> None:
+        self.slice_s = slice_ms / 1000
         self.turns = 0
         self._end = time.perf_counter() + self.slice_s
 

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 # applying metadata (issue 25): role changes per yield to the loop, logs per executor
 # call, executor calls at once (their fsyncs overlap)
 APPLY_CHUNK_PARTITIONS = 64   # role changes between looks at the clock (LoopSlice)
-READ_CHUNK_PARTITIONS = 64    # partitions a replica fetch reads between looks at the clock (LoopSlice)
+READ_CHUNK_PARTITIONS = 256   # partitions a replica fetch reads per turn of the event loop
 CREATE_BATCH_PARTITIONS = 512
 CREATE_PARALLELISM = 3
 # creating at least this many logs at once: no full (generation 2) garbage collection while
@@ -192,7 +192,7 @@ class ReplicaManager:
     async def _apply(self, image: MetadataImage, delta: MetadataDelta | None = None) -> None:
         """Apply `image` (everything, or what `delta` names). New logs are created in
         batches off the loop (several executor threads at once: their fsyncs overlap), role
-        changes run on the loop in slices of LOOP_SLICE_MS (loop_share.LoopSlice,
+        changes run on the loop in slices of METADATA_LOOP_SLICE_MS (loop_share.LoopSlice,
         the clock read every APPLY_CHUNK_PARTITIONS) with a turn of the loop between them,
         so produce and fetch of other partitions wait that long at most."""
         now = self._clock_ms()
@@ -694,10 +694,9 @@ class ReplicaManager:
         while True:
             news, budget = False, max_bytes
             # a full fetch reads thousands of partitions: in chunks, the loop serves between them
-            turns = LoopSlice()
             for i in range(0, len(keys), READ_CHUNK_PARTITIONS):
                 if i:
-                    await turns.maybe_yield()
+                    await asyncio.sleep(0)
                 chunk_news, budget = self._read_session_partitions(
                     s, keys[i:i + READ_CHUNK_PARTITIONS], results, replica_id, broker_epoch, record,
                     budget, partition_max_bytes)

@@ -183,9 +183,7 @@ async def test_full_walk_of_the_followed_partitions_yields_between_chunks(monkey
     from partitions.replication.replica_manager import ReplicaManager
     from tests.unit.replication.fake_log import MemoryLogManager
     from tests.unit.replication.loop_turns import LoopTurns
-    from partitions.replication import loop_share
     monkeypatch.setattr(replica_fetcher, "FETCHER_CHUNK_PARTITIONS", 4)
-    monkeypatch.setattr(loop_share, "LOOP_SLICE_MS", 0)   # a turn at every look at the clock
     n = 20
     rm = ReplicaManager(1, MemoryLogManager())
     fm = ReplicaFetcherManager(rm, _SilentTransport(), 1)

@@ -1,15 +1,14 @@
 """LoopSlice (partitions/replication/loop_share.py, issue 25): a broker applies a metadata
-change, and reads or takes in a full replica fetch, in slices of LOOP_SLICE_MS of wall time,
-one turn of the event loop between them, instead of one turn per small chunk: after a kill
--9 at 30,000 partitions every turn let about 170 ms of other work run, so 7 ms chunks made
-the fencing's apply 25 times its CPU time while every partition the dead broker led waited
-for it."""
+change in slices of METADATA_LOOP_SLICE_MS of wall time, one turn of the event loop between
+them, instead of one turn per small chunk: after a kill -9 at 30,000 partitions every turn
+let about 170 ms of other work run, so 7 ms chunks made the fencing's apply 25 times its CPU
+time while every partition the dead broker led waited for it."""
 from __future__ import annotations
 
 import asyncio
 
 from partitions.replication import loop_share
-from partitions.replication.loop_share import LOOP_SLICE_MS, LoopSlice
+from partitions.replication.loop_share import METADATA_LOOP_SLICE_MS, LoopSlice
 from tests.unit.replication.loop_turns import LoopTurns
 
 
@@ -37,7 +36,7 @@ async def test_a_long_walk_still_lets_the_loop_run_between_slices():
     async with LoopTurns() as loop_turns:
         start = loop_turns.count
         turns = LoopSlice()
-        deadline = asyncio.get_running_loop().time() + 5 * LOOP_SLICE_MS / 1000
+        deadline = asyncio.get_running_loop().time() + 5 * METADATA_LOOP_SLICE_MS / 1000
         while asyncio.get_running_loop().time() < deadline:   # busy, as an apply is
             sum(range(2000))
             await turns.maybe_yield()

@@ -4,7 +4,6 @@ seconds, so heartbeats and other fetch answers missed their deadlines)."""
 from metadata_quorum.image import MetadataImage
 from metadata_quorum.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
 from partitions.log.record_batch import Record, build_batch
-from partitions.replication import loop_share
 from partitions.replication import replica_manager as rm_mod
 from partitions.replication.replica_manager import ReplicaManager
 from partitions.replication.replica_state import ReplicaFetchRequest
@@ -16,7 +15,6 @@ N = 20
 
 async def test_full_session_fetch_yields_between_chunks_and_reads_everything(monkeypatch):
     monkeypatch.setattr(rm_mod, "READ_CHUNK_PARTITIONS", 4)
-    monkeypatch.setattr(loop_share, "LOOP_SLICE_MS", 0)   # a turn at every look at the clock
     img = MetadataImage("c")
     for b in (1, 2):
         img.replay(RegisterBrokerRecord(b, f"i{b}", -1, f"http://b{b}", None, False))
