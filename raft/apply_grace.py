@@ -31,8 +31,10 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-FOLLOWER = 0   # pysyncobj _RAFT_STATE.FOLLOWER
-LEADER = 2     # pysyncobj _RAFT_STATE.LEADER
+from pysyncobj.syncobj import _RAFT_STATE
+
+FOLLOWER = _RAFT_STATE.FOLLOWER
+LEADER = _RAFT_STATE.LEADER
 
 # an apply (one tick's committed entries) at least this large gets the hooks: pysyncobj's
 # own frames are ~64 KiB; a 10,000-partition create is ~650 KB (raft/README.md)
@@ -106,11 +108,7 @@ def install_apply_grace(so, clock: Callable[[], float], min_timeout_s: float,
                 counts["answers_moved"] += 1
 
     so._SyncObj__applyLogEntries = apply_log_entries
-    # pysyncobj's full dump pickles every attribute not in `__properies` (see install_command_hold)
-    props = getattr(so, "_SyncObj__properies", None)
-    if props is not None:
-        props.add("_SyncObj__applyLogEntries")
     so.kraftlog_apply_grace_stats = counts
-    if props is not None:
-        props.add("kraftlog_apply_grace_stats")
+    # pysyncobj's full dump pickles every attribute not in `__properies` (see install_command_hold)
+    getattr(so, "_SyncObj__properies", set()).update({"_SyncObj__applyLogEntries", "kraftlog_apply_grace_stats"})
     return True

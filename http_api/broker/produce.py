@@ -52,13 +52,17 @@ def _nothing_appended(e: KraftlogError) -> bool:
         return True
     if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER:
         return "leader_id" in e.extra or "becoming leader" in e.message
+    return _refused(e)
+
+
+def _refused(e: KraftlogError) -> bool:
+    """The leader refused the connection (`_forward`): the request was never sent."""
     return e.code is ErrorCode.BROKER_NOT_AVAILABLE and bool(e.extra.get("refused"))
 
 
 def _no_live_leader(e: KraftlogError) -> bool:
     """The partition has no leader in the metadata, or its leader's process is gone (refused)."""
-    return e.code is ErrorCode.LEADER_NOT_AVAILABLE or (
-        e.code is ErrorCode.BROKER_NOT_AVAILABLE and bool(e.extra.get("refused")))
+    return e.code is ErrorCode.LEADER_NOT_AVAILABLE or _refused(e)
 
 
 class ProduceRoutes(Routes):

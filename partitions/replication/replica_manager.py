@@ -48,9 +48,9 @@ from partitions.replication.replica_state import (Effects, FetchResult, ReplicaF
 
 log = logging.getLogger(__name__)
 
-# applying metadata (issue 25): role changes per yield to the loop, logs per executor
-# call, executor calls at once (their fsyncs overlap)
-APPLY_CHUNK_PARTITIONS = 64   # role changes between looks at the clock (LoopSlice)
+# applying metadata (issue 25): role changes between looks at the clock (the loop gets a
+# turn every LoopSlice), logs per executor call, executor calls at once (their fsyncs overlap)
+APPLY_CHUNK_PARTITIONS = 64
 READ_CHUNK_PARTITIONS = 256   # partitions a replica fetch reads per turn of the event loop
 CREATE_BATCH_PARTITIONS = 512
 CREATE_PARALLELISM = 3
