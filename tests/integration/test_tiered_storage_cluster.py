@@ -386,14 +386,20 @@ def test_kill_9_of_the_leader_mid_copy_new_leader_finishes_without_loss_or_dupli
                 return (spans[0][0] == 0 and all(b[0] <= a[1] + 1 for a, b in zip(spans, spans[1:]))
                         and all(b[1] > a[1] and b[0] > a[0] for a, b in zip(spans, spans[1:])))
 
+            def data_ids() -> set:
+                data = [k for k in store.keys(BUCKET, prefix) if "/_metadata/" not in k]
+                return {k.rsplit("/", 1)[1].split("-", 1)[1].split(".")[0] for k in data}
+
             def settled():   # the new leader may still be copying: judge a whole settled view
                 md = remote_metadata(store, prefix)
                 return (md and all(m["state"] == "COPY_SEGMENT_FINISHED" for m in md) and contiguous(md)
-                        and local_log_bytes(cluster, new_leader, topic) <= LOCAL_BYTES + SEGMENT_BYTES and md)
-            md = cluster.wait_for(settled, 90, "the new leader finished the copy, every segment once from 0", interval=0.5)
-            ids = {m["segment_id"] for m in md}
-            data = [k for k in store.keys(BUCKET, prefix) if "/_metadata/" not in k]
-            assert {k.rsplit("/", 1)[1].split("-", 1)[1].split(".")[0] for k in data} == ids   # no orphaned upload left
+                        and local_log_bytes(cluster, new_leader, topic) <= LOCAL_BYTES + SEGMENT_BYTES
+                        and data_ids() == {m["segment_id"] for m in md}   # no orphaned upload left
+                        and md)
+            # (the data objects are listed in the same settled view: one listed after an older
+            # view of the metadata counted a copy the new leader began meanwhile as an orphan)
+            md = cluster.wait_for(settled, 90, "the new leader finished the copy, every segment once from 0, "
+                                  "and removed the dead leader's unfinished upload", interval=0.5)
             assert any(m["broker_id"] == new_leader for m in md) or len(md) >= 2
             assert read_all(new_url, topic, end) == list(range(end))
         finally:
