@@ -280,7 +280,7 @@ def pct(values: list, q: float) -> float:
 
 
 def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int = 3, acks: str = "all",
-        kill: bool = True, idle_s: float = 10.0, writable_s: float = 300.0) -> None:
+        kill: bool = True, idle_s: float = 10.0, writable_s: float = 300.0, profile_kill_s: float = 0.0) -> None:
     print(f"cluster: {controllers} controller(s) + 3 brokers; {topics} topic(s) x {partitions} partitions, RF={rf}")
     with ReplicatedCluster(base_dir, brokers=3, controllers=controllers,
                            broker_config={"metadata_wait_ms": 60_000}) as c:
@@ -348,6 +348,8 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
         killed_at = time.monotonic()
         c.kill(victim)
         print(f"  killed broker {victim} at {time.strftime('%H:%M:%S')} UTC", flush=True)
+        spies = profile_after_kill({f"broker-{b}": c.procs[b].pid for b in survivors} |
+                                   {f"controller-{active}": ctl_pid}, base_dir, profile_kill_s)
         done = asyncio.run(led_writable(survivors, predicted, killed_at, 300))
         times = list(done.values())
         if len(done) < len(predicted):
@@ -359,6 +361,24 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
             row("kill -9: writable within 5 s", f"{sum(1 for x in times if x <= 5.0)} of {len(predicted)}")
             after = leaders(c.url(next(iter(survivors))))
             row(f"leaders still on broker {victim} after the run", str(sum(1 for v in after.values() if v == victim)))
+        for p in spies:
+            p.wait()
+
+
+def profile_after_kill(pids: dict, out_dir: str, seconds: float) -> list:
+    """Start `py-spy record` (raw collapsed stacks, 50 Hz, GIL-idle frames left out) for
+    `seconds` on each of `pids` ({name: pid}), written to `out_dir`/pyspy-<name>.txt;
+    nothing when `seconds` is 0. Returns the py-spy processes (wait for them)."""
+    import subprocess
+    import sys
+    if seconds <= 0:
+        return []
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return [subprocess.Popen([spy, "record", "--format", "raw", "--rate", "50", "--nonblocking",
+                              "--duration", str(int(seconds)), "--pid", str(pid),
+                              "--output", os.path.join(out_dir, f"pyspy-{name}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in pids.items()]
 
 
 def log_layer(n: int, base_dir: str) -> None:
@@ -648,6 +668,8 @@ def main(argv: list | None = None) -> None:
     ap.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU measured this long after each topic")
     ap.add_argument("--writable-seconds", type=float, default=300.0, help="give up on writability after this")
     ap.add_argument("--no-kill", action="store_true", help="skip the kill -9 part")
+    ap.add_argument("--profile-kill", type=float, default=0.0, metavar="SECONDS",
+                    help="py-spy the survivors and the active controller this long after the kill (needs --keep)")
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (broker logs for a post-mortem)")
     ap.add_argument("--log-layer", type=int, metavar="N", help="measure N logs in-process instead (no cluster)")
     ap.add_argument("--fetch-poll", type=int, metavar="N", help="measure the leader's CPU per follower poll "
@@ -669,7 +691,7 @@ def main(argv: list | None = None) -> None:
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
         run(args.partitions, args.topics, args.rf, args.keep, args.controllers, args.acks, not args.no_kill,
-            args.idle_seconds, args.writable_seconds)
+            args.idle_seconds, args.writable_seconds, args.profile_kill)
         return
     with tempfile.TemporaryDirectory(prefix="kraftlog-scale-") as d:
         run(args.partitions, args.topics, args.rf, d, args.controllers, args.acks, not args.no_kill,

@@ -15,7 +15,12 @@ after `EVENT_LOOP_STALL_ALIVE_NOTE_MS` and then as often while the stall lasts):
 sends `POST /controller/v1/brokers/alive` from it, so the controller's silence fencing does
 not take a busy broker for a stopped or cut-off one (a stopped process's threads stop too; a
 cut-off host's note does not arrive). Kafka's brokers heartbeat from a thread of their own
-for the same reason.
+for the same reason. A *congested* loop needs the note as much as a stalled one: after a
+kill -9 at 100,000 partitions a survivor's loop turned every 200-500 ms for seconds, never
+held 500 ms at once, yet its heartbeats and its answer to the controller's probe each took
+several turns (more than the probe's 1 s, twice), and it was fenced while alive. So the notes
+also go out every `EVENT_LOOP_STALL_ALIVE_NOTE_MS` while one tick came more than
+`EVENT_LOOP_CONGESTED_LAG_MS` late within the last `EVENT_LOOP_CONGESTED_HOLD_MS`.
 """
 from __future__ import annotations
 
@@ -35,6 +40,9 @@ EVENT_LOOP_LAG_WINDOW_MS = 10_000
 EVENT_LOOP_LAG_WARN_MS = 1_000
 EVENT_LOOP_STALL_STACK_EVERY_MS = 2_000
 EVENT_LOOP_STALL_ALIVE_NOTE_MS = 500   # on_stall after this long without a tick, then as often
+# a tick this much later than asked marks the loop congested; notes go on this long after it
+EVENT_LOOP_CONGESTED_LAG_MS = 200
+EVENT_LOOP_CONGESTED_HOLD_MS = 3_000
 
 
 class LagWindow:
@@ -87,7 +95,7 @@ class EventLoopLagMonitor:
 
     async def run(self, *, watchdog: bool = True) -> None:
         if watchdog:
-            self.watchdog = StallWatchdog(self.warn_ms, on_stall=self.on_stall)
+            self.watchdog = StallWatchdog(self.warn_ms, on_stall=self.on_stall, tick_interval_ms=self.interval_ms)
             self.watchdog.start()
         try:
             await self._measure()
@@ -120,27 +128,45 @@ def _project_frames(frames: list, innermost: int = 3) -> list:
 
 class StallWatchdog:
     """A daemon thread logging the event-loop thread's stack while the loop is stalled (no
-    `tick()` for more than `warn_ms`). `tick()` is called from the loop (cheap)."""
+    `tick()` for more than `warn_ms`), and calling `on_stall` while it is stalled or
+    congested (module docstring). `tick()` is called from the loop every `tick_interval_ms`
+    (cheap)."""
 
     def __init__(self, warn_ms: int = EVENT_LOOP_LAG_WARN_MS,
                  stack_every_ms: int = EVENT_LOOP_STALL_STACK_EVERY_MS, *,
                  on_stall: Callable[[float], None] | None = None,
-                 on_stall_every_ms: int = EVENT_LOOP_STALL_ALIVE_NOTE_MS) -> None:
+                 on_stall_every_ms: int = EVENT_LOOP_STALL_ALIVE_NOTE_MS,
+                 tick_interval_ms: float = EVENT_LOOP_LAG_INTERVAL_MS,
+                 congested_lag_ms: float = EVENT_LOOP_CONGESTED_LAG_MS,
+                 congested_hold_ms: float = EVENT_LOOP_CONGESTED_HOLD_MS) -> None:
         self.warn_ms = warn_ms
         self.stack_every_ms = stack_every_ms
         # called from this thread with the stall so far (ms) once the loop has not ticked for
-        # `on_stall_every_ms`, then every `on_stall_every_ms` while the stall lasts
+        # `on_stall_every_ms`, then every `on_stall_every_ms` while the stall lasts, and as
+        # often while the loop is congested
         self.on_stall = on_stall
         self.on_stall_every_ms = on_stall_every_ms
+        self.tick_interval_ms = tick_interval_ms
+        self.congested_lag_ms = congested_lag_ms
+        self.congested_hold_ms = congested_hold_ms
         self.loop_thread_id = threading.get_ident()
         self.last_tick = time.monotonic()
+        self.congested_at: float | None = None   # the last tick that came congested_lag_ms late
         self.stacks_logged = 0
         self.stall_notes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def tick(self) -> None:
-        self.last_tick = time.monotonic()
+        now = time.monotonic()
+        if (now - self.last_tick) * 1000 - self.tick_interval_ms > self.congested_lag_ms:
+            self.congested_at = now
+        self.last_tick = now
+
+    def congested(self, now: float) -> bool:
+        """A tick came `congested_lag_ms` late within the last `congested_hold_ms`."""
+        at = self.congested_at
+        return at is not None and (now - at) * 1000 < self.congested_hold_ms
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="event-loop-watchdog", daemon=True)
@@ -156,8 +182,10 @@ class StallWatchdog:
         poll_ms = min(self.warn_ms, self.on_stall_every_ms) if self.on_stall is not None else self.warn_ms
         while not self._stop.wait(poll_ms / 4000):
             tick = self.last_tick
-            stalled_ms = (time.monotonic() - tick) * 1000
-            if self.on_stall is not None and stalled_ms > self.on_stall_every_ms and time.monotonic() >= next_note:
+            now = time.monotonic()
+            stalled_ms = (now - tick) * 1000
+            if (self.on_stall is not None and (stalled_ms > self.on_stall_every_ms or self.congested(now))
+                    and now >= next_note):
                 next_note = time.monotonic() + self.on_stall_every_ms / 1000
                 try:
                     self.on_stall(stalled_ms)

@@ -61,11 +61,15 @@ METADATA_CHANGE_LOG_MIN_RECORDS = 1000
 
 
 def alive_note_sender(active_url, broker_epoch, broker_id: int, headers: dict, ssl_context=None,
-                      timeout_s: float = 1.0):
+                      timeout_s: float = 1.0, controller_urls: tuple = ()):
     """The stall watchdog's `on_stall` (runs in its thread, blocking): `POST
     /controller/v1/brokers/alive` to the active controller with this broker's epoch
     (`QuorumController.note_alive`). `active_url` / `broker_epoch`: callables read at each
-    note; nothing is sent before the broker registered."""
+    note; nothing is sent before the broker registered. When the controller we think active
+    does not take the note (no answer, or no longer active: the quorum changed leader while
+    our loop was too busy to follow), the others in `controller_urls` are tried in turn: a new
+    active controller has heard from nobody, and counts a broker reported silent as silent
+    until it does (`QuorumController.silent_brokers`)."""
     import urllib.request
 
     from metadata_quorum.client import PREFIX
@@ -76,13 +80,22 @@ def alive_note_sender(active_url, broker_epoch, broker_id: int, headers: dict, s
 
     def send(stalled_ms: float) -> None:
         url, epoch = active_url(), broker_epoch()
-        if not url or epoch is None:
+        if epoch is None:
             return
         body = json.dumps({"broker_id": broker_id, "broker_epoch": epoch, "stalled_ms": int(stalled_ms)}).encode()
-        req = urllib.request.Request(url.rstrip("/") + PREFIX + "/brokers/alive", data=body, method="POST",
-                                     headers={**headers, "Content-Type": "application/json"})
-        with opener.open(req, timeout=timeout_s) as resp:
-            resp.read()
+        urls = ([url.rstrip("/")] if url else []) + [u.rstrip("/") for u in controller_urls if u and u != url]
+        failure: Exception | None = None
+        for u in urls:
+            req = urllib.request.Request(u + PREFIX + "/brokers/alive", data=body, method="POST",
+                                         headers={**headers, "Content-Type": "application/json"})
+            try:
+                with opener.open(req, timeout=timeout_s) as resp:
+                    resp.read()
+                return
+            except OSError as exc:   # HTTPError (not active), URLError, timeout: the next one
+                failure = exc
+        if failure is not None:
+            raise failure
     return send
 
 
@@ -206,7 +219,7 @@ class Broker:
         # process is alive while the loop is busy (not fenced as stopped or cut off)
         self.loop_lag = EventLoopLagMonitor(on_stall=alive_note_sender(
             lambda: self.client.active_url, lambda: getattr(self.lifecycle, "broker_epoch", None),
-            cfg.broker_id, auth_headers, client_ssl))
+            cfg.broker_id, auth_headers, client_ssl, controller_urls=tuple(self.client.controller_urls)))
         prom.Gauge("kraftlog_event_loop_lag_ms", "Longest event-loop stall of the last 10-20 s (ms)",
                    registry=deps.registry).set_function(self.loop_lag.lag_ms)
         self.tasks.append(asyncio.create_task(self.loop_lag.run(), name="event-loop-lag"))

@@ -27,3 +27,30 @@ async def test_the_watchdog_note_reaches_the_controller_and_counts_as_heard():
         await asyncio.to_thread(alive_note_sender(lambda: url, lambda: None, 3, {}), 800.0)
         await asyncio.to_thread(alive_note_sender(lambda: url, lambda: epochs[3] + 100, 3, {}), 800.0)
         assert server.controller._heartbeat_silence_ms(3, clock.monotonic_ms()) >= 5000
+
+
+async def test_a_note_goes_to_the_next_controller_when_the_one_thought_active_does_not_take_it():
+    """After the quorum changed leader while the broker's loop was too busy to follow, the
+    URL it thinks active may be dead or no longer active: the note tries the others (a new
+    active controller has heard from nobody and would count a reported broker as silent)."""
+    import socket
+    sm = MetadataStateMachine("c-alive-next")
+    async with inprocess_controller(sm, "c-alive-next", ControllerSettings()) as ctl:
+        server, clock, epochs = ctl.server, ctl.clock, ctl.epochs
+        clock.advance(5000)
+        url = ctl.client.active_url
+        with socket.socket() as s:   # a port nothing listens on: a dead controller
+            s.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+        send = alive_note_sender(lambda: dead, lambda: epochs[2], 2, {}, controller_urls=(dead, url))
+        await asyncio.to_thread(send, 800.0)
+        assert server.controller._heartbeat_silence_ms(2, clock.monotonic_ms()) == 0
+        # only the dead one: the note fails (the watchdog logs it and tries again later)
+        clock.advance(5000)
+        only_dead = alive_note_sender(lambda: dead, lambda: epochs[2], 2, {}, controller_urls=(dead,))
+        try:
+            await asyncio.to_thread(only_dead, 800.0)
+            raise AssertionError("a note no controller took must fail")
+        except OSError:
+            pass
+        assert server.controller._heartbeat_silence_ms(2, clock.monotonic_ms()) >= 5000

@@ -71,6 +71,7 @@ def test_watchdog_notes_the_process_alive_from_its_thread_while_the_loop_is_held
             await asyncio.sleep(0.6)           # a turning loop: no note
             quiet = len(notes)
             m.watchdog.on_stall_every_ms = 200
+            m.watchdog.congested_lag_ms = 10_000   # the stall path alone (congestion: the next test)
             time.sleep(1.0)                    # held 1 s: notes at ~200, ~400, ... ms
             await asyncio.sleep(0.05)
             return quiet, threading.get_ident()
@@ -81,3 +82,35 @@ def test_watchdog_notes_the_process_alive_from_its_thread_while_the_loop_is_held
     assert len(notes) >= 2, notes
     assert all(tid != loop_thread for tid, _ in notes)
     assert all(ms > 200 for _, ms in notes)
+
+
+def test_watchdog_notes_the_process_alive_while_the_loop_is_congested_without_one_long_stall():
+    """A loop that turns, but every turn holds it 300 ms (a survivor applying a fencing at
+    100,000 partitions among its held produces), never stalls `on_stall_every_ms` at once,
+    yet answers nothing within a second: the notes go out while it is congested, and stop
+    `congested_hold_ms` after it is calm again."""
+    notes: list = []
+
+    async def main():
+        m = EventLoopLagMonitor(interval_ms=10, warn_ms=5000, on_stall=lambda ms: notes.append(time.monotonic()))
+        t = asyncio.create_task(m.run())
+        try:
+            await asyncio.sleep(0.1)
+            m.watchdog.on_stall_every_ms = 400
+            m.watchdog.congested_lag_ms = 150
+            m.watchdog.congested_hold_ms = 300
+            await asyncio.sleep(0.5)
+            calm = len(notes)
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end:      # congested: 250 ms holds, a turn between them
+                time.sleep(0.25)
+                await asyncio.sleep(0.02)
+            congested = len(notes)
+            await asyncio.sleep(1.0)           # calm again
+            return calm, congested, len(notes), m.watchdog.congested(time.monotonic())
+        finally:
+            t.cancel()
+    calm, congested, after, still = asyncio.run(main())
+    assert calm == 0
+    assert congested - calm >= 2, notes
+    assert after - congested <= 1 and not still
