@@ -39,13 +39,13 @@ class InProcessController:
 
 
 @asynccontextmanager
-async def inprocess_controller(sm: MetadataStateMachine, cluster_id: str,
-                               settings: ControllerSettings) -> AsyncIterator[InProcessController]:
+async def inprocess_controller(sm: MetadataStateMachine, cluster_id: str, settings: ControllerSettings,
+                               maintenance_interval_ms: int = 20) -> AsyncIterator[InProcessController]:
     clock = ManualClock()
     port = free_port()
     voters = {1: Voter(1, "127.0.0.1", free_port(), port)}
     config = ControllerConfig(node_id=1, data_dir="/nonexistent", voters=voters, cluster_id=cluster_id,
-                              maintenance_interval_ms=20, settings=settings)
+                              maintenance_interval_ms=maintenance_interval_ms, settings=settings)
     raft_log = InMemoryReplicatedLog(sm, node_id=1, leader=False)
     server = ControllerServer(config, sm, raft_log, clock=clock, rng=random.Random(1))
     runner = web.AppRunner(server.build_app())
