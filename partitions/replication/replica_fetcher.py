@@ -85,9 +85,13 @@ class _LeaderFetcher:
         self.mgr = mgr
         self.state = LeaderFetchState(leader_id, leader_url)
         self.wakeup = asyncio.Event()
-        # cancels the request in flight; with an established session, new partitions do not
-        # (they join the next request, within one long poll) since a cancelled session
-        # request costs a full fetch of every partition (issue 25)
+        # cancels the request in flight, only for a transport without fetch sessions: with
+        # sessions, a partition added, removed or at a new leader epoch joins the next request
+        # (within one long poll, `replica_fetch_wait_max_ms`; answers for partitions removed or
+        # at an old epoch meanwhile are ignored) since a cancelled session request costs a full
+        # fetch of every partition on both sides (issue 25: at 100,000 partitions the leader's
+        # part held its loop for more than a second, ISR changes cancelled requests again and
+        # again, and the followers went "silent" for tens of seconds)
         self.interrupt = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.rotation = 0
@@ -127,10 +131,10 @@ class _LeaderFetcher:
                     pass
 
     def partitions_changed(self, only_added: bool) -> None:
-        """The partition set changed: wake the loop; cancel the request in flight unless
-        `only_added` and a session is established (see `interrupt`)."""
+        """The partition set changed: wake the loop; cancel the request in flight only
+        without fetch sessions (see `interrupt`). `only_added`: kept for callers' clarity."""
         self.wakeup.set()
-        if not only_added or self.session is None or not self.session.session_id:
+        if self.session is None:
             self.interrupt.set()
 
     async def _cancellable(self, coro):

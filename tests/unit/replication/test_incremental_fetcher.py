@@ -218,3 +218,31 @@ async def test_new_partitions_join_the_session_without_cancelling_its_poll(pair)
     await rms[1].append("t", 5, batch(b"y"), acks=1)
     await caught_up(rms, range(6))
     assert session.full_fetches == 1 and transport.session_errors == []   # no cancel, no full fetch
+
+
+async def test_a_new_leader_epoch_does_not_cancel_the_parked_session_poll(pair):  # noqa: F811
+    """A partition coming back at a new leader epoch (or leaving the fetcher) used to cancel
+    the request in flight, and a cancelled session request costs a full fetch of every
+    partition on both sides: at 100,000 partitions ISR and leader changes did that again and
+    again. Now the change joins the next request (named again with its new epoch, or
+    forgotten). The follower learns the new epoch while its poll is parked at the leader."""
+    rms, fetchers, transport, apply = pair
+    fetchers[2].fetch_wait_max_ms = 300
+    await apply(image(leader=1, epoch=1, partitions=6))
+    for p in range(6):
+        await rms[1].append("t", p, batch(b"x"), acks=1)
+    await caught_up(rms, range(6))
+    session = fetchers[2].fetchers[1].session
+    assert session.full_fetches == 1
+    await asyncio.sleep(0.1)                                # the follower's poll is parked
+    newer = image(leader=1, epoch=2, partitions=6)
+    await rms[2].apply_metadata(newer)                      # the follower learns it first
+    fetchers[2].sync(newer)
+    await asyncio.sleep(0.1)
+    await rms[1].apply_metadata(newer)
+    fetchers[1].sync(newer)
+    for p in range(6):
+        await rms[1].append("t", p, batch(b"z"), acks=1)
+    await caught_up(rms, range(6))
+    assert session is fetchers[2].fetchers[1].session
+    assert session.full_fetches == 1 and transport.session_errors == []   # no cancel, no full fetch
