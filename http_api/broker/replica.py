@@ -10,7 +10,10 @@ from aiohttp import web
 from http_api.broker import replica_client
 from http_api.broker.context import Routes, json_response
 from partitions.errors import ErrorCode, KraftlogError
+from partitions.replication.loop_share import LoopSlice
 from partitions.replication.replica_state import ReplicaFetchRequest
+
+PARSE_CHUNK_PARTITIONS = 1024   # a replica fetch's partitions parsed per clock read
 
 
 class ReplicaRoutes(Routes):
@@ -22,9 +25,16 @@ class ReplicaRoutes(Routes):
         try:
             replica_id = int(doc["replica_id"])
             broker_epoch = int(doc.get("broker_epoch", -1))
-            parts = [ReplicaFetchRequest(str(e["topic"]), int(e["partition"]), int(e["offset"]),
-                                         int(e["leader_epoch"]), int(e.get("high_watermark", -1)))
-                     for e in doc["partitions"]]
+            entries = doc["partitions"]
+            parts = []
+            turns = LoopSlice()
+            # a full fetch names tens of thousands: parsed in slices of the loop's time (issue 25)
+            for i in range(0, len(entries), PARSE_CHUNK_PARTITIONS):
+                if i:
+                    await turns.maybe_yield()
+                parts.extend(ReplicaFetchRequest(str(e["topic"]), int(e["partition"]), int(e["offset"]),
+                                                 int(e["leader_epoch"]), int(e.get("high_watermark", -1)))
+                             for e in entries[i:i + PARSE_CHUNK_PARTITIONS])
             max_wait_ms = min(max(0, int(doc.get("max_wait_ms", 0))), self.config.fetch_max_wait_ms)
             max_bytes = min(max(1, int(doc.get("max_bytes", self.config.fetch_max_bytes))),
                             self.config.fetch_max_bytes)

@@ -153,6 +153,17 @@ class FetchSessionCache:
             self._add(s, key, offset, epoch)
         return s
 
+    def add_partitions(self, s: FetchSession, partitions: Iterable[tuple[Key, int, int]]) -> bool:
+        """Add [(key, fetch_offset, leader_epoch)] to the new session `s` (a full fetch of
+        thousands of partitions is added in slices, the event loop serving between them).
+        False, adding nothing, when `s` is no longer in the cache (its replica's next full
+        fetch replaced it meanwhile)."""
+        if self.sessions.get(s.session_id) is not s:
+            return False
+        for key, offset, epoch in partitions:
+            self._add(s, key, offset, epoch)
+        return True
+
     def lookup(self, session_id: int, epoch: int, replica_id: int, now_ms: int) -> FetchSession | str:
         """The session an incremental fetch names, or the session error to answer with."""
         s = self.sessions.get(session_id)

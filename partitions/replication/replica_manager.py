@@ -38,8 +38,8 @@ from partitions.log import errors as log_errors
 from partitions.log.config import LogConfig
 from partitions.log.protocols import LogDirectory, PartitionLog
 from partitions.log.protocols import TopicPartition
-from partitions.replication.fetch_session import (FETCH_SESSION_REFRESH_MS, NO_SESSION, FetchSession,
-                                                   FetchSessionCache)
+from partitions.replication.fetch_session import (FETCH_SESSION_REFRESH_MS, NO_SESSION, SESSION_NOT_FOUND,
+                                                   FetchSession, FetchSessionCache)
 from partitions.replication.loop_share import LoopSlice
 from partitions.replication.partition import Partition
 from partitions.replication.replication_throttle import ReplicationThrottle
@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 # turn every LoopSlice), logs per executor call, executor calls at once (their fsyncs overlap)
 APPLY_CHUNK_PARTITIONS = 64
 READ_CHUNK_PARTITIONS = 256   # partitions a replica fetch reads per turn of the event loop
+SESSION_ADD_CHUNK_PARTITIONS = 512   # a full fetch's partitions added to its new session per clock read
 CREATE_BATCH_PARTITIONS = 512
 CREATE_PARALLELISM = 3
 # creating at least this many logs at once: no full (generation 2) garbage collection while
@@ -671,16 +672,28 @@ class ReplicaManager:
         self.core.fetch_request_from(replica_id, self._clock_ms())   # its broker is alive (silence rules)
         cache = self.fetch_sessions
         mono = self._monotonic_ms()
-        named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch) for r in requests]
         if session_id == NO_SESSION:
-            s = cache.new_session(replica_id, named, mono, liveness=self.core.open_liveness(replica_id, broker_epoch))
-            keys = [k for k, _, _ in named]
+            # a full fetch: the new session is filled in slices of the loop's time (issue 25:
+            # 30,000-60,000 partitions in one go held a leader's loop 2-4 s, long enough for
+            # other followers' requests to time out and start full fetches of their own)
+            s = cache.new_session(replica_id, (), mono, liveness=self.core.open_liveness(replica_id, broker_epoch))
+            keys = []
+            turns = LoopSlice()
+            for i in range(0, len(requests), SESSION_ADD_CHUNK_PARTITIONS):
+                if i:
+                    await turns.maybe_yield()
+                named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch)
+                         for r in requests[i:i + SESSION_ADD_CHUNK_PARTITIONS]]
+                if not cache.add_partitions(s, named):
+                    return NO_SESSION, SESSION_NOT_FOUND, []   # replaced by this replica's next full fetch
+                keys.extend(k for k, _, _ in named)
             keys = cache.take_dirty(s, keys)
         else:
             found = cache.lookup(session_id, session_epoch, replica_id, mono)
             if isinstance(found, str):
                 return NO_SESSION, found, []
             s = found
+            named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch) for r in requests]
             keys = cache.update(s, named, [TopicPartition(*k) for k in forgotten])
         if s.due_for_refresh(mono, self.fetch_session_refresh_ms):
             keys += self._restate_session_progress(s, set(keys), replica_id, broker_epoch)
