@@ -278,6 +278,10 @@ class FollowerSession:
     _pending: dict | None = None
     full_fetches: int = 0
     incremental_fetches: int = 0
+    # the last request went unanswered (timed out): the next one re-sends this epoch and names
+    # every partition that differs from the last answered request (`unanswered`)
+    _resend: bool = False
+    resent_fetches: int = 0
 
     def build(self, wanted: dict, candidates: set | None = None) -> tuple[int, int, list, list]:
         """`wanted`: key -> (fetch_offset, leader_epoch) of every partition to fetch now.
@@ -290,6 +294,10 @@ class FollowerSession:
             self.full_fetches += 1
             return NO_SESSION, INITIAL_EPOCH, list(wanted), []
         self.incremental_fetches += 1
+        if self._resend:
+            self._resend = False
+            self.resent_fetches += 1
+            candidates = None   # what the unanswered request named may not have reached the leader
         if candidates is None:
             named = [k for k, v in wanted.items() if self.sent.get(k) != v]
             forgotten = [k for k in self.sent if k not in wanted]
@@ -324,6 +332,19 @@ class FollowerSession:
     def reset(self) -> None:
         self.session_id, self.epoch, self._pending = NO_SESSION, INITIAL_EPOCH, None
         self.sent = {}
+        self._resend = False
+
+    def unanswered(self) -> None:
+        """The pending request timed out (no answer, the leader may be alive but busy): keep
+        the session. The next request re-sends the same epoch, naming every partition that
+        differs from the last answered request, so it is complete whether or not the leader
+        saw the lost one. A leader that did answer it has moved on to the next epoch and
+        answers INVALID_FETCH_SESSION_EPOCH: a full fetch then, as after `reset` (issue 25:
+        resetting on every timeout made a busy leader take a full fetch of tens of thousands
+        of partitions, which made it busier)."""
+        self._pending = None
+        if self.session_id != NO_SESSION:
+            self._resend = True
 
     def forget(self, key: Key) -> None:
         """`key` must be named again in the next request (e.g. its state moved locally in a

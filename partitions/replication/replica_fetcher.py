@@ -159,8 +159,13 @@ class _LeaderFetcher:
         return None
 
     def _unreachable(self, e: KraftlogError) -> None:
+        """The leader refused the connection (its process is gone: a new one has no session),
+        or did not answer in time / garbled its answer (the session is kept: `unanswered`)."""
         if self.session is not None:
-            self.session.reset()
+            if e.extra.get("refused"):
+                self.session.reset()
+            else:
+                self.session.unanswered()
         now = self.mgr.now_ms()
         for s in list(self.state.partitions.values()):
             self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
@@ -319,11 +324,11 @@ class _LeaderFetcher:
                 self.session.reset()   # the leader may or may not have seen it: start over
             raise
         except KraftlogError as e:
-            if self.session is not None:
-                self.session.reset()
             if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
-                self._unreachable(e)
+                self._unreachable(e)   # keeps the session unless the leader refused the connection
             else:
+                if self.session is not None:
+                    self.session.reset()
                 self.state.answered()
                 log.info("replica fetch from %s failed: %s", self.state.leader_url, e)
                 for r in reqs:
