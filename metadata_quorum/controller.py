@@ -109,12 +109,12 @@ class ControllerSettings(MinInsyncReplicasDefault):
     # holds just its leader changes and the ISR removals follow in the next entries (the
     # maintenance loop, `fence_followups`, written back to back); no entry of a fencing holds
     # more than `fence_batch_records_max` partition changes (about 60 bytes each pickled: far
-    # below the 16 MiB raft frame cap, raft_frame_max_bytes). 10,000 (Kafka's
-    # maxRecordsPerBatch): at 100,000 partitions one entry of the 33,336 leader changes was a
-    # 1.5-2.4 s raft apply on each controller and 7-11 s of a survivor's loop before any of
-    # them was published; entries of 10,000 are published one after the other.
+    # below the 16 MiB raft frame cap, raft_frame_max_bytes). Kafka's 10,000
+    # (maxRecordsPerBatch) was tried at 100,000 partitions (docs/SCALE.md, ninth round): the
+    # first 10,000 leaderships were writable within 5 s, but the survivors, leading them and
+    # serving their held produces, took the next entries tens of seconds later; kept at 50,000.
     fence_isr_removals_inline_max: int = 1000
-    fence_batch_records_max: int = 10_000
+    fence_batch_records_max: int = 50_000
 
     def __post_init__(self) -> None:
         self.validate()
