@@ -12,12 +12,9 @@ from __future__ import annotations
 import pytest
 
 from partitions.errors import ErrorCode, KraftlogError
-from partitions.log.config import LogConfig
 from partitions.replication.fetch_session import INVALID_EPOCH
-from partitions.replication.replica_fetcher import ReplicaFetcherManager
-from partitions.replication.replica_manager import ReplicaManager
-from tests.unit.replication.test_replica_fetch_session import SessionTransport, caught_up
-from tests.unit.replication.test_replica_fetcher import DiskLogManager, batch, image, wait_for
+from tests.unit.replication.test_replica_fetch_session import SessionTransport, caught_up, leader_and_follower
+from tests.unit.replication.test_replica_fetcher import batch, image, wait_for
 
 
 class FlakyTransport(SessionTransport):
@@ -41,24 +38,9 @@ class FlakyTransport(SessionTransport):
 
 @pytest.fixture
 async def flaky(tmp_path):
-    for b in (1, 2):
-        (tmp_path / str(b)).mkdir()
-    rms = {b: ReplicaManager(b, DiskLogManager(tmp_path / str(b)), request_timeout_ms=3000,
-                             default_log_config_factory=lambda c: LogConfig()) for b in (1, 2)}
-    transport = FlakyTransport({"http://b1": rms[1], "http://b2": rms[2]})
-    fetchers = {b: ReplicaFetcherManager(rms[b], transport, b, fetch_wait_max_ms=200, backoff_ms=10)
-                for b in (1, 2)}
-    img = image(leader=1, epoch=1, partitions=6)
-    for b in (1, 2):
-        await rms[b].apply_metadata(img)
-        fetchers[b].sync(img)
-    yield rms, fetchers, transport
-    for f in fetchers.values():
-        await f.close()
-    for rm in rms.values():
-        rm.begin_shutdown()
-        for lg in rm.log_manager.logs.values():
-            lg.close()
+    async with leader_and_follower(tmp_path, FlakyTransport, fetch_wait_max_ms=200) as (rms, fetchers, transport, apply):
+        await apply(image(leader=1, epoch=1, partitions=6))
+        yield rms, fetchers, transport
 
 
 async def _round(rms, transport, lose, value: bytes, refused: bool = False):

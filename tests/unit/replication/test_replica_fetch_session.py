@@ -4,6 +4,7 @@ changed partitions, answers hold only partitions with news, an append to one par
 the parked session, idle followers stay live on the leader, and a follower whose session the
 leader lost (restart) starts over and catches up."""
 import asyncio
+import contextlib
 
 from http_api.broker import replica_client
 from partitions.errors import KraftlogError
@@ -57,28 +58,38 @@ class SessionTransport(DirectTransport):
                                                     + b"".join(chunks))
 
 
-@pytest.fixture
-async def pair(tmp_path):
+@contextlib.asynccontextmanager
+async def leader_and_follower(tmp_path, transport_cls=None, fetch_wait_max_ms: int = 5000):
+    """Brokers 1 and 2 on disk logs, each with a fetcher over a `transport_cls`
+    (SessionTransport) -> (replica managers, fetcher managers, transport, apply(image))."""
     (tmp_path / "1").mkdir()
     (tmp_path / "2").mkdir()
     rms = {b: ReplicaManager(b, DiskLogManager(tmp_path / str(b)), request_timeout_ms=3000,
                              default_log_config_factory=lambda c: LogConfig()) for b in (1, 2)}
-    transport = SessionTransport({"http://b1": rms[1], "http://b2": rms[2]})
-    # a long poll much longer than the acks=all timeouts below: only a wake-up answers in time
-    fetchers = {b: ReplicaFetcherManager(rms[b], transport, b, fetch_wait_max_ms=5000, backoff_ms=10)
+    transport = (transport_cls or SessionTransport)({"http://b1": rms[1], "http://b2": rms[2]})
+    fetchers = {b: ReplicaFetcherManager(rms[b], transport, b, fetch_wait_max_ms=fetch_wait_max_ms, backoff_ms=10)
                 for b in (1, 2)}
 
     async def apply(img):
         for b in (1, 2):
             await rms[b].apply_metadata(img)
             fetchers[b].sync(img)
-    yield rms, fetchers, transport, apply
-    for f in fetchers.values():
-        await f.close()
-    for rm in rms.values():
-        rm.begin_shutdown()
-        for lg in rm.log_manager.logs.values():
-            lg.close()
+    try:
+        yield rms, fetchers, transport, apply
+    finally:
+        for f in fetchers.values():
+            await f.close()
+        for rm in rms.values():
+            rm.begin_shutdown()
+            for lg in rm.log_manager.logs.values():
+                lg.close()
+
+
+@pytest.fixture
+async def pair(tmp_path):
+    # a long poll much longer than the acks=all timeouts below: only a wake-up answers in time
+    async with leader_and_follower(tmp_path) as rig:
+        yield rig
 
 
 async def caught_up(rms, partitions=range(PARTITIONS)):
