@@ -186,7 +186,7 @@ class StallWatchdog:
             stalled_ms = (now - tick) * 1000
             if (self.on_stall is not None and (stalled_ms > self.on_stall_every_ms or self.congested(now))
                     and now >= next_note):
-                next_note = time.monotonic() + self.on_stall_every_ms / 1000
+                next_note = now + self.on_stall_every_ms / 1000
                 try:
                     self.on_stall(stalled_ms)
                     self.stall_notes += 1

@@ -25,16 +25,12 @@ class ReplicaRoutes(Routes):
         try:
             replica_id = int(doc["replica_id"])
             broker_epoch = int(doc.get("broker_epoch", -1))
-            entries = doc["partitions"]
             parts = []
-            turns = LoopSlice()
             # a full fetch names tens of thousands: parsed in slices of the loop's time (issue 25)
-            for i in range(0, len(entries), PARSE_CHUNK_PARTITIONS):
-                if i:
-                    await turns.maybe_yield()
+            async for chunk in LoopSlice().chunks(doc["partitions"], PARSE_CHUNK_PARTITIONS):
                 parts.extend(ReplicaFetchRequest(str(e["topic"]), int(e["partition"]), int(e["offset"]),
                                                  int(e["leader_epoch"]), int(e.get("high_watermark", -1)))
-                             for e in entries[i:i + PARSE_CHUNK_PARTITIONS])
+                             for e in chunk)
             max_wait_ms = min(max(0, int(doc.get("max_wait_ms", 0))), self.config.fetch_max_wait_ms)
             max_bytes = min(max(1, int(doc.get("max_bytes", self.config.fetch_max_bytes))),
                             self.config.fetch_max_bytes)

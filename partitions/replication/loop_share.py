@@ -43,6 +43,14 @@ class LoopSlice:
         self.turns = 0
         self._end = time.perf_counter() + self.slice_s
 
+    async def chunks(self, seq, size: int):
+        """`seq` (a sliceable sequence) in slices of `size` items, with `maybe_yield()`
+        between them: `async for chunk in LoopSlice().chunks(items, 512): ...`."""
+        for i in range(0, len(seq), size):
+            if i:
+                await self.maybe_yield()
+            yield seq[i:i + size]
+
     async def maybe_yield(self) -> bool:
         if time.perf_counter() < self._end:
             return False

@@ -130,9 +130,9 @@ class _LeaderFetcher:
                 except asyncio.TimeoutError:
                     pass
 
-    def partitions_changed(self, only_added: bool) -> None:
+    def partitions_changed(self) -> None:
         """The partition set changed: wake the loop; cancel the request in flight only
-        without fetch sessions (see `interrupt`). `only_added`: kept for callers' clarity."""
+        without fetch sessions (see `interrupt`)."""
         self.wakeup.set()
         if self.session is None:
             self.interrupt.set()
@@ -429,7 +429,7 @@ class ReplicaFetcherManager:
             self._urls = urls
             self._full_sync(image)
             return
-        touched: dict = {}   # leader id -> only partitions added (True)
+        touched: set = set()   # leader ids whose partition set changed
         for tp in changes:
             key = (tp[0], tp[1])
             want = core.followed(tp)
@@ -440,7 +440,7 @@ class ReplicaFetcherManager:
                 f = self.fetchers.get(owner)
                 if f is not None:
                     f.state.remove(*key)
-                    touched[owner] = False
+                    touched.add(owner)
                 del self._owner[key]
             if want is None:
                 continue
@@ -450,17 +450,16 @@ class ReplicaFetcherManager:
                 f = self.fetchers[leader_id] = _LeaderFetcher(self, leader_id, urls[leader_id])
                 f.start()
             self._owner[key] = leader_id
-            added = key not in f.state.partitions
             if f.state.set_partition(key[0], key[1], epoch):
-                touched[leader_id] = touched.get(leader_id, True) and added
-        for leader_id, only_added in touched.items():
+                touched.add(leader_id)
+        for leader_id in touched:
             f = self.fetchers.get(leader_id)
             if f is None:
                 continue
             if not f.state.partitions:
                 self._stop(leader_id)
             else:
-                f.partitions_changed(only_added)
+                f.partitions_changed()
 
     def _full_sync(self, image: MetadataImage | None) -> None:
         wanted: dict[int, dict[tuple[str, int], int]] = {}
@@ -481,17 +480,16 @@ class ReplicaFetcherManager:
             if f is None:
                 f = self.fetchers[leader_id] = _LeaderFetcher(self, leader_id, urls[leader_id])
                 f.start()
-            changed, only_added = False, True
+            changed = False
             for key in [k for k in f.state.partitions if k not in parts]:
                 f.state.remove(*key)
-                changed, only_added = True, False
+                changed = True
             for (topic, p), epoch in parts.items():
-                added = (topic, p) not in f.state.partitions
                 if f.state.set_partition(topic, p, epoch):
-                    changed, only_added = True, only_added and added
+                    changed = True
                 self._owner[(topic, p)] = leader_id
             if changed:
-                f.partitions_changed(only_added)
+                f.partitions_changed()
 
     def _stop(self, leader_id: int) -> None:
         f = self.fetchers.pop(leader_id, None)

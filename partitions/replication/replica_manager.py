@@ -678,12 +678,8 @@ class ReplicaManager:
             # other followers' requests to time out and start full fetches of their own)
             s = cache.new_session(replica_id, (), mono, liveness=self.core.open_liveness(replica_id, broker_epoch))
             keys = []
-            turns = LoopSlice()
-            for i in range(0, len(requests), SESSION_ADD_CHUNK_PARTITIONS):
-                if i:
-                    await turns.maybe_yield()
-                named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch)
-                         for r in requests[i:i + SESSION_ADD_CHUNK_PARTITIONS]]
+            async for chunk in LoopSlice().chunks(requests, SESSION_ADD_CHUNK_PARTITIONS):
+                named = [(TopicPartition(r.topic, r.partition), r.fetch_offset, r.leader_epoch) for r in chunk]
                 if not cache.add_partitions(s, named):
                     return NO_SESSION, SESSION_NOT_FOUND, []   # replaced by this replica's next full fetch
                 keys.extend(k for k, _, _ in named)
