@@ -685,6 +685,8 @@ def main(argv: list | None = None) -> None:
     ap.add_argument("--failover-pipeline", type=int, metavar="N", help="measure the metadata side of a kill -9 "
                     "at N partitions in-process instead (CPU until the partitions it led have new leaders)")
     args = ap.parse_args(argv)
+    if args.profile_kill and not args.keep:
+        ap.error("--profile-kill writes its py-spy profiles into the run's directory: add --keep DIR")
     if args.failover_pipeline:
         failover_pipeline(args.failover_pipeline)
         return
