@@ -85,6 +85,15 @@ class ControllerClient:
             self._own_session = True
         return self._session
 
+    def twin(self) -> "ControllerClient":
+        """A new client with the same controllers, limits and credentials and a session of its
+        own: for another thread's event loop (`BrokerHeartbeatThread`)."""
+        return ControllerClient(self.controller_urls, request_timeout_ms=self.request_timeout_ms,
+                                retry_backoff_ms=self.retry_backoff_ms, try_timeout_ms=self.try_timeout_ms,
+                                long_poll_margin_ms=self.long_poll_margin_ms,
+                                leader_check_after_ms=self.leader_check_after_ms, ssl_context=self._ssl,
+                                headers=self._headers)
+
     async def close(self) -> None:
         if self._own_session and self._session is not None:
             await self._session.close()
@@ -666,6 +675,11 @@ class BrokerLifecycle:
         # () -> [{topic, partition, last_epoch, log_end_offset}] for partitions awaiting
         # unclean recovery that list this broker (sent with every heartbeat)
         self.log_reports_fn: Optional[Callable[[], list]] = None
+        # the reports built on the loop after the last answer, for the heartbeat thread's next
+        # heartbeat (it does not walk the broker's state itself)
+        self.pending_log_reports: list = []
+        self._heartbeat_thread = None   # BrokerHeartbeatThread, when heartbeats are off the loop
+        self._reregistering: Optional[asyncio.Task] = None
         self.kafka_address: Optional[str] = None   # "host:port" of this broker's Kafka listener
 
     def _metadata_offset(self) -> int:
@@ -690,8 +704,8 @@ class BrokerLifecycle:
             return None
         return int((time.monotonic() - self.last_heartbeat_ok) * 1000)
 
-    def _update(self, body: dict) -> None:
-        self.last_heartbeat_ok = time.monotonic()
+    def _update(self, body: dict, answered_at: Optional[float] = None) -> None:
+        self.last_heartbeat_ok = time.monotonic() if answered_at is None else answered_at
         self.broker_epoch = body["broker_epoch"]
         self.is_fenced = body["fenced"]
         self.in_controlled_shutdown = body.get("in_controlled_shutdown", False)
@@ -700,15 +714,40 @@ class BrokerLifecycle:
         self._state_changed.set()
         self._state_changed = asyncio.Event()
 
+    def _build_log_reports(self) -> Optional[list]:
+        if self.log_reports_fn is None:
+            return None
+        try:
+            return self.log_reports_fn()
+        except Exception as exc:  # no report delays recovery; the heartbeat must go on
+            log.warning("cannot build log reports for unclean recovery: %r", exc)
+            return None
+
+    def apply_heartbeat_answer(self, body: dict, answered_at: float) -> None:
+        """On the loop: a heartbeat thread's answer (ignored when it is about an older
+        registration than ours); then the reports for its next heartbeat."""
+        if body.get("broker_epoch") != self.broker_epoch:
+            return
+        self._update(body, answered_at)
+        self.pending_log_reports = self._build_log_reports() or []
+
+    def reregister_soon(self, stale_epoch: int) -> None:
+        """On the loop: the heartbeat thread was told our registration `stale_epoch` is stale;
+        register again (once, unless that already happened)."""
+        if self.broker_epoch != stale_epoch or (self._reregistering is not None and not self._reregistering.done()):
+            return
+
+        async def again() -> None:
+            try:
+                await self.heartbeat_once(want_shutdown=self.in_controlled_shutdown)
+            except Exception as exc:   # the thread's next heartbeat tells us again
+                log.info("registering again failed: %s", exc)
+        self._reregistering = asyncio.get_running_loop().create_task(again())
+
     async def heartbeat_once(self, want_shutdown: bool = False) -> dict:
         if self.broker_epoch is None:
             await self.register()
-        reports = None
-        if self.log_reports_fn is not None:
-            try:
-                reports = self.log_reports_fn()
-            except Exception as exc:  # no report delays recovery; the heartbeat must go on
-                log.warning("cannot build log reports for unclean recovery: %r", exc)
+        reports = self._build_log_reports()
         try:
             body = await self.client.heartbeat(self.broker_id, self.broker_epoch, self._metadata_offset(),
                                                want_shutdown=want_shutdown, log_reports=reports,
@@ -727,10 +766,19 @@ class BrokerLifecycle:
         self._update(body)
         return body
 
-    async def start(self) -> None:
-        """Register, then heartbeat in the background."""
+    async def start(self, *, heartbeat_thread: bool = False, heartbeat_loop_stall_max_ms: Optional[int] = None) -> None:
+        """Register, then heartbeat in the background: from a task of this loop, or with
+        `heartbeat_thread` from a thread of their own (`BrokerHeartbeatThread`, which holds
+        them while this loop has not turned for `heartbeat_loop_stall_max_ms`)."""
         await self.register()
-        self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        if heartbeat_thread:
+            from metadata_quorum.heartbeat_thread import HEARTBEAT_LOOP_STALL_MAX_MS, BrokerHeartbeatThread
+            self._heartbeat_thread = BrokerHeartbeatThread(
+                self, loop_stall_max_ms=HEARTBEAT_LOOP_STALL_MAX_MS if heartbeat_loop_stall_max_ms is None
+                else heartbeat_loop_stall_max_ms)
+            self._heartbeat_thread.start()
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -780,6 +828,11 @@ class BrokerLifecycle:
         return False
 
     async def stop(self) -> None:
+        if self._heartbeat_thread is not None:
+            thread, self._heartbeat_thread = self._heartbeat_thread, None
+            await asyncio.get_running_loop().run_in_executor(None, thread.stop)
+        if self._reregistering is not None:
+            self._reregistering.cancel()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -135,6 +135,9 @@ class RequestLimits(_Group):
     # a controller request unanswered this long asks the other controllers whom they follow,
     # and moves at once to a new leader they name (then, and again every this long)
     controller_leader_check_after_ms: int = 500
+    # heartbeats go out from a thread of their own (metadata_quorum/heartbeat_thread.py), held
+    # while the event loop has not turned for this long: a wedged broker loses its lease
+    heartbeat_loop_stall_max_ms: int = 5_000
     # the HTTP edge (http_api/wire/hardening.py; 0 turns one off): slowloris deadlines for
     # receiving a request's head and body (not for answering it: long polls wait after both),
     # connection caps (Kafka max.connections, max.connections.per.ip; 429 beyond) and the
@@ -158,7 +161,7 @@ class RequestLimits(_Group):
         _positive(self, "socket_request_max_bytes", "request_max_records", "message_max_bytes",
                   "fetch_max_bytes", "fetch_default_max_bytes", "long_poll_max_requests", "request_timeout_ms",
                   "kafka_request_max_bytes",
-                  "controller_request_timeout_ms", "controller_long_poll_margin_ms")
+                  "controller_request_timeout_ms", "controller_long_poll_margin_ms", "heartbeat_loop_stall_max_ms")
         _non_negative(self, "controller_retry_backoff_ms", "controller_leader_check_after_ms")
         _non_negative(self, "fetch_max_wait_ms", "metadata_wait_ms", "kafka_connections_max_idle_ms",
                       "metadata_lag_max_ms")

@@ -242,7 +242,8 @@ class Broker:
         self.tasks.append(asyncio.create_task(self.follower.run(), name="metadata-follower"))
         while True:
             try:
-                await self.lifecycle.start()
+                await self.lifecycle.start(heartbeat_thread=True,
+                                           heartbeat_loop_stall_max_ms=cfg.heartbeat_loop_stall_max_ms)
                 break
             except Exception as e:  # controller not up yet: keep trying, say so
                 log.warning("registering with the controllers %s failed (%s); retrying", cfg.controller_urls, e)
@@ -510,6 +511,8 @@ class Broker:
                 log.info("controlled shutdown %s", "completed" if ok else "timed out")
             except Exception as e:
                 log.warning("controlled shutdown failed: %s", e)
+        if self.lifecycle is not None:
+            await self.lifecycle.stop()   # the heartbeat thread too, whatever the shutdown did
         if self.follower is not None:
             self.follower.stop()
         if getattr(self, "rm", None) is not None:
