@@ -15,7 +15,9 @@ after `EVENT_LOOP_STALL_ALIVE_NOTE_MS` and then as often while the stall lasts):
 sends `POST /controller/v1/brokers/alive` from it, so the controller's silence fencing does
 not take a busy broker for a stopped or cut-off one (a stopped process's threads stop too; a
 cut-off host's note does not arrive). Kafka's brokers heartbeat from a thread of their own
-for the same reason. A *congested* loop needs the note as much as a stalled one: after a
+for the same reason, and so do ours since (metadata_quorum/heartbeat_thread.py): the notes
+still matter when the heartbeat thread holds its heartbeats for a wedged loop, and reach
+the silence rule sooner than the next heartbeat. A *congested* loop needs the note as much as a stalled one: after a
 kill -9 at 100,000 partitions a survivor's loop turned every 200-500 ms for seconds, never
 held 500 ms at once, yet its heartbeats and its answer to the controller's probe each took
 several turns (more than the probe's 1 s, twice), and it was fenced while alive. So the notes

@@ -430,6 +430,23 @@ class ReplicaState:
                     out[r] = max(out.get(r, 0), silent)
         return out, silent_parts
 
+    def silence_example(self, replica_id: int, now_ms: int, limit_ms: int) -> str | None:
+        """One led partition where ISR member `replica_id` has been silent for more than
+        `limit_ms`, with the times and the clock that say so (for the log line of a long
+        silence: which partition, and whether its session still restates it). None: none."""
+        for tp, part in self.rule_partitions(now_ms, limit_ms):
+            if replica_id not in self._silent_isr_members(part, now_ms, limit_ms):
+                continue
+            st = part.remote_replicas.get(replica_id)
+            lv = st.liveness if st is not None else None
+            clock = ("none" if lv is None else
+                     f"heard {now_ms - lv.heard_ms} ms ago, closed={lv.closed}, attached={len(lv.attached)}, "
+                     f"loose={len(lv.loose)}, registered={lv in self.liveness_clocks}")
+            return (f"{tp[0]}-{tp[1]} (leader epoch {part.leader_epoch}, ISR {part.isr}, LEO "
+                    f"{part.local_log_end_offset}, loud={tp in self.loud}): {st!r}; its session clock: {clock}; "
+                    f"its broker's last fetch request {now_ms - self.fetch_requests_ms.get(replica_id, -1)} ms ago")
+        return None
+
     def open_liveness(self, replica_id: int, broker_epoch: int = -1) -> FollowerLiveness:
         """A new fetch session's clock (`FollowerLiveness`); close it with the session."""
         return FollowerLiveness(replica_id, broker_epoch, loud=self.loud, registry=self.liveness_clocks)

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# a peer silent this long gets one example partition in the log (which one, and whether its
+# fetch session still restates it), at most once per SILENCE_EXAMPLE_EVERY_MS per peer
+SILENCE_EXAMPLE_MIN_MS = 10_000
+SILENCE_EXAMPLE_EVERY_MS = 30_000
+
 
 class PeerSilenceReporter:
     """Looks for silent peers every eighth of `replica_silence_report_ms` (see the module
@@ -50,6 +55,7 @@ class PeerSilenceReporter:
         self._last_report_ms: dict[int, int] = {}
         self._in_flight: dict[int, asyncio.Task] = {}
         self.reports_sent = 0
+        self._last_example_ms: dict[int, int] = {}
 
     def silent_peers(self, silent_followers: dict[int, int] | None = None) -> dict[int, int]:
         """Peer broker id -> how long it has been silent (ms), both rules merged.
@@ -91,6 +97,12 @@ class PeerSilenceReporter:
             if t is not None and not t.done():
                 continue
             self._last_report_ms[target] = now
+            if silent_ms >= SILENCE_EXAMPLE_MIN_MS and now - self._last_example_ms.get(target, -10**12) >= \
+                    SILENCE_EXAMPLE_EVERY_MS:
+                self._last_example_ms[target] = now
+                example = self.rm.core.silence_example(target, scan_ms, self.replica_silence_report_ms)
+                log.info("broker %s silent for %d ms; e.g. %s", target, silent_ms,
+                         example or "(a leader we follow: no answer to our fetches)")
             self._in_flight[target] = asyncio.ensure_future(self._send(target, silent_ms))
             sent.append(target)
         return sent

@@ -69,3 +69,40 @@ async def test_isr_changes_of_many_partitions_go_in_one_request(tmp_path, monkey
     assert first[0][0] == {"topic": "t", "partition": 0, "leader_epoch": 0, "partition_epoch": 3,
                            "new_isr": [1, 2], "new_isr_broker_epochs": parts[0].broker_epochs([1, 2])}
     assert rejected and rejected[0] == 3   # the refused item is handled as a refused AlterPartition
+
+
+class _BehindController(_Controller):
+    """Refuses every item: the broker's partition epoch is behind the controller's."""
+
+    async def alter_partitions(self, broker_id, broker_epoch, items):
+        self.batches.append(items)
+        return [{"topic": it["topic"], "partition": it["partition"], "error_code": "INVALID_UPDATE_VERSION",
+                 "message": f"partition epoch {it['partition_epoch']} is not the current one"} for it in items]
+
+
+async def test_a_stale_partition_epoch_waits_for_the_metadata_before_asking_again(tmp_path):
+    """INVALID_UPDATE_VERSION: asked again once the metadata brings a new partition epoch
+    (or after ALTER_PARTITION_RETRY_MS), not at every check (issue 25: thousands of
+    partitions refused every 300 ms while the broker applied a large create)."""
+    cfg = BrokerConfig(broker_id=1, log_dirs=[str(tmp_path / "logs")], state_dir=str(tmp_path),
+                       replica_lag_time_max_ms=100)   # a check every 50 ms
+    broker = broker_server.Broker(cfg)
+    parts = [Partition("t", n, 1, replicas=[1, 2, 3], isr=[1, 2, 3], leader_id=1, leader_epoch=0, partition_epoch=3)
+             for n in range(2)]
+    broker.lifecycle = _Lifecycle()
+    broker.rm = _ReplicaManager(parts)
+    broker.client = _BehindController()
+    task = asyncio.create_task(broker._isr_loop())
+    try:
+        await asyncio.sleep(1.0)   # about 20 checks
+        assert len(broker.client.batches) == 1
+        for p in parts:
+            p.partition_epoch = 4  # the metadata arrives
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while len(broker.client.batches) < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        assert [it["partition_epoch"] for it in broker.client.batches[1]] == [4, 4]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        broker.executor.shutdown(wait=False)

@@ -223,3 +223,20 @@ def test_every_fetch_request_is_recorded_with_or_without_a_session():
         await rm.replica_fetch_session(2, 12345, 7, [], [], max_bytes=100, partition_max_bytes=100)  # session error
         assert rm.core.fetch_requests_ms == {2: t0 + 400, 3: t0 + 300}
     asyncio.run(run())
+
+
+def test_a_long_silence_names_an_example_partition_with_its_times():
+    """`ReplicaState.silence_example`: the log line of a long silence says which partition,
+    how long ago the follower fetched it and its broker fetched anything (issue 25: followers
+    silent on a few partitions for minutes while fetching the others)."""
+    core = leader()
+    create_new(core, now_ms=0)
+    request(core, 2, 100, OLD, NEW)
+    request(core, 3, 100, OLD, NEW)
+    for t in range(500, 12_000, POLL_MS):   # 2 goes on fetching OLD only; 3 fetches both
+        request(core, 2, t, OLD)
+        request(core, 3, t, OLD, NEW)
+    example = core.silence_example(2, 12_000, SILENCE_MS)
+    assert example is not None and example.startswith("new-0 ")
+    assert "last_fetch_time_ms=100" in example and "its session clock: none" in example
+    assert core.silence_example(3, 12_000, SILENCE_MS) is None
