@@ -228,9 +228,11 @@ class QuorumController:
         # silence reports: target broker id -> reporter broker id -> when reported (ms)
         self.heartbeats_received: dict[int, int] = {}
         self.silence_reports: dict[int, dict[int, int]] = {}
-        # fencing at scale (soft state): fenced brokers whose remaining ISR removals (and
-        # leader changes beyond one entry) are still to be written (`fence_followups`)
-        self.fence_pending: set[int] = set()
+        # fencing at scale (soft state): broker id -> the registration epoch fenced, for
+        # brokers whose remaining ISR removals (and leader changes beyond one entry) are still
+        # to be written (`fence_followups`). Added when the fencing is decided, before its
+        # entry commits
+        self.fence_pending: dict[int, int] = {}
 
     # ================================================================ helpers
     @staticmethod
@@ -634,24 +636,29 @@ class QuorumController:
         led, isr_only = self._removals(image, broker_id, False, True, None)
         if isr_only <= self.settings.fence_isr_removals_inline_max and len(led) + isr_only <= limit:
             return [FenceBrokerRecord(broker_id, b.epoch)] + self._remove_broker_changes(image, broker_id)
-        self.fence_pending.add(broker_id)
+        self.fence_pending[broker_id] = b.epoch
         return [FenceBrokerRecord(broker_id, b.epoch)] + led[:limit]
 
     def fence_followups(self, image: MetadataImage) -> list:
         """The next entry of a split fencing (see `fence_broker`): for the first fenced broker
         of `fence_pending` that still leads or is in some ISR with other members, at most
         `fence_batch_records_max` of those changes, leader changes first; [] when none is
-        left (a broker that registered again unfenced, or whose changes are all written,
-        leaves `fence_pending`)."""
+        left. A broker whose changes are all written, or that registered again (another
+        epoch), leaves `fence_pending`. One whose fencing entry has not committed yet (the
+        image still shows that registration unfenced) stays: issue 25, a maintenance round
+        run while the first entry was being committed dropped it, and the partitions beyond
+        that entry kept the dead broker as their leader."""
         limit = self.settings.fence_batch_records_max
-        for broker_id in sorted(self.fence_pending):
+        for broker_id, epoch in sorted(self.fence_pending.items()):
             b = image.brokers.get(broker_id)
-            if b is not None and b.fenced:
+            if b is not None and b.epoch == epoch and not b.fenced:
+                continue   # its fencing is not committed yet (or was not: then nothing follows)
+            if b is not None and b.epoch == epoch:
                 records = (self._remove_broker_changes(image, broker_id, led_only=True, limit=limit)
                            or self._remove_broker_changes(image, broker_id, limit=limit))
                 if records:
                     return records
-            self.fence_pending.discard(broker_id)
+            del self.fence_pending[broker_id]
         return []
 
     def fence_unreachable(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> list:
@@ -756,7 +763,7 @@ class QuorumController:
         self.heartbeats_received = {}
         self.silence_reports = {}
         # a predecessor may have died between the entries of a split fencing: look once
-        self.fence_pending = {b.id for b in image.brokers.values() if b.fenced}
+        self.fence_pending = {b.id: b.epoch for b in image.brokers.values() if b.fenced}
 
     def expired_brokers(self, image: MetadataImage, now_ms: int) -> list[int]:
         timeout = self.settings.broker_session_timeout_ms

@@ -41,6 +41,12 @@ INTERNAL_PREFIX = "/internal/v1"
 # request timeout (issue 24). Well above a healthy leader's answer time: a false timeout
 # costs one re-sent fetch.
 REPLICA_READ_TIMEOUT_MS = 1_500
+# ... plus this much per partition the request names: a full fetch (or a session re-sent in
+# full) of tens of thousands of partitions takes the leader seconds to parse, fill into its
+# session and read before its answer can start (issue 25: after a kill -9 at 100,000
+# partitions a survivor's full fetch of 50,000 partitions timed out at 2 s again and again,
+# each retry a new full fetch replacing the one the leader was working on, for minutes)
+REPLICA_READ_TIMEOUT_PER_PARTITION_US = 200
 REPLICA_FETCH_MEDIA = "application/vnd.kraftlog.replica-fetch"
 _LEN = struct.Struct(">I")
 
@@ -158,15 +164,21 @@ class ReplicaTransport:
     async def close(self) -> None:
         self.pool.close()
 
+    def first_byte_timeout_ms(self, wait_ms: int, partitions: int) -> float:
+        """How soon the answer to a request naming `partitions` must start: the long-poll
+        wait, `read_timeout_ms`, and REPLICA_READ_TIMEOUT_PER_PARTITION_US per partition."""
+        return wait_ms + self.read_timeout_ms + partitions * REPLICA_READ_TIMEOUT_PER_PARTITION_US / 1000
+
     async def _post(self, leader_url: str, route: str, doc: dict, timeout_s: float, wait_ms: int = 0):
         """`wait_ms`: the leader may hold the answer this long (a long poll) before its read bound."""
         url = f"{leader_url.rstrip('/')}{INTERNAL_PREFIX}/{route}"
         body = json.dumps(doc, separators=(",", ":")).encode()
+        first_byte_ms = self.first_byte_timeout_ms(wait_ms, len(doc.get("partitions", ())))
         try:
             # asyncio.timeout, not wait_for: no inner task whose late error nobody retrieves
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(max(timeout_s, first_byte_ms / 1000)):
                 answer = await self.pool.post(leader_url, f"{INTERNAL_PREFIX}/{route}", body, headers=self.headers,
-                                              first_byte_timeout_s=(wait_ms + self.read_timeout_ms) / 1000,
+                                              first_byte_timeout_s=first_byte_ms / 1000,
                                               idle_timeout_s=self.read_timeout_ms / 1000)
         except ConnectionRefused as e:
             raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"leader at {url} unreachable: {e}",

@@ -431,12 +431,16 @@ class ReplicaState:
         return out, silent_parts
 
     def silence_example(self, replica_id: int, now_ms: int, limit_ms: int) -> str | None:
-        """One led partition where ISR member `replica_id` has been silent for more than
-        `limit_ms`, with the times and the clock that say so (for the log line of a long
+        """The led partition where ISR member `replica_id` has been silent longest (more than
+        `limit_ms`), with the times and the clock that say so (for the log line of a long
         silence: which partition, and whether its session still restates it). None: none."""
+        longest, found = limit_ms, None
         for tp, part in self.rule_partitions(now_ms, limit_ms):
-            if replica_id not in self._silent_isr_members(part, now_ms, limit_ms):
-                continue
+            silent_ms = self._silent_isr_members(part, now_ms, limit_ms).get(replica_id, 0)
+            if silent_ms > longest:
+                longest, found = silent_ms, (tp, part)
+        if found is not None:
+            tp, part = found
             st = part.remote_replicas.get(replica_id)
             lv = st.liveness if st is not None else None
             clock = ("none" if lv is None else

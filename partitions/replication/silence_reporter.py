@@ -100,12 +100,20 @@ class PeerSilenceReporter:
             if silent_ms >= SILENCE_EXAMPLE_MIN_MS and now - self._last_example_ms.get(target, -10**12) >= \
                     SILENCE_EXAMPLE_EVERY_MS:
                 self._last_example_ms[target] = now
-                example = self.rm.core.silence_example(target, scan_ms, self.replica_silence_report_ms)
-                log.info("broker %s silent for %d ms; e.g. %s", target, silent_ms,
-                         example or "(a leader we follow: no answer to our fetches)")
+                self._log_example(target, silent_ms, scan_ms)
             self._in_flight[target] = asyncio.ensure_future(self._send(target, silent_ms))
             sent.append(target)
         return sent
+
+    def _log_example(self, target: int, silent_ms: int, scan_ms: int) -> None:
+        """Which of the two rules says `target` is silent, and for a follower of ours the
+        partition it has been silent on longest (with its times)."""
+        limit = self.replica_silence_report_ms
+        as_leader = dict(self.fetchers.silent_leaders(limit)).get(target)
+        example = self.rm.core.silence_example(target, scan_ms, limit)
+        log.info("broker %s silent for %d ms: as a leader we follow, %s; as a follower of ours, %s", target,
+                 silent_ms, f"our fetches unanswered for {as_leader} ms" if as_leader else "it answers",
+                 f"longest on {example}" if example else "it fetches")
 
     async def _send(self, target: int, silent_ms: int) -> None:
         try:

@@ -41,4 +41,4 @@ async def test_the_entries_of_a_split_fencing_are_written_back_to_back():
         assert entries >= 6, entries
         assert took < 2.5, f"{entries} entries took {took:.2f} s"
         assert sm.image.brokers[2].fenced
-        await wait_until(lambda: ctl.server.controller.fence_pending == set(), timeout_s=2.5)
+        await wait_until(lambda: not ctl.server.controller.fence_pending, timeout_s=2.5)

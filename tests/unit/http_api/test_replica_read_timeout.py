@@ -11,7 +11,8 @@ import os
 import pytest
 
 from partitions.errors import ErrorCode, KraftlogError
-from http_api.broker.replica_client import REPLICA_READ_TIMEOUT_MS, ReplicaTransport
+from http_api.broker.replica_client import (REPLICA_READ_TIMEOUT_MS, REPLICA_READ_TIMEOUT_PER_PARTITION_US,
+                                           ReplicaTransport)
 from tests.unit.http_api.test_replica_connection import RawLeader, _answer, _fetch, _http, _read_request
 
 
@@ -100,3 +101,30 @@ async def test_epoch_end_offsets_is_bounded_by_the_read_timeout_and_the_default_
     assert ReplicaTransport().read_timeout_ms == REPLICA_READ_TIMEOUT_MS
     with pytest.raises(ValueError):
         ReplicaTransport(read_timeout_ms=0)
+
+
+async def test_a_fetch_of_many_partitions_gets_time_per_partition_to_start_its_answer():
+    """Issue 25: a full fetch of 50,000 partitions takes a busy leader seconds before its
+    answer starts; with the same 2 s bound as a small fetch it timed out again and again
+    (each retry a new full fetch). The bound grows by REPLICA_READ_TIMEOUT_PER_PARTITION_US
+    per partition named: the same slow leader answers a large fetch and times out a small one."""
+    delay_s = 1.2
+
+    async def script(reader, writer, n):
+        while True:
+            await _read_request(reader)
+            await asyncio.sleep(delay_s)      # the leader's work before its answer starts
+            _, body = _answer([b"late but whole"])
+            writer.write(_http(body))
+            await writer.drain()
+    many = [{"topic": "t", "partition": p, "offset": 0, "leader_epoch": 1} for p in range(10_000)]
+    async with RawLeader(script) as leader:
+        t = ReplicaTransport(request_timeout_ms=30_000, read_timeout_ms=300)
+        assert t.first_byte_timeout_ms(200, 10_000) == 200 + 300 + 10_000 * REPLICA_READ_TIMEOUT_PER_PARTITION_US / 1000
+        parts = await t.fetch(leader.url, 2, 1, many, max_bytes=1 << 20, partition_max_bytes=1 << 20,
+                              max_wait_ms=200)
+        assert bytes(parts[0].records) == b"late but whole"
+        with pytest.raises(KraftlogError) as e:
+            await _fetch(t, leader.url, max_wait_ms=200)   # one partition: 500 ms
+        assert e.value.code is ErrorCode.BROKER_NOT_AVAILABLE
+        await t.close()

@@ -77,7 +77,7 @@ def test_the_fencing_entry_holds_only_the_leader_changes_and_the_rest_follows():
     assert len(entries) == 1 and len(entries[0]) == TOPICS * PER_TOPIC - len(led)
     assert all(r.leader == before[(r.topic, r.partition)].leader for r in entries[0])   # ISR-only
     assert _partitions(h) == _reference()
-    assert h.controller.fence_pending == set()
+    assert not h.controller.fence_pending
 
 
 def test_no_entry_of_a_fencing_exceeds_fence_batch_records_max_and_leaders_go_first():
@@ -111,7 +111,7 @@ def test_a_small_fencing_is_still_one_entry():
     assert len(records) == 1 + 30
     h.run(records)
     assert all(2 not in p.isr for p in _partitions(h).values())
-    assert h.controller.fence_pending == set()
+    assert not h.controller.fence_pending
 
 
 def test_partition_records_leave_out_empty_elr_and_reassignment_fields():
@@ -132,3 +132,29 @@ def test_partition_records_leave_out_empty_elr_and_reassignment_fields():
     assert record_from_dict(record_to_dict(moving)) == moving
     elr = PartitionChangeRecord("t0", "id", 0, (1, 2), (1,), 1, 1, 1, elr=(2,))
     assert record_from_dict(json.loads(json.dumps(record_to_dict(elr)))) == elr
+
+
+def test_a_maintenance_round_while_the_fencing_commits_keeps_its_followups():
+    """Issue 25 (kill -9 at 100,000 partitions with batches of 10,000: 23,335 partitions kept
+    the dead broker as leader for good). The fencing is decided, and before its entry commits
+    a maintenance round runs on the image that still shows the broker unfenced (the server
+    kicks the maintenance loop after any committed write while a fencing is pending). That
+    round must neither write anything for it nor forget it: once the entry commits, the rest
+    follows."""
+    h = _cluster(fence_batch_records_max=400)
+    first = h.controller.fence_broker(h.image, 2)
+    assert h.controller.maintenance(h.image, h.now) == []     # the fencing entry is not committed yet
+    assert set(h.controller.fence_pending) == {2}
+    h.run(first)
+    entries = _finish(h)
+    assert entries and all(len(e) <= 400 for e in entries)
+    assert _partitions(h) == _reference()
+    assert not h.controller.fence_pending
+
+
+def test_a_fencing_that_never_commits_leaves_nothing_to_follow_once_the_broker_registers_again():
+    h = _cluster(fence_batch_records_max=400)
+    h.controller.fence_broker(h.image, 2)   # decided, never committed (the write lost a race)
+    assert _finish(h) == []                  # nothing is written for an unfenced registration
+    h.add_broker(2, incarnation="inc-2-restarted")   # a new registration: another epoch
+    assert _finish(h) == [] and not h.controller.fence_pending
