@@ -49,6 +49,9 @@ TRUNCATION_ROUNDS_MAX = 50
 FETCHER_CHUNK_PARTITIONS = 256   # partitions walked or applied per turn of the event loop
 FETCHER_CHUNK_TRUNCATIONS = 16   # log truncations per turn of the event loop (each cuts a file)
 FOLLOWER_RESYNC_MS = 5_000   # full walk of the followed partitions at least this often (a safety net)
+# a leader that leaves our requests unanswered (timeouts, not refusals) is logged at most this
+# often per leader, with how many went unanswered since the last line
+UNANSWERED_LOG_EVERY_MS = 10_000
 
 
 class FetchedPartition(Protocol):
@@ -103,6 +106,9 @@ class _LeaderFetcher:
         self.wanted: dict[tuple[str, int], tuple[int, int]] = {}   # (fetch offset, leader epoch)
         self.wanted_hw: dict[tuple[str, int], int] = {}              # the local HW sent with it
         self.resync_at_ms = 0
+        self.unanswered_requests = 0   # requests that timed out or got a garbled answer
+        self._unanswered_logged_ms = -UNANSWERED_LOG_EVERY_MS
+        self._unanswered_logged_count = 0
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
@@ -167,6 +173,13 @@ class _LeaderFetcher:
             else:
                 self.session.unanswered()
         now = self.mgr.now_ms()
+        if not e.extra.get("refused"):
+            self.unanswered_requests += 1
+            if now - self._unanswered_logged_ms >= UNANSWERED_LOG_EVERY_MS:
+                log.info("replica fetch from leader %s: %d request(s) unanswered since the last such line, "
+                         "the last: %s (session kept, re-sent)", self.state.leader_id,
+                         self.unanswered_requests - self._unanswered_logged_count, e.message)
+                self._unanswered_logged_ms, self._unanswered_logged_count = now, self.unanswered_requests
         for s in list(self.state.partitions.values()):
             self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
         if e.extra.get("refused") and self.mgr.on_leader_unreachable is not None:

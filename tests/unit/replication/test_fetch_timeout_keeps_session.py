@@ -59,6 +59,7 @@ async def test_a_lost_request_is_re_sent_in_the_same_session(flaky):
     assert session.full_fetches == 1
     await _round(rms, transport, "request", b"b")
     assert session.full_fetches == 1 and session.resent_fetches >= 1
+    assert fetchers[2].fetchers[1].unanswered_requests == 1   # counted for the rate-limited log line
     assert transport.session_errors == []
     for p in range(6):
         assert rms[2].logs[("t", p)].log_end_offset == rms[1].logs[("t", p)].log_end_offset == 2
@@ -81,3 +82,4 @@ async def test_a_refused_connection_still_starts_over(flaky):
     session = fetchers[2].fetchers[1].session
     await _round(rms, transport, "request", b"b", refused=True)
     assert session.full_fetches == 2 and session.resent_fetches == 0
+    assert fetchers[2].fetchers[1].unanswered_requests == 0   # a refusal is not an unanswered request
