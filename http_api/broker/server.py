@@ -420,9 +420,8 @@ class Broker:
             if epoch is None:
                 continue
             due = []
-            started = time.perf_counter()
-            changes = self.rm.isr_changes(self.config.replica_lag_time_max_ms)
-            took_s = time.perf_counter() - started
+            changes = await self.rm.isr_changes_sliced(self.config.replica_lag_time_max_ms)
+            took_s = self.rm.isr_check_busy_s
             for part, new_isr in changes:
                 key = (part.topic, part.partition)
                 asked = pending.get(key)

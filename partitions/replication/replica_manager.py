@@ -27,6 +27,7 @@ import gc
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 APPLY_CHUNK_PARTITIONS = 64
 READ_CHUNK_PARTITIONS = 256   # partitions a replica fetch reads per turn of the event loop
 SESSION_ADD_CHUNK_PARTITIONS = 512   # a full fetch's partitions added to its new session per clock read
+ISR_CHECK_CHUNK_PARTITIONS = 512     # partitions the ISR check judges between two looks at the loop's slice
 CREATE_BATCH_PARTITIONS = 512
 CREATE_PARALLELISM = 3
 # creating at least this many logs at once: no full (generation 2) garbage collection while
@@ -130,6 +132,7 @@ class ReplicaManager:
         self.fetch_session_refresh_ms = FETCH_SESSION_REFRESH_MS
         self._session_waiters: dict[int, asyncio.Future] = {}
         self.restate_visits = 0   # partitions restated one by one (tests, benchmarks)
+        self.isr_check_busy_s = 0.0   # the last ISR check's own time, without the loop's turns
         self._long_polls = 0
         self.replica_fetches_waiting = 0   # follower long polls parked here (metrics)
         self._closing = False
@@ -860,21 +863,44 @@ class ReplicaManager:
         except ValueError:
             return default_ms
 
+    def _lag_floor_ms(self, replica_lag_time_max_ms: int) -> int:
+        floor = replica_lag_time_max_ms
+        for configs in self._topic_configs.values():
+            raw = configs.get("replica.lag.time.max.ms")
+            if raw is not None:
+                floor = min(floor, self.replica_lag_time_max_ms_of(raw, replica_lag_time_max_ms))
+        return floor
+
     def isr_changes(self, replica_lag_time_max_ms: int) -> list[tuple[Partition, list[int]]]:
         """(partition, proposed ISR) for every led partition whose ISR should shrink (lagging
         or silent followers while acks=all produces wait, see `replica_fetch_silence_max_ms`)
         or expand (caught-up replicas); the caller sends AlterPartition with
         `part.broker_epochs(new_isr)` (KIP-903).
         `replica_lag_time_max_ms` is the broker default; a topic config overrides it."""
-        floor = replica_lag_time_max_ms
-        for configs in self._topic_configs.values():
-            raw = configs.get("replica.lag.time.max.ms")
-            if raw is not None:
-                floor = min(floor, self.replica_lag_time_max_ms_of(raw, replica_lag_time_max_ms))
         return self.core.isr_changes(self._clock_ms(),
                                      lambda topic: self.replica_lag_time_max_ms(topic, replica_lag_time_max_ms),
                                      replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms,
-                                     lag_floor_ms=floor)
+                                     lag_floor_ms=self._lag_floor_ms(replica_lag_time_max_ms))
+
+    async def isr_changes_sliced(self, replica_lag_time_max_ms: int) -> list[tuple[Partition, list[int]]]:
+        """`isr_changes`, the partitions judged in slices of ISR_CHECK_CHUNK_PARTITIONS with
+        turns of the loop between them (issue 25: after a kill -9 at 100,000 partitions every
+        partition the dead broker followed is looked at, and one synchronous pass held a
+        survivor's loop 1-3 s at a time while it applied the new leaderships).
+        `isr_check_busy_s` is the time the check itself took, without the turns."""
+        started = time.perf_counter()
+        now = self._clock_ms()
+        candidates = self.core.rule_partitions(now, self._lag_floor_ms(replica_lag_time_max_ms))
+        busy = time.perf_counter() - started
+        out: list = []
+        async for chunk in LoopSlice().chunks(candidates, ISR_CHECK_CHUNK_PARTITIONS):
+            t0 = time.perf_counter()
+            out.extend(self.core.propose_isr_changes(
+                chunk, now, lambda topic: self.replica_lag_time_max_ms(topic, replica_lag_time_max_ms),
+                replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms))
+            busy += time.perf_counter() - t0
+        self.isr_check_busy_s = busy
+        return out
 
     # ---- replication: follower side ----------------------------------------------------
 

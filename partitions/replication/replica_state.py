@@ -673,8 +673,15 @@ class ReplicaState:
         sends AlterPartition with `part.broker_epochs(new_isr)` (KIP-903). Proposed additions
         hold the HW back from now on. `lag_floor_ms`: no topic's lag time is below it (then
         only `rule_partitions` are looked at); None: every led partition."""
+        return self.propose_isr_changes(self.rule_partitions(now_ms, lag_floor_ms), now_ms, replica_lag_time_max_ms,
+                                        replica_fetch_silence_max_ms=replica_fetch_silence_max_ms)
+
+    def propose_isr_changes(self, partitions: list, now_ms: int, replica_lag_time_max_ms: Callable[[str], int], *,
+                            replica_fetch_silence_max_ms: int | None = None) -> list[tuple[Partition, list[int]]]:
+        """`isr_changes` for the given (tp, partition) pairs of `rule_partitions` (the shell
+        walks thousands of them in slices of the loop's time)."""
         out = []
-        for tp, part in self.rule_partitions(now_ms, lag_floor_ms):
+        for tp, part in partitions:
             new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
                                               acks_waiting_offset=self.acks_waiting_offset(tp),

@@ -32,7 +32,9 @@ class _ReplicaManager:
     def replica_lag_time_max_ms(self, topic, default_ms):
         return default_ms
 
-    def isr_changes(self, replica_lag_time_max_ms):
+    isr_check_busy_s = 0.0
+
+    async def isr_changes_sliced(self, replica_lag_time_max_ms):
         return [(self.part, [1, 2, 3])]   # follower 3 is caught up and should rejoin
 
 

@@ -322,3 +322,42 @@ def test_partition_count_metrics_come_from_the_led_index(monkeypatch):
     assert rm.local_partition_counts() == (6, 4)
     assert rm.under_replicated_count() == 1
     assert walked == []
+
+
+def test_the_sliced_isr_check_turns_the_loop_and_proposes_the_same_changes(monkeypatch):
+    """Issue 25: the broker's ISR loop judges thousands of partitions (every one a dead
+    broker followed) in slices with turns of the loop between them, not in one synchronous
+    pass that held a survivor's loop 1-3 s; the proposals are `isr_changes`'."""
+    from partitions.replication import loop_share
+    from partitions.replication import replica_manager as rm_mod
+    n = 3000
+    clock = ManualClock()
+    rm = leader_with(n, clock)
+    followers = [Follower(b, n) for b in FOLLOWERS]
+
+    async def run():
+        for f in followers:
+            await f.poll(rm)
+        clock.advance(LAG_MS + 1)        # follower 3 stops fetching; 2 goes on
+        await followers[0].poll(rm)
+        expected = sorted((p.partition, tuple(isr)) for p, isr in rm.isr_changes(LAG_MS))
+        assert len(expected) == n and all(isr == (1, 2) for _, isr in expected)
+        turns = 0
+
+        async def ticker():
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+        # every chunk is a slice's worth: the loop turns between any two chunks
+        monkeypatch.setattr(rm_mod, "LoopSlice", lambda: loop_share.LoopSlice(0))
+        for p, _ in rm.isr_changes(LAG_MS):   # the proposals above left pending additions: none here
+            p.pending_isr_additions = set()
+        t = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        got = sorted((p.partition, tuple(isr)) for p, isr in await rm.isr_changes_sliced(LAG_MS))
+        t.cancel()
+        assert got == expected
+        assert turns >= n // rm_mod.ISR_CHECK_CHUNK_PARTITIONS - 1
+        assert rm.isr_check_busy_s > 0
+    asyncio.run(run())
