@@ -766,17 +766,15 @@ class BrokerLifecycle:
         self._update(body)
         return body
 
-    async def start(self, *, heartbeat_thread: bool = False, heartbeat_loop_stall_max_ms: Optional[int] = None) -> None:
-        """Register, then heartbeat in the background: from a task of this loop, or with
-        `heartbeat_thread` from a thread of their own (`BrokerHeartbeatThread`, which holds
-        them while this loop has not turned for `heartbeat_loop_stall_max_ms`)."""
+    async def start(self, *, heartbeat_thread: Any = None) -> None:
+        """Register, then heartbeat in the background: from a task of this loop, or from
+        `heartbeat_thread` (a `metadata_quorum.heartbeat_thread.BrokerHeartbeatThread` built
+        on this lifecycle: heartbeats from a thread of their own, `start()`ed here and
+        `stop()`ped by `stop()`)."""
         await self.register()
-        if heartbeat_thread:
-            from metadata_quorum.heartbeat_thread import HEARTBEAT_LOOP_STALL_MAX_MS, BrokerHeartbeatThread
-            self._heartbeat_thread = BrokerHeartbeatThread(
-                self, loop_stall_max_ms=HEARTBEAT_LOOP_STALL_MAX_MS if heartbeat_loop_stall_max_ms is None
-                else heartbeat_loop_stall_max_ms)
-            self._heartbeat_thread.start()
+        if heartbeat_thread is not None:
+            self._heartbeat_thread = heartbeat_thread
+            heartbeat_thread.start()
         else:
             self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 

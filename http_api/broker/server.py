@@ -123,6 +123,7 @@ class Broker:
 
     async def start(self) -> None:
         from metadata_quorum.client import BrokerLifecycle, ControllerClient, MetadataFollower
+        from metadata_quorum.heartbeat_thread import BrokerHeartbeatThread
         from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT
         from metadata_quorum.feed import change_of
         from partitions.log.config import LogConfig
@@ -242,8 +243,8 @@ class Broker:
         self.tasks.append(asyncio.create_task(self.follower.run(), name="metadata-follower"))
         while True:
             try:
-                await self.lifecycle.start(heartbeat_thread=True,
-                                           heartbeat_loop_stall_max_ms=cfg.heartbeat_loop_stall_max_ms)
+                await self.lifecycle.start(heartbeat_thread=BrokerHeartbeatThread(
+                    self.lifecycle, loop_stall_max_ms=cfg.heartbeat_loop_stall_max_ms))
                 break
             except Exception as e:  # controller not up yet: keep trying, say so
                 log.warning("registering with the controllers %s failed (%s); retrying", cfg.controller_urls, e)

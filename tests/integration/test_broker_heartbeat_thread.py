@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from metadata_quorum.client import BrokerLifecycle, ControllerClient
+from metadata_quorum.heartbeat_thread import BrokerHeartbeatThread
 from tests.rigs.controllers import ControllerCluster, http_json
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ async def started_broker(client: ControllerClient, stall_max_ms: int, *, thread:
     # a metadata follower that is always caught up: the controller unfences at the first heartbeat
     caught_up = SimpleNamespace(image=SimpleNamespace(offset=10**9))
     lc = BrokerLifecycle(client, 1, "http://127.0.0.1:1", metadata_follower=caught_up)
-    await lc.start(heartbeat_thread=thread, heartbeat_loop_stall_max_ms=stall_max_ms)
+    await lc.start(heartbeat_thread=BrokerHeartbeatThread(lc, loop_stall_max_ms=stall_max_ms) if thread else None)
     await lc.heartbeat_once()
     assert not lc.is_fenced
     return lc

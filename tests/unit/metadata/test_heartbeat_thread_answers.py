@@ -8,6 +8,7 @@ import asyncio
 import time
 
 from metadata_quorum.client import BrokerLifecycle
+from metadata_quorum.heartbeat_thread import BrokerHeartbeatThread
 from partitions.errors import ErrorCode, KraftlogError
 
 
@@ -64,7 +65,7 @@ async def test_an_answer_about_an_older_registration_changes_nothing():
 async def test_a_stale_epoch_registers_again_once_and_heartbeats_go_on():
     client = ScriptedClient()
     lc = BrokerLifecycle(client, 1, "http://b1")
-    await lc.start(heartbeat_thread=True, heartbeat_loop_stall_max_ms=5000)
+    await lc.start(heartbeat_thread=BrokerHeartbeatThread(lc, loop_stall_max_ms=5000))
     first_epoch = lc.broker_epoch
     try:
         # the registration is lost: the next heartbeats are refused until we register again
@@ -90,7 +91,7 @@ async def test_log_reports_built_on_the_loop_go_out_with_the_next_heartbeat():
         built_on.append(asyncio.get_running_loop())
         return report
     lc.log_reports_fn = reports
-    await lc.start(heartbeat_thread=True, heartbeat_loop_stall_max_ms=5000)
+    await lc.start(heartbeat_thread=BrokerHeartbeatThread(lc, loop_stall_max_ms=5000))
     try:
         await until(lambda: any(h["log_reports"] == report for h in client.heartbeats))
         assert set(built_on) == {asyncio.get_running_loop()}   # built on the broker's loop, never the thread's
