@@ -13,7 +13,8 @@ time while the loop is merely busy.
 
 A *wedged* loop must still lose its lease (a broker that cannot serve must not keep its
 leaderships): before each heartbeat the thread checks that the broker's loop ran a callback it
-scheduled (`call_soon_threadsafe`) within `heartbeat_loop_stall_max_ms`; while it has not, no
+scheduled (`call_soon_threadsafe`) less than `heartbeat_loop_stall_max_ms` after scheduling
+it (whatever the heartbeat interval); while one waits longer, no
 heartbeat goes out, and the controller fences the broker one session timeout later (a stopped
 process's threads stop too; a cut-off host's heartbeats do not arrive).
 
@@ -55,6 +56,7 @@ class BrokerHeartbeatThread:
         self.heartbeats_skipped = 0
         self._broker_loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop_seen = time.monotonic()   # the broker's loop last ran our callback then
+        self._ping_sent = self._loop_seen     # our last callback was scheduled then
         self._thread: Optional[threading.Thread] = None
         self._own_loop: Optional[asyncio.AbstractEventLoop] = None
         self._task: Optional[asyncio.Task] = None
@@ -64,7 +66,7 @@ class BrokerHeartbeatThread:
     def start(self) -> None:
         """Start the thread; call on the broker's event loop."""
         self._broker_loop = asyncio.get_running_loop()
-        self._loop_seen = time.monotonic()
+        self._loop_seen = self._ping_sent = time.monotonic()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="broker-heartbeat", daemon=True)
         self._thread.start()
@@ -89,8 +91,12 @@ class BrokerHeartbeatThread:
         self._loop_seen = time.monotonic()
 
     def loop_silence_ms(self) -> float:
-        """How long ago the broker's loop last ran a callback of ours (ms)."""
-        return (time.monotonic() - self._loop_seen) * 1000
+        """How long our last callback has waited for the broker's loop (ms; 0 once it ran):
+        independent of the heartbeat interval, which may be longer than the limit."""
+        sent = self._ping_sent
+        if self._loop_seen >= sent:
+            return 0.0
+        return (time.monotonic() - sent) * 1000
 
     # -- heartbeat thread side -------------------------------------------------------------
     def _run(self, ready: threading.Event) -> None:
@@ -110,6 +116,10 @@ class BrokerHeartbeatThread:
             loop.close()
 
     def _ping_broker_loop(self) -> bool:
+        """Schedule the next callback unless the last one still waits (its age is the stall)."""
+        if self._loop_seen < self._ping_sent:
+            return True
+        self._ping_sent = time.monotonic()
         try:
             self._broker_loop.call_soon_threadsafe(self._mark_loop_seen)
             return True

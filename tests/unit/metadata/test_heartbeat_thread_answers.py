@@ -97,3 +97,18 @@ async def test_log_reports_built_on_the_loop_go_out_with_the_next_heartbeat():
         assert set(built_on) == {asyncio.get_running_loop()}   # built on the broker's loop, never the thread's
     finally:
         await lc.stop()
+
+
+async def test_an_interval_longer_than_the_stall_limit_still_heartbeats():
+    """The loop check times the broker loop's answer to the thread's callback, not the time
+    since the last heartbeat: a heartbeat interval above `heartbeat_loop_stall_max_ms` (the
+    controller announces the interval) must not hold every heartbeat of a healthy broker."""
+    client = ScriptedClient()
+    lc = BrokerLifecycle(client, 1, "http://b1", heartbeat_interval_ms=60)
+    thread = BrokerHeartbeatThread(lc, loop_stall_max_ms=20)
+    await lc.start(heartbeat_thread=thread)
+    try:
+        await until(lambda: len(client.heartbeats) >= 3)
+        assert thread.heartbeats_skipped == 0
+    finally:
+        await lc.stop()
