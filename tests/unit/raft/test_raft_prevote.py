@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 
 from raft.prevote import (CANDIDATE, FOLLOWER, LEADER, PREVOTE_REQUEST, PREVOTE_RESPONSE, PreVoteRules,
                           install_prevote, log_up_to_date)
+from deploy.ports import free_port
 
 
 def _rules(**kw) -> PreVoteRules:
@@ -207,9 +207,7 @@ class _Entries:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 class _Cut:
