@@ -157,6 +157,10 @@ class ReplicaState:
         self.loud: set = set()
         self.liveness_clocks: set[FollowerLiveness] = set()
         self.rule_visits = 0   # partitions the rules looked at (tests, benchmarks)
+        # the silence report's scan (`silent_followers_by_clock`): loud led partitions none of
+        # whose ISR members can be silent before a time, tp -> (that time, the limit it holds
+        # for); dropped by every role change (`apply_leader_and_isr`) and removal
+        self._silence_due: dict = {}
         # follower brokers the metadata shows fenced (`set_fenced_brokers`): the controller
         # takes them out of every ISR itself, so the rules do not visit partitions for them
         # (a kill -9 at 30,000 partitions: the silence scan and ISR check walked the dead
@@ -196,6 +200,7 @@ class ReplicaState:
         self.logs.pop(tp, None)
         self.led.pop(tp, None)
         self.loud.discard(tp)
+        self._silence_due.pop(tp, None)
         self.role_changes.add(tp)
         self.suspended.discard(tp)
         self._hw_floor.pop(tp, None)
@@ -220,6 +225,7 @@ class ReplicaState:
             tp = TopicPartition(*tp)
         part, lg = self.partitions[tp], self.logs[tp]
         eff = Effects()
+        self._silence_due.pop(tp, None)   # epochs, ISR or replicas may change
         was_leader, old_epoch = part.is_leader, part.leader_epoch
         part.min_insync_replicas = effective_min_insync_replicas(self.min_isr_for(tp.topic), len(state.replicas))
         if state.leader == self.broker_id and not registered:
@@ -396,15 +402,46 @@ class ReplicaState:
         attached partition's times read as its clock's `heard_ms` (`FollowerLiveness`), so a
         clock older than the limit is one answer for its follower: silent since `heard_ms`,
         if it is an ISR member of one attached led partition. Loud partitions are visited
-        as before. The same brokers and times as `silent_followers` (tested against it)."""
+        as before, except those none of whose ISR members can be silent yet (below).
+        The same brokers and times as `silent_followers` (tested against it).
+
+        A loud partition that has no silent member now cannot have one before the earliest
+        time one of its members was last heard plus the limit: within a leader epoch and a
+        partition epoch a member's last-heard time never goes back (fetches and restates move
+        it forward, a session's clock writes its time back on detach). Until then the scan
+        skips it (`_silence_due`) instead of judging it again every pass: after a create of
+        10,000 partitions they stay loud until their followers' sessions attach them, seconds
+        during which every pass judged every one of them (a fifth of a broker's CPU)."""
         out: dict[int, int] = {}
         limit = replica_silence_report_ms
-        loud = self._loud_partitions()
-        self.rule_visits += len(loud)
-        for part in loud.values():
-            for r, silent in self._silent_isr_members(part, now_ms, limit).items():
-                out[r] = max(out.get(r, 0), silent)
         led, fenced = self.led, self.fenced_brokers
+        due = self._silence_due
+        quiet = []
+        visited = 0
+        for tp in self.loud:
+            part = led.get(tp)
+            if part is None:
+                quiet.append(tp)
+                continue
+            d = due.get(tp)
+            if d is not None and now_ms < d[0] and d[1] == limit:
+                continue
+            if self._quiet(tp, part):
+                quiet.append(tp)
+                continue
+            visited += 1
+            members = self._silent_isr_members(part, now_ms, limit)
+            if members:
+                due.pop(tp, None)
+                for r, silent in members.items():
+                    out[r] = max(out.get(r, 0), silent)
+            else:
+                due[tp] = (self._silence_possible_ms(part, now_ms, limit), limit)
+        self.loud.difference_update(quiet)
+        self.rule_visits += visited
+        if len(due) > 2 * len(self.loud) + 1024:   # entries of partitions that left `loud`
+            for tp in [tp for tp in due if tp not in self.loud]:
+                del due[tp]
         for lv in self.liveness_clocks:
             r = lv.replica_id
             silent = now_ms - lv.heard_ms
@@ -416,6 +453,20 @@ class ReplicaState:
                     out[r] = max(out.get(r, 0), silent)
                     break
         return out
+
+    def _silence_possible_ms(self, part: Partition, now_ms: int, silence_ms: int) -> int:
+        """The first time an ISR member of `part` (none silent at `now_ms`) can be silent for
+        more than `silence_ms`, its state and epochs unchanged: a member never heard of yet
+        can be heard of from now on at the earliest."""
+        first = now_ms + silence_ms + 1
+        for r in part.isr:
+            state = part.remote_replicas.get(r)
+            if r == self.broker_id or state is None:
+                continue
+            last_heard = state.last_heard_ms(self.fetch_requests_ms)
+            if last_heard >= 0:
+                first = min(first, last_heard + silence_ms + 1)
+        return first
 
     def silence_scan(self, now_ms: int, replica_silence_report_ms: int) -> tuple[dict[int, int], set]:
         """One walk of the led partitions for both silence rules: (`silent_followers`'s

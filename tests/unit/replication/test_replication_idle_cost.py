@@ -148,6 +148,38 @@ def test_an_idle_leader_of_10000_partitions_visits_none_per_poll_check_and_scan(
     asyncio.run(run())
 
 
+def test_the_silence_report_judges_a_new_leaders_partitions_once_until_a_member_can_be_silent(monkeypatch):
+    """Just after a create, 10,000 led partitions are loud (no follower has fetched them
+    yet). The silence report's scan judges each once, then skips it until one of its ISR
+    members can be silent (`_silence_due`); before, every pass judged all of them."""
+    n = 10_000
+    clock = ManualClock()
+    t0 = clock.now_ms()
+    rm = leader_with(n, clock)            # epoch start at t0: every member counts as heard then
+    scanned = count_calls(monkeypatch, replica_state_mod.ReplicaState, "_silent_isr_members")
+    assert rm.core.silent_followers_by_clock(clock.now_ms(), SILENCE_MS) == {}
+    assert len(scanned) == n
+    for _ in range(7):                    # a pass every eighth of the limit: none judged again
+        clock.advance(SILENCE_MS // 8)
+        assert rm.core.silent_followers_by_clock(clock.now_ms(), SILENCE_MS) == {}
+    assert len(scanned) == n
+    # a role change drops what was learnt about that partition: judged at the next pass
+    tp9 = TopicPartition("t", 9)
+    rm.core.apply_leader_and_isr(tp9, LeaderAndIsr(1, 1, (1, 2, 3), (1, 2, 3), 1), now_ms=clock.now_ms())
+    clock.advance(1)
+    assert rm.core.silent_followers_by_clock(clock.now_ms(), SILENCE_MS) == {}
+    assert len(scanned) == n + 1
+    # follower 2 fetches partition 5; past the limit every partition but 9 (its epoch began
+    # at t0 + 875 ms) is judged again, and both members are silent (2 everywhere but on 5)
+    rm.core.follower_fetched(TopicPartition("t", 5), 2, 0, clock.now_ms(), 10)
+    clock.advance(t0 + SILENCE_MS + 1 - clock.now_ms())
+    assert rm.core.silent_followers_by_clock(clock.now_ms(), SILENCE_MS) == {2: SILENCE_MS + 1, 3: SILENCE_MS + 1}
+    assert len(scanned) == 2 * n
+    # another limit is another question: every partition is judged for it
+    assert rm.core.silent_followers_by_clock(clock.now_ms(), 5 * SILENCE_MS) == {}
+    assert len(scanned) == 3 * n
+
+
 class ReferenceReplicaManager(ReplicaManager):
     """The per-partition computation: sessions without a clock (every restate visits every
     partition of the session), and the rules walk every led partition."""
