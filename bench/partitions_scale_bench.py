@@ -172,9 +172,11 @@ async def led_writable(urls: dict, predicted: dict, since: float, deadline_s: fl
 
 
 def kill_plan(url: str) -> tuple:
-    """(victim, predicted, partitions) from one `/v1/metadata` of the broker at `url`: the
-    broker leading the most partitions, and for each partition it leads the broker the
-    controller elects when it is fenced (the first replica in the ISR other than it)."""
+    """(victim, predicted, partitions, alone) from one `/v1/metadata` of the broker at `url`:
+    the broker leading the most partitions, for each partition it leads the broker the
+    controller elects when it is fenced (the first replica in the ISR other than it), and
+    how many it leads with no other ISR member (no successor in the ISR: not measured, the
+    count is printed)."""
     status, doc = http("GET", url + "/v1/metadata", timeout=120)
     assert status == 200, doc
     counts: dict = {}
@@ -185,13 +187,16 @@ def kill_plan(url: str) -> tuple:
             total += 1
     victim = max((b for b in counts if b >= 0), key=lambda b: counts[b])
     predicted: dict = {}
+    alone = 0
     for t in doc["topics"]:
         for p in t["partitions"]:
             if p["leader"] == victim:
                 nxt = [r for r in p["replicas"] if r in p["isr"] and r != victim]
                 if nxt:
                     predicted[(t["name"], p["partition"])] = nxt[0]
-    return victim, predicted, total
+                else:
+                    alone += 1
+    return victim, predicted, total, alone
 
 
 def wait_metadata_caught_up(urls: dict, deadline_s: float) -> bool:
@@ -349,9 +354,10 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
         # kill -9 of the broker leading the most partitions (about a third when balanced)
         settled = wait_metadata_caught_up({b: c.url(b) for b in c.procs}, 300)
         row("every broker's metadata caught up before the kill", "yes" if settled else "NO (300 s)")
-        victim, predicted, total_now = kill_plan(c.url(1))
+        victim, predicted, total_now, alone = kill_plan(c.url(1))
         survivors = {b: c.url(b) for b in c.procs if b != victim}
         row(f"partitions led by broker {victim} before its kill -9", f"{len(predicted)} of {total_now}")
+        row(f"partitions led by broker {victim} with no other ISR member (not measured)", str(alone))
         killed_at = time.monotonic()
         c.kill(victim)
         print(f"  killed broker {victim} at {time.strftime('%H:%M:%S')} UTC", flush=True)
