@@ -103,6 +103,25 @@ class ReplicaState:
                 "left_isr_ms=%r)" % self._fields())
 
 
+# The ISR's silence rule (`Partition.silent_replicas`) judges a follower broker against its
+# own rhythm too: one whose fetch requests reach this leader every `gap` ms on average
+# (smoothed, `ReplicaState.fetch_request_gap_ms`) is silent only after SILENCE_GAP_FACTOR x
+# gap, and at most SILENCE_STRETCH_MAX x the rule's limit. Issue 25: during a 10,000-partition
+# create a loaded leader answered each request of a live follower in 2-5 s, the 1.5 s rule
+# dropped it from thousands of ISRs, and it rejoined them moments later (26,000 ISR changes
+# through the controller for one create).
+SILENCE_GAP_FACTOR = 3
+SILENCE_STRETCH_MAX = 6
+
+
+def silence_limit_ms(limit_ms: int, gap_ms: float | None) -> float:
+    """The silence limit for a follower broker whose requests come every `gap_ms` (None:
+    unknown): `limit_ms`, stretched to SILENCE_GAP_FACTOR gaps, capped (see above)."""
+    if gap_ms is None:
+        return limit_ms
+    return min(max(limit_ms, SILENCE_GAP_FACTOR * gap_ms), SILENCE_STRETCH_MAX * limit_ms)
+
+
 class FollowerLiveness:
     """One follower's fetch session on this leader as one clock (issue 25).
 
@@ -367,7 +386,8 @@ class Partition:
     def propose_isr_change(self, now_ms: int, replica_lag_time_max_ms: int, *,
                            replica_fetch_silence_max_ms: int | None = None,
                            acks_waiting_offset: int | None = None,
-                           fetch_requests_ms: Mapping[int, int] | None = None) -> list[int] | None:
+                           fetch_requests_ms: Mapping[int, int] | None = None,
+                           fetch_gaps_ms: Mapping[int, float] | None = None) -> list[int] | None:
         """The ISR the leader should ask the controller for (lagging members out, caught-up
         replicas in), or None. Proposed additions count for the HW from now on (until the
         metadata brings a new partition epoch, or `isr_change_rejected`).
@@ -375,7 +395,8 @@ class Partition:
         `acks_waiting_offset`: the highest offset acks=all produces wait for (None: none
         waits); members silent for `replica_fetch_silence_max_ms` that hold such a produce
         back leave too (`silent_replicas`; `fetch_requests_ms`: each follower broker's last
-        fetch request to this leader), but never so many that the ISR drops below
+        fetch request to this leader; `fetch_gaps_ms`: the usual time between them, which
+        stretches the limit, `silence_limit_ms`), but never so many that the ISR drops below
         min.insync.replicas on silence alone (the lag rule still applies to them).
 
         The two directions agree (issue 24, one-way-answers): a replica is proposed in only
@@ -389,12 +410,12 @@ class Partition:
         if replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None:
             may_leave = max(0, len(self.isr) - len(drop) - self.min_insync_replicas)
             silent = self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset,
-                                          fetch_requests_ms=fetch_requests_ms) - drop
+                                          fetch_requests_ms=fetch_requests_ms, fetch_gaps_ms=fetch_gaps_ms) - drop
             drop |= set(self._longest_silent(silent, may_leave, fetch_requests_ms))
         add = self.in_sync_candidates(now_ms, replica_lag_time_max_ms,
                                       replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
                                       acks_waiting_offset=acks_waiting_offset,
-                                      fetch_requests_ms=fetch_requests_ms)
+                                      fetch_requests_ms=fetch_requests_ms, fetch_gaps_ms=fetch_gaps_ms)
         if not drop and not add:
             return None
         self.pending_isr_additions |= add
@@ -408,7 +429,8 @@ class Partition:
     def in_sync_candidates(self, now_ms: int, replica_lag_time_max_ms: int, *,
                            replica_fetch_silence_max_ms: int | None = None,
                            acks_waiting_offset: int | None = None,
-                           fetch_requests_ms: Mapping[int, int] | None = None) -> set[int]:
+                           fetch_requests_ms: Mapping[int, int] | None = None,
+                           fetch_gaps_ms: Mapping[int, float] | None = None) -> set[int]:
         """Replicas outside the ISR to propose in: `caught_up_out_of_isr` (LEO at the HW and
         the epoch start), caught up (Kafka's rule, `update_follower_fetch`) since the
         metadata took them out of the ISR, and in sync by the shrink rules now: caught up
@@ -428,7 +450,8 @@ class Partition:
             if now_ms - s.last_caught_up_time_ms > replica_lag_time_max_ms:
                 continue
             if (replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None
-                    and now_ms - s.last_heard_ms(fetch_requests_ms) > replica_fetch_silence_max_ms
+                    and now_ms - s.last_heard_ms(fetch_requests_ms) > silence_limit_ms(
+                        replica_fetch_silence_max_ms, fetch_gaps_ms.get(r) if fetch_gaps_ms else None)
                     and s.log_end_offset <= acks_waiting_offset):
                 continue
             out.add(r)
@@ -462,7 +485,8 @@ class Partition:
 
     def silent_replicas(self, now_ms: int, replica_fetch_silence_max_ms: int,
                         acks_waiting_offset: int, *,
-                        fetch_requests_ms: Mapping[int, int] | None = None) -> set[int]:
+                        fetch_requests_ms: Mapping[int, int] | None = None,
+                        fetch_gaps_ms: Mapping[int, float] | None = None) -> set[int]:
         """ISR members (other than the leader) that sent no fetch request for
         `replica_fetch_silence_max_ms` (counted from this leader epoch's start at the
         earliest) and lack the record at `acks_waiting_offset` an acks=all produce waits
@@ -470,7 +494,9 @@ class Partition:
         `replica.lag.time.max.ms`. A follower that fetches, however far behind, is never
         silent (the lag rule alone judges it). One that has not fetched this partition in
         this leader epoch yet is silent only while its broker's last fetch request to this
-        leader (`fetch_requests_ms`) is that old too (`ReplicaState.last_heard_ms`)."""
+        leader (`fetch_requests_ms`) is that old too (`ReplicaState.last_heard_ms`). A broker
+        whose requests usually come further apart than the limit allows (`fetch_gaps_ms`: a
+        loaded leader answers each in seconds) gets a longer one (`silence_limit_ms`)."""
         out: set[int] = set()
         if not self.is_leader:
             return out
@@ -481,7 +507,8 @@ class Partition:
             if state is None:
                 continue   # the lag rule drops it
             last_heard = state.last_heard_ms(fetch_requests_ms)
-            if now_ms - last_heard > replica_fetch_silence_max_ms and state.log_end_offset <= acks_waiting_offset:
+            limit = silence_limit_ms(replica_fetch_silence_max_ms, fetch_gaps_ms.get(r) if fetch_gaps_ms else None)
+            if now_ms - last_heard > limit and state.log_end_offset <= acks_waiting_offset:
                 out.add(r)
         return out
 

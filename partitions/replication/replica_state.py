@@ -43,6 +43,12 @@ from partitions.replication.partition import FollowerLiveness, Partition, effect
 
 Waiter = Hashable   # an acks=all request waiting for the HW (opaque to the core)
 
+# `fetch_request_gap_ms`: a gap between two fetch requests of a broker longer than this is an
+# outage (it was stopped, cut off, restarted), not its rhythm, and is not averaged in; each
+# gap moves the average by this share of the difference
+FETCH_GAP_SAMPLE_MAX_MS = 5_000
+FETCH_GAP_WEIGHT = 0.2
+
 
 class LeaderAndIsr(NamedTuple):
     """A partition's leadership as the metadata registers it."""
@@ -170,6 +176,9 @@ class ReplicaState:
         # reached this leader: a follower that has not fetched a partition in its leader
         # epoch yet is not silent while its broker fetches (`fetch_request_from`)
         self.fetch_requests_ms: dict[int, int] = {}
+        # follower broker id -> the smoothed time between its fetch requests (ms): the ISR's
+        # silence rule judges a broker against its own rhythm (`partition.silence_limit_ms`)
+        self.fetch_request_gap_ms: dict[int, float] = {}
 
     def fetch_request_from(self, replica_id: int, now_ms: int) -> None:
         """A fetch request of broker `replica_id` reached this leader at `now_ms` (the shell
@@ -177,8 +186,15 @@ class ReplicaState:
         Issue 25: after a large create the followers apply the metadata seconds after the
         leader; until one names a new partition, the silence rules (`silent_replicas`,
         `silent_followers`) count its silence from this clock and the epoch's start,
-        whichever is later (`partition.ReplicaState.last_heard_ms`)."""
+        whichever is later (`partition.ReplicaState.last_heard_ms`). The time since its
+        previous request feeds `fetch_request_gap_ms` (a gap longer than
+        FETCH_GAP_SAMPLE_MAX_MS is an outage, not the broker's rhythm, and is left out)."""
+        prev = self.fetch_requests_ms.get(replica_id)
         self.fetch_requests_ms[replica_id] = now_ms
+        if prev is not None and 0 <= now_ms - prev <= FETCH_GAP_SAMPLE_MAX_MS:
+            gap = now_ms - prev
+            old = self.fetch_request_gap_ms.get(replica_id)
+            self.fetch_request_gap_ms[replica_id] = gap if old is None else old + (gap - old) * FETCH_GAP_WEIGHT
 
     # ---- replicas ----------------------------------------------------------------------
 
@@ -736,7 +752,8 @@ class ReplicaState:
             new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
                                               acks_waiting_offset=self.acks_waiting_offset(tp),
-                                              fetch_requests_ms=self.fetch_requests_ms)
+                                              fetch_requests_ms=self.fetch_requests_ms,
+                                              fetch_gaps_ms=self.fetch_request_gap_ms)
             if new_isr is not None:
                 out.append((part, new_isr))
         return out

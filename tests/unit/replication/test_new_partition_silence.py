@@ -240,3 +240,84 @@ def test_a_long_silence_names_an_example_partition_with_its_times():
     assert example is not None and example.startswith("new-0 ")
     assert "last_fetch_time_ms=100" in example and "its session clock: none" in example
     assert core.silence_example(3, 12_000, SILENCE_MS) is None
+
+
+def behind(core: ReplicaState, broker: int, now_ms: int) -> None:
+    """One fetch request of `broker`: OLD at its end, NEW at offset 0 (it lacks the record
+    the acks=all produce waits for)."""
+    request(core, broker, now_ms, OLD)
+    core.replica_read(NEW, replica_id=broker, offset=0, leader_epoch=0, max_bytes=0, now_ms=now_ms)
+
+
+def test_a_broker_whose_requests_come_slowly_is_judged_against_its_own_rhythm():
+    """A loaded leader answers each request of a live follower in seconds (issue 25: 2-5 s
+    during a 10,000-partition create): the follower's requests come that far apart, and the
+    1.5 s rule dropped it from thousands of ISRs it rejoined moments later. The silence
+    limit stretches to SILENCE_GAP_FACTOR times the broker's usual gap between requests
+    (capped at SILENCE_STRETCH_MAX times the limit); a broker that stops is still dropped."""
+    from partitions.replication.partition import SILENCE_GAP_FACTOR, silence_limit_ms
+    core, now = leader(), 0
+    gap = 2_500
+    for _ in range(4):                    # the followers' rhythm on the loaded leader
+        request(core, 2, now, OLD)
+        request(core, 3, now, OLD)
+        now += gap
+    create_new(core, now)
+    for _ in range(6):                    # both followers: a request every 2.5 s, behind on NEW
+        behind(core, 2, now)
+        behind(core, 3, now)
+        now += 2_000                      # 2 s after a request: past 1.5 s, inside 3 gaps
+        assert isr_changes(core, now) == {}, core.fetch_request_gap_ms
+        now += gap - 2_000
+    assert abs(core.fetch_request_gap_ms[3] - gap) < 1
+    # 2 goes on; 3 stops: out once 3 gaps have passed, not before
+    last_3 = now - gap
+    limit = silence_limit_ms(SILENCE_MS, core.fetch_request_gap_ms[3])
+    assert limit == SILENCE_GAP_FACTOR * gap
+    while now - last_3 <= limit:
+        behind(core, 2, now)
+        assert isr_changes(core, now) == {}
+        now += 500
+    behind(core, 2, now)
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+    # the shrink and the expansion agree: caught up and fetching at its rhythm, 3 rejoins,
+    # and 2 s of silence later (past 1.5 s, inside 3 gaps) it is not dropped again
+    core.apply_leader_and_isr(NEW, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2), 1), now_ms=now)
+    now += 1
+    request(core, 3, now, OLD, NEW)
+    request(core, 2, now, OLD, NEW)
+    assert isr_changes(core, now) == {("new", 0): [1, 2, 3]}
+    core.apply_leader_and_isr(NEW, LeaderAndIsr(1, 0, (1, 2, 3), (1, 2, 3), 2), now_ms=now)
+    waiter = object()
+    info, _ = core.append_as_leader(NEW, rb.build_batch([rb.Record(None, b"w", timestamp=2)]), required_min_isr=2)
+    core.add_ack_waiter(NEW, waiter, info.last_offset)
+    now += 2_000
+    behind_at = core.logs[NEW].log_end_offset - 1
+    core.fetch_request_from(2, now)
+    core.replica_read(NEW, replica_id=2, offset=behind_at, leader_epoch=0, max_bytes=0, now_ms=now)
+    assert isr_changes(core, now) == {}
+
+
+def test_the_rhythm_ignores_outages_and_a_broker_polling_at_the_usual_pace_keeps_the_limit():
+    """A gap longer than FETCH_GAP_SAMPLE_MAX_MS (the follower was stopped or cut off) is not
+    its rhythm: after it comes back, a stop is judged by the usual limit again."""
+    from partitions.replication.replica_state import FETCH_GAP_SAMPLE_MAX_MS
+    core, now = leader(), 0
+    create_new(core, now)
+    for _ in range(6):
+        behind(core, 2, now)
+        behind(core, 3, now)
+        now += POLL_MS
+    now += FETCH_GAP_SAMPLE_MAX_MS + 1    # an outage of both
+    for _ in range(3):
+        behind(core, 2, now)
+        behind(core, 3, now)
+        now += POLL_MS
+    assert core.fetch_request_gap_ms[3] <= POLL_MS
+    last_3 = now - POLL_MS
+    while now - last_3 <= SILENCE_MS:
+        behind(core, 2, now)
+        assert isr_changes(core, now) == {}
+        now += 100
+    behind(core, 2, now)
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
