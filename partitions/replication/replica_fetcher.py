@@ -50,8 +50,14 @@ FETCHER_CHUNK_PARTITIONS = 256   # partitions walked or applied per turn of the 
 FETCHER_CHUNK_TRUNCATIONS = 16   # log truncations per turn of the event loop (each cuts a file)
 FOLLOWER_RESYNC_MS = 5_000   # full walk of the followed partitions at least this often (a safety net)
 # a leader that leaves our requests unanswered (timeouts, not refusals) is logged at most this
-# often per leader, with how many went unanswered since the last line
+# often per leader, with how many went unanswered since the last such line
 UNANSWERED_LOG_EVERY_MS = 10_000
+# a live broker this one follows nothing from gets an empty fetch request this often (a
+# keep-alive): the leader's silence rules count a follower that has not fetched a new
+# partition yet as heard while its broker's requests arrive (`ReplicaState.fetch_request_from`);
+# without one, the first topic created on a fresh cluster found no request at all from
+# followers still applying the create, and its ISRs shrank and grew back by the thousand
+REPLICA_KEEPALIVE_INTERVAL_MS = 500
 
 
 class FetchedPartition(Protocol):
@@ -427,6 +433,11 @@ class ReplicaFetcherManager:
         self._owner: dict[tuple[str, int], int] = {}   # followed partition -> its leader's fetcher
         self._urls: dict[int, str] | None = None        # the brokers' addresses at the last sync
         self.closed = False
+        # live brokers (registered, unfenced, with an address) -> their keep-alive task, which
+        # sends REPLICA_KEEPALIVE_INTERVAL_MS requests while no fetcher fetches from them
+        self._live: dict[int, str] = {}
+        self._keepalives: dict[int, asyncio.Task] = {}
+        self.keepalives_sent = 0
 
     def sync(self, image: MetadataImage | None) -> None:
         """Match the fetchers to the replica manager's follower set (after each metadata apply).
@@ -435,6 +446,7 @@ class ReplicaFetcherManager:
         changed (or on the first sync): then every followed partition is."""
         if self.closed:
             return
+        self._sync_keepalives(image)
         core = getattr(self.rm, "core", None)
         changes = core.take_role_changes() if core is not None else None
         urls = {b: reg.url for b, reg in image.brokers.items() if reg.url} if image is not None else {}
@@ -504,6 +516,37 @@ class ReplicaFetcherManager:
             if changed:
                 f.partitions_changed()
 
+    def _sync_keepalives(self, image: MetadataImage | None) -> None:
+        """One keep-alive task per live broker other than this one (see
+        REPLICA_KEEPALIVE_INTERVAL_MS); a broker fenced, gone or moved loses its task."""
+        live = {} if image is None else {b: reg.url for b, reg in image.brokers.items()
+                                         if b != self.broker_id and reg.url and not reg.fenced}
+        if live == self._live:
+            return
+        self._live = live
+        for b in [b for b in self._keepalives if b not in live]:
+            self._keepalives.pop(b).cancel()
+        for b in live:
+            if b not in self._keepalives:
+                self._keepalives[b] = asyncio.ensure_future(self._keepalive(b))
+
+    async def _keepalive(self, broker_id: int) -> None:
+        interval_s = REPLICA_KEEPALIVE_INTERVAL_MS / 1000
+        while not self.closed:
+            url = self._live.get(broker_id)
+            if url is None:
+                return
+            if broker_id not in self.fetchers:   # a fetcher's requests say the same
+                try:
+                    await self.transport.fetch(url, self.broker_id, self.broker_epoch(), [], max_bytes=1,
+                                               partition_max_bytes=1, max_wait_ms=0)
+                    self.keepalives_sent += 1
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - unreachable: the fetchers and the controller judge that
+                    log.debug("keep-alive to broker %s failed: %s", broker_id, e)
+            await asyncio.sleep(interval_s)
+
     def _stop(self, leader_id: int) -> None:
         f = self.fetchers.pop(leader_id, None)
         if f is not None and f.task is not None:
@@ -525,8 +568,9 @@ class ReplicaFetcherManager:
 
     async def close(self) -> None:
         self.closed = True
-        tasks = [f.task for f in self.fetchers.values() if f.task is not None]
+        tasks = [f.task for f in self.fetchers.values() if f.task is not None] + list(self._keepalives.values())
         self.fetchers.clear()
+        self._keepalives.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

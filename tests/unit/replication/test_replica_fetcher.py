@@ -7,7 +7,7 @@ import pytest
 
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.image import MetadataImage
-from metadata_quorum.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
+from metadata_quorum.records import FenceBrokerRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
 from partitions.log import record_batch as rb
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
@@ -125,7 +125,8 @@ async def test_one_request_per_leader_copies_exactly_and_propagates_hw(pair):
     t0 = asyncio.create_task(rms[1].append("t", 0, batch(b"a", b"b"), acks=ACKS_ALL, timeout_ms=2000))
     t1 = asyncio.create_task(rms[1].append("t", 1, batch(b"c"), acks=ACKS_ALL, timeout_ms=2000))
     await asyncio.wait_for(asyncio.gather(t0, t1), 2)   # completed by the follower's fetches
-    assert all(sorted(f) == [("t", 0), ("t", 1)] for f in transport.fetches)  # batched per leader
+    # batched per leader (the empty ones are broker 1's keep-alives to broker 2, which it follows nothing from)
+    assert all(sorted(f) == [("t", 0), ("t", 1)] for f in transport.fetches if f)
     for p in (0, 1):
         leader_log, follower_log = rms[1].logs[("t", p)], rms[2].logs[("t", p)]
         await wait_for(lambda: rms[2].partitions[("t", p)].high_watermark == leader_log.log_end_offset)
@@ -193,3 +194,34 @@ async def test_follower_fsyncs_before_acknowledging_on_a_flush_messages_topic(pa
     # the follower's next fetch acknowledged the records, after its fsync
     assert rms[2].logs[("t", 0)].recovery_point == 2
     assert rms[2].logs[("t", 0)].log_end_offset == 2
+
+
+async def test_a_broker_that_follows_nothing_from_a_live_peer_keeps_its_silence_clock_fresh(pair):
+    """Keep-alives (REPLICA_KEEPALIVE_INTERVAL_MS): broker 1 follows nothing from broker 2, so
+    it sends broker 2 an empty fetch request every interval. When a new topic led by broker 2
+    appears and broker 1 has not applied it yet, broker 2's silence rules find broker 1's
+    recent requests and do not count it silent (the first create on a fresh cluster shrank
+    thousands of ISRs without them). A broker with a fetcher for the peer sends none, and a
+    fenced peer gets none."""
+    from partitions.log.protocols import TopicPartition
+    from partitions.replication.replica_fetcher import REPLICA_KEEPALIVE_INTERVAL_MS
+    from partitions.replication.replica_state import LeaderAndIsr
+    rms, fetchers, transport, apply = pair
+    await apply(image(leader=1, epoch=1))          # 2 follows 1; 1 follows nothing from 2
+    await wait_for(lambda: fetchers[1].keepalives_sent >= 2, 2 * REPLICA_KEEPALIVE_INTERVAL_MS / 1000 + 2)
+    assert fetchers[2].keepalives_sent == 0 and 1 not in fetchers[1].fetchers and 1 in fetchers[2].fetchers
+    # broker 2 leads a new partition; broker 1 has not applied it (no fetch of it yet)
+    new = TopicPartition("new", 0)
+    rms[2].core.add_replica(new, rms[2].log_manager.get_or_create("new", 0, LogConfig()))
+    rms[2].core.apply_leader_and_isr(new, LeaderAndIsr(2, 0, (1, 2), (1, 2), 0), now_ms=rms[2]._clock_ms())
+    await asyncio.sleep(1.8)                        # past a 1.5 s silence limit
+    assert rms[2].core.silent_followers(rms[2]._clock_ms(), 1500) == {}
+    assert rms[2]._clock_ms() - rms[2].core.fetch_requests_ms[1] <= REPLICA_KEEPALIVE_INTERVAL_MS + 500
+    # broker 2 fenced: broker 1 stops sending it keep-alives
+    img = image(leader=1, epoch=1)
+    img.replay(FenceBrokerRecord(2, img.brokers[2].epoch))
+    fetchers[1].sync(img)
+    await asyncio.sleep(0)
+    sent = fetchers[1].keepalives_sent
+    await asyncio.sleep(3 * REPLICA_KEEPALIVE_INTERVAL_MS / 1000)
+    assert fetchers[1].keepalives_sent == sent and fetchers[1]._keepalives == {}
