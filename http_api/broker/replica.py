@@ -97,6 +97,11 @@ class ReplicaRoutes(Routes):
             raise KraftlogError(ErrorCode.INVALID_REQUEST,
                                 "epoch-end-offsets body needs partitions: [{topic, partition, epoch, "
                                 "leader_epoch}]") from None
+        replica_id = doc.get("replica_id")
+        if isinstance(replica_id, int) and not isinstance(replica_id, bool):
+            # a follower truncating new partitions before it fetches them is alive too: the
+            # silence rules count its broker as heard (`ReplicaState.fetch_request_from`)
+            self.rm.core.fetch_request_from(replica_id, self.rm._clock_ms())
         out = []
         for topic, p, epoch, leader_epoch in asks:
             try:

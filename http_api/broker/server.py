@@ -440,6 +440,9 @@ class Broker:
     async def _alter_isr(self, epoch: int, part, new_isr: list, asked_epoch: int, pending: dict) -> None:
         """One AlterPartition (see `_isr_loop`)."""
         key = (part.topic, part.partition)
+        if not self.rm.shrink_still_due(part, new_isr, self.config.replica_lag_time_max_ms):
+            pending.pop(key, None)   # the follower fetched meanwhile: judged again next check
+            return
         try:
             await self.client.alter_partition(self.config.broker_id, epoch, part.topic, part.partition,
                                               part.leader_epoch, asked_epoch, new_isr,
@@ -454,11 +457,27 @@ class Broker:
     async def _alter_isrs(self, epoch: int, batch: list, pending: dict) -> None:
         """The ISR changes of many led partitions in one AlterPartition request (issue 25:
         after a broker failure a leader of thousands of partitions shrinks them all with one
-        controller write, not one round trip each). Per partition as `_alter_isr`."""
+        controller write, not one round trip each). Per partition as `_alter_isr`; a shrink
+        whose followers fetched while earlier batches went out is left out (`shrink_still_due`)."""
+        kept = []
+        for part, new_isr, asked_epoch in batch:
+            if self.rm.shrink_still_due(part, new_isr, self.config.replica_lag_time_max_ms):
+                kept.append((part, new_isr, asked_epoch))
+            else:
+                pending.pop((part.topic, part.partition), None)
+        withdrawn = len(batch) - len(kept)
+        batch = kept
+        if not batch:
+            log.info("AlterPartition: %d ISR shrinks withdrawn (their followers fetched meanwhile)", withdrawn)
+            return
         items = [{"topic": part.topic, "partition": part.partition, "leader_epoch": part.leader_epoch,
                   "partition_epoch": asked_epoch, "new_isr": list(new_isr),
                   "new_isr_broker_epochs": part.broker_epochs(new_isr)}
                  for part, new_isr, asked_epoch in batch]
+        shrinks = [(part, [r for r in part.isr if r not in new_isr]) for part, new_isr, _ in batch
+                   if any(r not in new_isr for r in part.isr)]
+        # why: the first shrink's dropped member with the times the rules judged (before the answer)
+        example = self.rm.describe_follower(shrinks[0][0], shrinks[0][1][0]) if shrinks else None
         try:
             answers = await self.client.alter_partitions(self.config.broker_id, epoch, items)
         except Exception as e:  # noqa: BLE001 - refused whole or unknown outcome: ask again next check
@@ -477,8 +496,9 @@ class Broker:
                 # one summary line below, not one per partition (thousands after a failure)
                 self._isr_refused(part, new_isr, asked_epoch, err, pending, level=logging.DEBUG)
                 refused.append((part, new_isr, err))
-        log.info("AlterPartition: ISR of %d partitions changed in one request (%d refused)", changed,
-                 len(batch) - changed)
+        log.info("AlterPartition: ISR of %d partitions changed in one request (%d refused; %d shrinks, %d "
+                 "expansions; %d shrinks withdrawn)%s", changed, len(batch) - changed, len(shrinks),
+                 len(batch) - len(shrinks), withdrawn, f"; e.g. {example}" if example else "")
         if refused:
             part, new_isr, err = refused[0]
             log.info("AlterPartition refused for %d partitions, e.g. %s-%s -> %s: %s", len(refused),

@@ -826,6 +826,16 @@ class ReplicaManager:
                 results[key] = KraftlogError(ErrorCode.OFFSET_OUT_OF_RANGE, str(e))
         return news, budget
 
+    def shrink_still_due(self, part: Partition, new_isr: list[int], replica_lag_time_max_ms: int) -> bool:
+        """`ReplicaState.shrink_still_due` now, with this manager's rules' settings."""
+        return self.core.shrink_still_due(
+            part, new_isr, self._clock_ms(), self.replica_lag_time_max_ms(part.topic, replica_lag_time_max_ms),
+            replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms)
+
+    def describe_follower(self, part, replica_id: int) -> str:
+        """`ReplicaState.describe_follower` now (an ISR shrink's log line)."""
+        return self.core.describe_follower(part, replica_id, self._clock_ms())
+
     def epoch_end_offset(self, topic: str, partition: int, epoch: int,
                          leader_epoch: int | None = None) -> tuple[int, int]:
         """OffsetsForLeaderEpoch on the leader: (largest epoch <= `epoch`, its end offset).

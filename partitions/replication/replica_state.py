@@ -518,6 +518,23 @@ class ReplicaState:
                     f"its broker's last fetch request {now_ms - self.fetch_requests_ms.get(replica_id, -1)} ms ago")
         return None
 
+    def describe_follower(self, part: Partition, replica_id: int, now_ms: int) -> str:
+        """`replica_id` as a follower of led `part`, with the times the ISR rules judge (the
+        log line of an ISR shrink: which rule, and whether its broker still fetched)."""
+        st = part.remote_replicas.get(replica_id)
+        if st is None:
+            return f"{part.topic}-{part.partition}: broker {replica_id} is not a replica"
+
+        def ago(ms: int) -> str:
+            return "never" if ms < 0 else f"{now_ms - ms} ms ago"
+        gap = self.fetch_request_gap_ms.get(replica_id)
+        return (f"{part.topic}-{part.partition} broker {replica_id}: LEO {st.log_end_offset} of "
+                f"{part.local_log_end_offset}, fetched it {ago(st.last_fetch_time_ms)}, caught up "
+                f"{ago(st.last_caught_up_time_ms)}, its broker's last fetch request "
+                f"{ago(self.fetch_requests_ms.get(replica_id, -1))} (usual gap "
+                f"{'unknown' if gap is None else f'{gap:.0f} ms'}), acks=all waiting: "
+                f"{self.acks_waiting_offset(TopicPartition(part.topic, part.partition)) is not None}")
+
     def open_liveness(self, replica_id: int, broker_epoch: int = -1) -> FollowerLiveness:
         """A new fetch session's clock (`FollowerLiveness`); close it with the session."""
         return FollowerLiveness(replica_id, broker_epoch, loud=self.loud, registry=self.liveness_clocks)
@@ -757,6 +774,28 @@ class ReplicaState:
             if new_isr is not None:
                 out.append((part, new_isr))
         return out
+
+    def shrink_still_due(self, part: Partition, new_isr: list[int], now_ms: int, replica_lag_time_max_ms: int, *,
+                         replica_fetch_silence_max_ms: int | None = None) -> bool:
+        """Whether a proposed ISR change still holds at `now_ms`: a change that adds members
+        always does (its additions already count for the HW); one that only drops members
+        does while each of them is still out by the lag rule or, with an acks=all produce
+        waiting, the silence rule. Issue 25: after a large create the shrinks of thousands of
+        partitions were judged in slices and sent 1,000 per AlterPartition, one after the
+        other; by the time the later ones went out many followers had fetched again."""
+        if not part.is_leader:
+            return False
+        if any(r not in part.isr for r in new_isr):
+            return True
+        dropped = [r for r in part.isr if r not in new_isr]
+        out = part.out_of_sync_replicas(now_ms, replica_lag_time_max_ms)
+        if replica_fetch_silence_max_ms is not None:
+            waiting = self.acks_waiting_offset(TopicPartition(part.topic, part.partition))
+            if waiting is not None:
+                out |= part.silent_replicas(now_ms, replica_fetch_silence_max_ms, waiting,
+                                            fetch_requests_ms=self.fetch_requests_ms,
+                                            fetch_gaps_ms=self.fetch_request_gap_ms)
+        return all(r in out for r in dropped)
 
     # ---- follower ---------------------------------------------------------------------
 

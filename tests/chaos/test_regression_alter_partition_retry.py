@@ -37,6 +37,9 @@ class _ReplicaManager:
     async def isr_changes_sliced(self, replica_lag_time_max_ms):
         return [(self.part, [1, 2, 3])]   # follower 3 is caught up and should rejoin
 
+    def shrink_still_due(self, part, new_isr, replica_lag_time_max_ms):
+        return True
+
 
 class _FlakyController:
     """The first AlterPartition fails (controller unreachable), later ones succeed."""

@@ -27,6 +27,12 @@ class _ReplicaManager:
     async def isr_changes_sliced(self, replica_lag_time_max_ms):
         return [(p, [1, 2]) for p in self.parts]   # follower 3 lags on every partition
 
+    def describe_follower(self, part, replica_id):
+        return f"{part.topic}-{part.partition} broker {replica_id}"
+
+    def shrink_still_due(self, part, new_isr, replica_lag_time_max_ms):
+        return True
+
 
 class _Controller:
     def __init__(self):

@@ -321,3 +321,28 @@ def test_the_rhythm_ignores_outages_and_a_broker_polling_at_the_usual_pace_keeps
         now += 100
     behind(core, 2, now)
     assert isr_changes(core, now) == {("new", 0): [1, 2]}
+
+
+def test_a_shrink_is_withdrawn_when_its_follower_fetched_before_it_was_sent():
+    """The ISR check proposes; the AlterPartition goes out later (slices, earlier batches of
+    1,000 waiting for the controller). `shrink_still_due` judges the proposal again at send
+    time: a dropped follower that fetched meanwhile keeps its place; a still-silent one goes;
+    a change that adds members always goes (its additions already hold the HW)."""
+    core, now = leader(), 0
+    request(core, 2, now, OLD)
+    request(core, 3, now, OLD)
+    create_new(core, now)
+    now += SILENCE_MS + 100
+    behind(core, 2, now)                  # 2 fetches (behind on NEW); 3 has sent nothing since
+    proposed = isr_changes(core, now)
+    assert proposed == {("new", 0): [1, 2]}   # 3 is dropped (one may leave: min.insync.replicas 2)
+    part = core.partitions[NEW]
+    assert core.shrink_still_due(part, [1, 2], now, LAG_MS, replica_fetch_silence_max_ms=SILENCE_MS)
+    behind(core, 3, now + 50)             # 3 fetches before the request goes out
+    assert not core.shrink_still_due(part, [1, 2], now + 60, LAG_MS, replica_fetch_silence_max_ms=SILENCE_MS)
+    # lagging for the lag time: out by the lag rule, fetching or not
+    assert core.shrink_still_due(part, [1, 2], now + LAG_MS + 1, LAG_MS, replica_fetch_silence_max_ms=SILENCE_MS)
+    # an expansion is always still due; a partition no longer led is not
+    assert core.shrink_still_due(part, [1, 2, 3, 4], now, LAG_MS)
+    core.apply_leader_and_isr(NEW, LeaderAndIsr(2, 1, (1, 2, 3), (1, 2, 3), 1), now_ms=now)
+    assert not core.shrink_still_due(part, [1, 2], now, LAG_MS, replica_fetch_silence_max_ms=SILENCE_MS)
