@@ -71,7 +71,7 @@ class ReplicaState:
     def last_caught_up_time_ms(self, value: int) -> None:
         self._caught_up_ms = value
 
-    def last_heard_ms(self, fetch_requests_ms: Mapping[int, int] | None = None) -> int:
+    def last_heard_ms(self, fetch_requests_ms: Mapping[int, int] | None = None, in_session: bool = False) -> int:
         """When the silence rules last heard of this follower: its last fetch or caught-up
         time (a new leader epoch starts an ISR member caught up). While it has not fetched
         this partition in this leader epoch (`last_fetch_time_ms` < 0: every fetch and
@@ -79,11 +79,14 @@ class ReplicaState:
         this leader (`fetch_requests_ms`, broker id -> ms): that broker is alive and fetching
         other partitions, it has not applied this epoch's metadata yet (issue 25: seconds
         after a 10,000-partition create). A follower that did fetch this partition and then
-        stopped is judged by its own times alone."""
+        stopped is judged by its own times alone, unless `in_session`: the partition is in its
+        broker's fetch session with this leader, which every request of that session
+        restates, so the broker's last request counts for it too (the ISR rules, issue 25: a
+        loaded leader's restate of a request comes seconds after the request)."""
         heard = self.last_fetch_time_ms
-        if heard >= 0:
+        if heard >= 0 and not in_session:
             return max(heard, self.last_caught_up_time_ms)
-        heard = self.last_caught_up_time_ms
+        heard = max(heard, self.last_caught_up_time_ms)
         if fetch_requests_ms:
             heard = max(heard, fetch_requests_ms.get(self.broker_id, -1))
         return heard
@@ -387,7 +390,8 @@ class Partition:
                            replica_fetch_silence_max_ms: int | None = None,
                            acks_waiting_offset: int | None = None,
                            fetch_requests_ms: Mapping[int, int] | None = None,
-                           fetch_gaps_ms: Mapping[int, float] | None = None) -> list[int] | None:
+                           fetch_gaps_ms: Mapping[int, float] | None = None,
+                           sessions: Mapping[int, "FollowerLiveness"] | None = None) -> list[int] | None:
         """The ISR the leader should ask the controller for (lagging members out, caught-up
         replicas in), or None. Proposed additions count for the HW from now on (until the
         metadata brings a new partition epoch, or `isr_change_rejected`).
@@ -396,7 +400,8 @@ class Partition:
         waits); members silent for `replica_fetch_silence_max_ms` that hold such a produce
         back leave too (`silent_replicas`; `fetch_requests_ms`: each follower broker's last
         fetch request to this leader; `fetch_gaps_ms`: the usual time between them, which
-        stretches the limit, `silence_limit_ms`), but never so many that the ISR drops below
+        stretches the limit, `silence_limit_ms`; `sessions`: each follower broker's fetch
+        session clock, `last_heard_ms`'s `in_session`), but never so many that the ISR drops below
         min.insync.replicas on silence alone (the lag rule still applies to them).
 
         The two directions agree (issue 24, one-way-answers): a replica is proposed in only
@@ -410,27 +415,43 @@ class Partition:
         if replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None:
             may_leave = max(0, len(self.isr) - len(drop) - self.min_insync_replicas)
             silent = self.silent_replicas(now_ms, replica_fetch_silence_max_ms, acks_waiting_offset,
-                                          fetch_requests_ms=fetch_requests_ms, fetch_gaps_ms=fetch_gaps_ms) - drop
-            drop |= set(self._longest_silent(silent, may_leave, fetch_requests_ms))
+                                          fetch_requests_ms=fetch_requests_ms, fetch_gaps_ms=fetch_gaps_ms,
+                                          sessions=sessions) - drop
+            drop |= set(self._longest_silent(silent, may_leave, fetch_requests_ms, sessions))
         add = self.in_sync_candidates(now_ms, replica_lag_time_max_ms,
                                       replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
                                       acks_waiting_offset=acks_waiting_offset,
-                                      fetch_requests_ms=fetch_requests_ms, fetch_gaps_ms=fetch_gaps_ms)
+                                      fetch_requests_ms=fetch_requests_ms, fetch_gaps_ms=fetch_gaps_ms,
+                                      sessions=sessions)
         if not drop and not add:
             return None
         self.pending_isr_additions |= add
         return [r for r in self.isr if r not in drop] + sorted(add)
 
-    def _longest_silent(self, silent: set[int], limit: int,
-                        fetch_requests_ms: Mapping[int, int] | None = None) -> list[int]:
+    def _longest_silent(self, silent: set[int], limit: int, fetch_requests_ms: Mapping[int, int] | None = None,
+                        sessions: Mapping[int, "FollowerLiveness"] | None = None) -> list[int]:
         """Up to `limit` of `silent`, the longest silent first (ties: lowest broker id)."""
-        return sorted(silent, key=lambda r: (self.remote_replicas[r].last_heard_ms(fetch_requests_ms), r))[:limit]
+        return sorted(silent, key=lambda r: (self._heard_ms(r, self.remote_replicas[r], fetch_requests_ms,
+                                                             sessions), r))[:limit]
+
+    def _heard_ms(self, r: int, state: ReplicaState, fetch_requests_ms: Mapping[int, int] | None,
+                  sessions: Mapping[int, "FollowerLiveness"] | None) -> int:
+        """`state.last_heard_ms` for the ISR rules: `in_session` when this partition is in
+        broker `r`'s open fetch session with this leader (`sessions`)."""
+        in_session = False
+        if sessions:
+            lv = sessions.get(r)
+            if lv is not None and not lv.closed:
+                key = (self.topic, self.partition)
+                in_session = key in lv.attached or key in lv.loose
+        return state.last_heard_ms(fetch_requests_ms, in_session)
 
     def in_sync_candidates(self, now_ms: int, replica_lag_time_max_ms: int, *,
                            replica_fetch_silence_max_ms: int | None = None,
                            acks_waiting_offset: int | None = None,
                            fetch_requests_ms: Mapping[int, int] | None = None,
-                           fetch_gaps_ms: Mapping[int, float] | None = None) -> set[int]:
+                           fetch_gaps_ms: Mapping[int, float] | None = None,
+                           sessions: Mapping[int, "FollowerLiveness"] | None = None) -> set[int]:
         """Replicas outside the ISR to propose in: `caught_up_out_of_isr` (LEO at the HW and
         the epoch start), caught up (Kafka's rule, `update_follower_fetch`) since the
         metadata took them out of the ISR, and in sync by the shrink rules now: caught up
@@ -450,7 +471,7 @@ class Partition:
             if now_ms - s.last_caught_up_time_ms > replica_lag_time_max_ms:
                 continue
             if (replica_fetch_silence_max_ms is not None and acks_waiting_offset is not None
-                    and now_ms - s.last_heard_ms(fetch_requests_ms) > silence_limit_ms(
+                    and now_ms - self._heard_ms(r, s, fetch_requests_ms, sessions) > silence_limit_ms(
                         replica_fetch_silence_max_ms, fetch_gaps_ms.get(r) if fetch_gaps_ms else None)
                     and s.log_end_offset <= acks_waiting_offset):
                 continue
@@ -486,7 +507,8 @@ class Partition:
     def silent_replicas(self, now_ms: int, replica_fetch_silence_max_ms: int,
                         acks_waiting_offset: int, *,
                         fetch_requests_ms: Mapping[int, int] | None = None,
-                        fetch_gaps_ms: Mapping[int, float] | None = None) -> set[int]:
+                        fetch_gaps_ms: Mapping[int, float] | None = None,
+                        sessions: Mapping[int, "FollowerLiveness"] | None = None) -> set[int]:
         """ISR members (other than the leader) that sent no fetch request for
         `replica_fetch_silence_max_ms` (counted from this leader epoch's start at the
         earliest) and lack the record at `acks_waiting_offset` an acks=all produce waits
@@ -506,7 +528,7 @@ class Partition:
             state = self.remote_replicas.get(r)
             if state is None:
                 continue   # the lag rule drops it
-            last_heard = state.last_heard_ms(fetch_requests_ms)
+            last_heard = self._heard_ms(r, state, fetch_requests_ms, sessions)
             limit = silence_limit_ms(replica_fetch_silence_max_ms, fetch_gaps_ms.get(r) if fetch_gaps_ms else None)
             if now_ms - last_heard > limit and state.log_end_offset <= acks_waiting_offset:
                 out.add(r)

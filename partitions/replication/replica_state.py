@@ -179,6 +179,9 @@ class ReplicaState:
         # follower broker id -> the smoothed time between its fetch requests (ms): the ISR's
         # silence rule judges a broker against its own rhythm (`partition.silence_limit_ms`)
         self.fetch_request_gap_ms: dict[int, float] = {}
+        # follower broker id -> the clock of its latest fetch session with this leader (the
+        # ISR rules count a partition in that session as heard at its broker's last request)
+        self.sessions_by_replica: dict[int, FollowerLiveness] = {}
 
     def fetch_request_from(self, replica_id: int, now_ms: int) -> None:
         """A fetch request of broker `replica_id` reached this leader at `now_ms` (the shell
@@ -528,7 +531,10 @@ class ReplicaState:
         def ago(ms: int) -> str:
             return "never" if ms < 0 else f"{now_ms - ms} ms ago"
         gap = self.fetch_request_gap_ms.get(replica_id)
-        return (f"{part.topic}-{part.partition} broker {replica_id}: LEO {st.log_end_offset} of "
+        lv = self.sessions_by_replica.get(replica_id)
+        key = (part.topic, part.partition)
+        in_session = lv is not None and not lv.closed and (key in lv.attached or key in lv.loose)
+        return (f"{part.topic}-{part.partition} broker {replica_id}: in its fetch session {in_session}, LEO {st.log_end_offset} of "
                 f"{part.local_log_end_offset}, fetched it {ago(st.last_fetch_time_ms)}, caught up "
                 f"{ago(st.last_caught_up_time_ms)}, its broker's last fetch request "
                 f"{ago(self.fetch_requests_ms.get(replica_id, -1))} (usual gap "
@@ -537,7 +543,9 @@ class ReplicaState:
 
     def open_liveness(self, replica_id: int, broker_epoch: int = -1) -> FollowerLiveness:
         """A new fetch session's clock (`FollowerLiveness`); close it with the session."""
-        return FollowerLiveness(replica_id, broker_epoch, loud=self.loud, registry=self.liveness_clocks)
+        lv = FollowerLiveness(replica_id, broker_epoch, loud=self.loud, registry=self.liveness_clocks)
+        self.sessions_by_replica[replica_id] = lv
+        return lv
 
     def set_fenced_brokers(self, fenced) -> None:
         """The brokers the latest metadata shows fenced. A broker leaving the set (unfenced
@@ -770,7 +778,8 @@ class ReplicaState:
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
                                               acks_waiting_offset=self.acks_waiting_offset(tp),
                                               fetch_requests_ms=self.fetch_requests_ms,
-                                              fetch_gaps_ms=self.fetch_request_gap_ms)
+                                              fetch_gaps_ms=self.fetch_request_gap_ms,
+                                              sessions=self.sessions_by_replica)
             if new_isr is not None:
                 out.append((part, new_isr))
         return out
@@ -794,7 +803,8 @@ class ReplicaState:
             if waiting is not None:
                 out |= part.silent_replicas(now_ms, replica_fetch_silence_max_ms, waiting,
                                             fetch_requests_ms=self.fetch_requests_ms,
-                                            fetch_gaps_ms=self.fetch_request_gap_ms)
+                                            fetch_gaps_ms=self.fetch_request_gap_ms,
+                                            sessions=self.sessions_by_replica)
         return all(r in out for r in dropped)
 
     # ---- follower ---------------------------------------------------------------------

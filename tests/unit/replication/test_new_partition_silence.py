@@ -346,3 +346,28 @@ def test_a_shrink_is_withdrawn_when_its_follower_fetched_before_it_was_sent():
     assert core.shrink_still_due(part, [1, 2, 3, 4], now, LAG_MS)
     core.apply_leader_and_isr(NEW, LeaderAndIsr(2, 1, (1, 2, 3), (1, 2, 3), 1), now_ms=now)
     assert not core.shrink_still_due(part, [1, 2], now, LAG_MS, replica_fetch_silence_max_ms=SILENCE_MS)
+
+
+def test_a_partition_in_the_followers_session_counts_as_heard_at_its_brokers_last_request():
+    """Every request of a fetch session restates the partitions it does not name; a loaded
+    leader restates them seconds after the request arrived (issue 25: dropped followers
+    whose broker's request had come 100-600 ms before). For the ISR rules a partition in
+    the follower's open session counts as heard at its broker's last request; one it
+    forgot (no longer in the session) is judged by its own times, as before."""
+    core, now = leader(), 0
+    create_new(core, now)
+    lv = core.open_liveness(3, broker_epoch=10)
+    lv.loose.update({OLD, NEW})            # 3's session holds both
+    behind(core, 2, now)
+    behind(core, 3, now)                   # NEW fetched once, behind
+    for _ in range(8):                     # 3.2 s: 3's requests arrive, NEW not restated yet
+        now += POLL_MS
+        behind(core, 2, now)
+        core.fetch_request_from(3, now)
+        assert isr_changes(core, now) == {}
+    assert "in its fetch session True" in core.describe_follower(core.partitions[NEW], 3, now)
+    lv.loose.discard(NEW)                  # 3 forgot NEW: its own times judge it
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+    lv.loose.add(NEW)
+    lv.close()                             # the session ended: no session, own times
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
