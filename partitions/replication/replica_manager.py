@@ -672,7 +672,21 @@ class ReplicaManager:
         only partitions with records, an error or news of the HW / log start offset. Parks
         like `replica_fetch` when nothing has data; an append to any session partition
         wakes it. -> (session id, session error or None, [(partition, result or error)])."""
-        self.core.fetch_request_from(replica_id, self._clock_ms())   # its broker is alive (silence rules)
+        # the follower is alive while we work on its request: the ISR rules count it heard
+        # until we answer (`ReplicaState.fetch_request_started`)
+        self.core.fetch_request_started(replica_id, self._clock_ms())
+        try:
+            return await self._replica_fetch_session(replica_id, session_id, session_epoch, requests, forgotten,
+                                                     max_bytes=max_bytes, partition_max_bytes=partition_max_bytes,
+                                                     max_wait_ms=max_wait_ms, broker_epoch=broker_epoch)
+        finally:
+            self.core.fetch_request_ended(replica_id, self._clock_ms())
+
+    async def _replica_fetch_session(self, replica_id: int, session_id: int, session_epoch: int,
+                                     requests: list[ReplicaFetchRequest], forgotten: list[tuple[str, int]], *,
+                                     max_bytes: int, partition_max_bytes: int, max_wait_ms: int,
+                                     broker_epoch: int
+                                     ) -> tuple[int, str | None, list[tuple[TopicPartition, FetchResult | KraftlogError]]]:
         cache = self.fetch_sessions
         mono = self._monotonic_ms()
         if session_id == NO_SESSION:

@@ -182,6 +182,8 @@ class ReplicaState:
         # follower broker id -> the clock of its latest fetch session with this leader (the
         # ISR rules count a partition in that session as heard at its broker's last request)
         self.sessions_by_replica: dict[int, FollowerLiveness] = {}
+        # follower broker id -> its fetch requests we are working on (`fetch_request_started`)
+        self.fetch_requests_in_flight: dict[int, int] = {}
 
     def fetch_request_from(self, replica_id: int, now_ms: int) -> None:
         """A fetch request of broker `replica_id` reached this leader at `now_ms` (the shell
@@ -198,6 +200,30 @@ class ReplicaState:
             gap = now_ms - prev
             old = self.fetch_request_gap_ms.get(replica_id)
             self.fetch_request_gap_ms[replica_id] = gap if old is None else old + (gap - old) * FETCH_GAP_WEIGHT
+
+    def fetch_request_started(self, replica_id: int, now_ms: int) -> None:
+        """We started working on a fetch request of broker `replica_id` (`fetch_request_from`);
+        until `fetch_request_ended` the ISR rules count that broker as heard at the time they
+        judge (issue 25: a loaded leader took 2-4 s to serve a live follower's request, during
+        which the follower can send nothing, and dropped it from thousands of ISRs)."""
+        self.fetch_request_from(replica_id, now_ms)
+        self.fetch_requests_in_flight[replica_id] = self.fetch_requests_in_flight.get(replica_id, 0) + 1
+
+    def fetch_request_ended(self, replica_id: int, now_ms: int) -> None:
+        """The request `fetch_request_started` counted was answered (or failed) at `now_ms`."""
+        n = self.fetch_requests_in_flight.get(replica_id, 0) - 1
+        if n > 0:
+            self.fetch_requests_in_flight[replica_id] = n
+        else:
+            self.fetch_requests_in_flight.pop(replica_id, None)
+        if now_ms > self.fetch_requests_ms.get(replica_id, -1):
+            self.fetch_requests_ms[replica_id] = now_ms
+
+    def _in_flight_heard_now(self, now_ms: int) -> None:
+        """Brokers whose request we are working on count as heard at `now_ms` (the ISR rules)."""
+        for r in self.fetch_requests_in_flight:
+            if now_ms > self.fetch_requests_ms.get(r, -1):
+                self.fetch_requests_ms[r] = now_ms
 
     # ---- replicas ----------------------------------------------------------------------
 
@@ -772,6 +798,7 @@ class ReplicaState:
                             replica_fetch_silence_max_ms: int | None = None) -> list[tuple[Partition, list[int]]]:
         """`isr_changes` for the given (tp, partition) pairs of `rule_partitions` (the shell
         walks thousands of them in slices of the loop's time)."""
+        self._in_flight_heard_now(now_ms)
         out = []
         for tp, part in partitions:
             new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
@@ -796,6 +823,7 @@ class ReplicaState:
             return False
         if any(r not in part.isr for r in new_isr):
             return True
+        self._in_flight_heard_now(now_ms)
         dropped = [r for r in part.isr if r not in new_isr]
         out = part.out_of_sync_replicas(now_ms, replica_lag_time_max_ms)
         if replica_fetch_silence_max_ms is not None:

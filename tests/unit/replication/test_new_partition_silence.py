@@ -371,3 +371,38 @@ def test_a_partition_in_the_followers_session_counts_as_heard_at_its_brokers_las
     lv.loose.add(NEW)
     lv.close()                             # the session ended: no session, own times
     assert isr_changes(core, now) == {("new", 0): [1, 2]}
+
+
+def test_a_follower_whose_request_the_leader_is_still_serving_is_not_silent():
+    """While the leader works on a follower's session request (seconds when loaded: its
+    slices, the restate, the answer), the follower can send nothing more; the ISR rules
+    count it heard until the answer (`fetch_request_started` / `fetch_request_ended`).
+    After the answer its silence counts from then; a partition it forgot is judged by its
+    own times even meanwhile."""
+    core, now = leader(), 0
+    create_new(core, now)
+    lv = core.open_liveness(3, broker_epoch=10)
+    lv.loose.update({OLD, NEW})
+    behind(core, 2, now)
+    behind(core, 3, now)
+    core.fetch_request_started(3, now)      # a request of 3 the leader is slow to serve
+    for _ in range(10):                     # 4 s
+        now += POLL_MS
+        behind(core, 2, now)
+        assert isr_changes(core, now) == {}
+        assert core.shrink_still_due(core.partitions[NEW], [1, 2], now, LAG_MS,
+                                     replica_fetch_silence_max_ms=SILENCE_MS) is False
+    core.fetch_request_ended(3, now)        # answered; 3 then sends nothing (stopped)
+    answered = now
+    while now - answered <= SILENCE_MS:
+        behind(core, 2, now)
+        assert isr_changes(core, now) == {}
+        now += 100
+    behind(core, 2, now)
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+    # forgotten while a request is being served: its own times judge it
+    core.fetch_request_started(3, now)
+    lv.loose.discard(NEW)
+    assert isr_changes(core, now) == {("new", 0): [1, 2]}
+    core.fetch_request_ended(3, now)
+    assert core.fetch_requests_in_flight == {}
