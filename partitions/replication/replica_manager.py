@@ -847,8 +847,21 @@ class ReplicaManager:
             replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms)
 
     def describe_follower(self, part, replica_id: int) -> str:
-        """`ReplicaState.describe_follower` now (an ISR shrink's log line)."""
-        return self.core.describe_follower(part, replica_id, self._clock_ms())
+        """`ReplicaState.describe_follower` now (an ISR shrink's log line), with what the
+        follower's fetch session holds for the partition: the offset and leader epoch it
+        last named (a restate skips a partition whose cached epoch is not the leader's), and
+        the clock its state reads from."""
+        out = self.core.describe_follower(part, replica_id, self._clock_ms())
+        key = TopicPartition(part.topic, part.partition)
+        sid = self.fetch_sessions._by_replica.get(replica_id)
+        s = self.fetch_sessions.sessions.get(sid) if sid is not None else None
+        c = s.partitions.get(key) if s is not None else None
+        st = part.remote_replicas.get(replica_id)
+        lv = st.liveness if st is not None else None
+        clock = ("none" if lv is None else "the session's" if s is not None and lv is s.liveness
+                 else f"another (closed={lv.closed})")
+        held = "not held" if c is None else f"offset {c.fetch_offset} epoch {c.leader_epoch}"
+        return f"{out}; session {sid}: {held} (leader epoch {part.leader_epoch}); clock: {clock}"
 
     def epoch_end_offset(self, topic: str, partition: int, epoch: int,
                          leader_epoch: int | None = None) -> tuple[int, int]:
