@@ -160,6 +160,10 @@ class FollowerLiveness:
         if registry is not None:
             registry.add(self)
 
+    def holds(self, key) -> bool:
+        """`key` is one of the open session's partitions (attached or loose)."""
+        return not self.closed and (key in self.attached or key in self.loose)
+
     def heard(self, now_ms: int) -> None:
         """A request of the session restates every attached partition at `now_ms`."""
         self.heard_ms = now_ms
@@ -438,13 +442,8 @@ class Partition:
                   sessions: Mapping[int, "FollowerLiveness"] | None) -> int:
         """`state.last_heard_ms` for the ISR rules: `in_session` when this partition is in
         broker `r`'s open fetch session with this leader (`sessions`)."""
-        in_session = False
-        if sessions:
-            lv = sessions.get(r)
-            if lv is not None and not lv.closed:
-                key = (self.topic, self.partition)
-                in_session = key in lv.attached or key in lv.loose
-        return state.last_heard_ms(fetch_requests_ms, in_session)
+        lv = sessions.get(r) if sessions else None
+        return state.last_heard_ms(fetch_requests_ms, lv is not None and lv.holds((self.topic, self.partition)))
 
     def in_sync_candidates(self, now_ms: int, replica_lag_time_max_ms: int, *,
                            replica_fetch_silence_max_ms: int | None = None,

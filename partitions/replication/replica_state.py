@@ -558,8 +558,7 @@ class ReplicaState:
             return "never" if ms < 0 else f"{now_ms - ms} ms ago"
         gap = self.fetch_request_gap_ms.get(replica_id)
         lv = self.sessions_by_replica.get(replica_id)
-        key = (part.topic, part.partition)
-        in_session = lv is not None and not lv.closed and (key in lv.attached or key in lv.loose)
+        in_session = lv is not None and lv.holds((part.topic, part.partition))
         return (f"{part.topic}-{part.partition} broker {replica_id}: in its fetch session {in_session}, LEO {st.log_end_offset} of "
                 f"{part.local_log_end_offset}, fetched it {ago(st.last_fetch_time_ms)}, caught up "
                 f"{ago(st.last_caught_up_time_ms)}, its broker's last fetch request "
