@@ -292,10 +292,12 @@ def pct(values: list, q: float) -> float:
 
 
 def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int = 3, acks: str = "all",
-        kill: bool = True, idle_s: float = 10.0, writable_s: float = 300.0, profile_kill_s: float = 0.0) -> None:
-    print(f"cluster: {controllers} controller(s) + 3 brokers; {topics} topic(s) x {partitions} partitions, RF={rf}")
+        kill: bool = True, idle_s: float = 10.0, writable_s: float = 300.0, profile_kill_s: float = 0.0,
+        controller_args: list | None = None) -> None:
+    print(f"cluster: {controllers} controller(s) + 3 brokers; {topics} topic(s) x {partitions} partitions, RF={rf}"
+          + (f"; controller options {' '.join(controller_args)}" if controller_args else ""))
     with ReplicatedCluster(base_dir, brokers=3, controllers=controllers,
-                           broker_config={"metadata_wait_ms": 60_000}) as c:
+                           broker_config={"metadata_wait_ms": 60_000}, controller_args=controller_args) as c:
         url = c.url(1)
         active = c.controllers.wait_active(60)
         ctl_pid = c.controllers.procs[active].pid
@@ -683,6 +685,9 @@ def main(argv: list | None = None) -> None:
     ap.add_argument("--no-kill", action="store_true", help="skip the kill -9 part")
     ap.add_argument("--profile-kill", type=float, default=0.0, metavar="SECONDS",
                     help="py-spy the survivors and the active controller this long after the kill (needs --keep)")
+    ap.add_argument("--controller-args", metavar="ARGS", default="",
+                    help="extra command-line options for each controller, e.g. "
+                         "'--raft-min-timeout-s 1 --raft-max-timeout-s 2 --log-level INFO'")
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (broker logs for a post-mortem)")
     ap.add_argument("--log-layer", type=int, metavar="N", help="measure N logs in-process instead (no cluster)")
     ap.add_argument("--fetch-poll", type=int, metavar="N", help="measure the leader's CPU per follower poll "
@@ -706,11 +711,11 @@ def main(argv: list | None = None) -> None:
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
         run(args.partitions, args.topics, args.rf, args.keep, args.controllers, args.acks, not args.no_kill,
-            args.idle_seconds, args.writable_seconds, args.profile_kill)
+            args.idle_seconds, args.writable_seconds, args.profile_kill, args.controller_args.split())
         return
     with tempfile.TemporaryDirectory(prefix="kraftlog-scale-") as d:
         run(args.partitions, args.topics, args.rf, d, args.controllers, args.acks, not args.no_kill,
-            args.idle_seconds, args.writable_seconds)
+            args.idle_seconds, args.writable_seconds, controller_args=args.controller_args.split())
 
 
 if __name__ == "__main__":

@@ -139,6 +139,7 @@ class ControllerConfig:
     leader_fallback_timeout_s: float = 1.5
     raft_log_compaction_min_entries: int = 5000
     raft_log_compaction_min_time_s: float = 300.0
+    raft_log_compaction_split: bool = True   # RaftConfig.log_compaction_split: voters compact in turn
     raft_fsync_journal: bool = True
     raft_frame_max_bytes: int = RAFT_FRAME_MAX_BYTES_DEFAULT   # a peer announcing more is dropped
     # the HTTP edge (http_api/wire/hardening.py): head/body deadlines, connection caps
@@ -177,6 +178,7 @@ class ControllerConfig:
             leader_fallback_timeout_s=self.leader_fallback_timeout_s,
             log_compaction_min_entries=self.raft_log_compaction_min_entries,
             log_compaction_min_time_s=self.raft_log_compaction_min_time_s,
+            log_compaction_split=self.raft_log_compaction_split,
             propose_timeout_s=self.propose_timeout_ms / 1000,
             fsync_journal=self.raft_fsync_journal,
             bind_host=self.raft_bind_host,
@@ -1123,6 +1125,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="default min.insync.replicas of topics; give the brokers' min_insync_replicas")
     p.add_argument("--raft-log-compaction-min-entries", type=int, default=5000,
                    help="snapshot (pysyncobj full dump) and truncate the raft journal after this many entries")
+    p.add_argument("--raft-log-compaction-min-time-s", type=float, default=ControllerConfig.raft_log_compaction_min_time_s,
+                   help="... or after this many seconds; with the split on, each voter compacts only in its own "
+                        "window of this period")
+    p.add_argument("--no-raft-log-compaction-split", action="store_true",
+                   help="let every voter compact as soon as it is due (by default voters compact in turn: "
+                        "three controllers on one host never fork their snapshot children at once)")
     p.add_argument("--no-raft-fsync", action="store_true",
                    help="do not sync the raft journal per entry (survives kill -9, not power loss)")
     p.add_argument("--security-json", default=None,
@@ -1195,6 +1203,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         ),
         raft_fsync_journal=not args.no_raft_fsync,
         raft_log_compaction_min_entries=args.raft_log_compaction_min_entries,
+        raft_log_compaction_min_time_s=args.raft_log_compaction_min_time_s,
+        raft_log_compaction_split=not args.no_raft_log_compaction_split,
         raft_bind_host=args.raft_bind_host,
         raft_frame_max_bytes=args.raft_frame_max_bytes,
         raft_join=args.join,

@@ -113,6 +113,16 @@ class RaftConfig:
     fsync_journal: bool = True
     log_compaction_min_entries: int = 5000
     log_compaction_min_time_s: float = 300.0
+    # Stagger the voters' log compactions (pysyncobj `logCompactionSplit`): voter i of n
+    # starts one only in its own window, the first 30% of the i-th n-th of each
+    # `log_compaction_min_time_s` period (on one host, whose monotonic clock they share,
+    # the windows never overlap). Without it every voter compacts after the same entry
+    # count, at the same moment: each forks a child that pickles the whole image (about
+    # 1.4 s of CPU at 100,000 partitions), three at once on a 2-core host stalled every raft
+    # thread 2 s and the quorum changed leader (issue 25, docs/SCALE.md twelfth round). The
+    # cost: past `log_compaction_min_entries` the journal grows until the voter's window
+    # (at most one period).
+    log_compaction_split: bool = True
     propose_timeout_s: float = 5.0
     # largest raft frame a peer may announce; more drops the connection before buffering
     # (raft/frame_guard.py). pysyncobj's own frames stay under ~64 KiB
@@ -285,6 +295,7 @@ class SyncObjReplicatedLog:
             appendEntriesUseBatch=not c.append_entries_immediately,
             logCompactionMinEntries=c.log_compaction_min_entries,
             logCompactionMinTime=c.log_compaction_min_time_s,
+            logCompactionSplit=c.log_compaction_split,
             onStateChanged=lambda old, new: self._on_raft_thread_event(),
             dynamicMembershipChange=True,
         )
