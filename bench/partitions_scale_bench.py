@@ -424,6 +424,12 @@ def log_layer(n: int, base_dir: str) -> None:
     written = time.perf_counter() - t0
     row("first append to every log", f"{written * 1000 / n:.3f} ms/log")
     row("appends failed (EMFILE before bounded descriptors)", str(failed))
+    logs = m.all_logs()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for lg in logs:
+        lg.apply_retention()
+    row("retention check of every log (nothing to delete), wall / CPU",
+        f"{(time.perf_counter() - t0) * 1e6 / n:.1f} / {(time.process_time() - c0) * 1e6 / n:.1f} us/log")
     row("open descriptors (growth)", str(open_fds(pid) - fds0))
     row("RSS growth per log", f"{(rss_mb(pid) - rss0) * 1024 / n:.2f} KiB")
     m.close()
