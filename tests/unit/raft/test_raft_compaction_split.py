@@ -13,24 +13,9 @@ import secrets
 import time
 
 from raft.syncobj_log import RaftConfig, SyncObjReplicatedLog
-from tests.unit.raft.test_raft_prevote import _free_port, _propose_on_leader
+from tests.unit.raft.test_raft_prevote import _Entries, _free_port, _propose_on_leader
 
 PERIOD_S = 3.0          # log_compaction_min_time_s: each node's window is the first 30% of its third
-
-
-class _Entries:
-    def __init__(self) -> None:
-        self.entries: list = []
-
-    def apply(self, entries):
-        self.entries.extend(entries)
-        return len(self.entries)
-
-    def snapshot(self):
-        return {"entries": list(self.entries)}
-
-    def restore(self, data):
-        self.entries = list(data["entries"])
 
 
 def test_the_split_is_on_by_default():
