@@ -121,7 +121,7 @@ class RaftConfig:
     # 1.4 s of CPU at 100,000 partitions), three at once on a 2-core host stalled every raft
     # thread 2 s and the quorum changed leader (issue 25, docs/SCALE.md twelfth round). The
     # cost: past `log_compaction_min_entries` the journal grows until the voter's window
-    # (at most one period).
+    # (at most one period). A quorum of one voter at start compacts when due.
     log_compaction_split: bool = True
     propose_timeout_s: float = 5.0
     # largest raft frame a peer may announce; more drops the connection before buffering
@@ -295,7 +295,7 @@ class SyncObjReplicatedLog:
             appendEntriesUseBatch=not c.append_entries_immediately,
             logCompactionMinEntries=c.log_compaction_min_entries,
             logCompactionMinTime=c.log_compaction_min_time_s,
-            logCompactionSplit=c.log_compaction_split,
+            logCompactionSplit=c.log_compaction_split and len(c.voters) > 1,   # a lone voter compacts when due
             onStateChanged=lambda old, new: self._on_raft_thread_event(),
             dynamicMembershipChange=True,
         )

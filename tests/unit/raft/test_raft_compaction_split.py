@@ -57,3 +57,23 @@ async def test_voters_write_their_full_dumps_in_turn(tmp_path):
     # every pair of dumps by different voters is far apart (windows start PERIOD_S / 3 apart)
     closest = min(abs(a - b) for i in voters for j in voters if i < j for a in writes[i] for b in writes[j])
     assert closest >= 0.4, f"two voters wrote their dumps {closest:.3f} s apart: {writes}"
+
+
+async def test_a_lone_voter_compacts_as_soon_as_due(tmp_path):
+    """One voter (`kraftlog serve`) has nobody to take turns with: the split would only delay
+    its compaction by up to 70% of the period."""
+    cfg = RaftConfig(node_id=1, voters={1: f"127.0.0.1:{_free_port()}"}, data_dir=str(tmp_path / "lone"),
+                     fsync_journal=False, log_compaction_min_entries=5)
+    assert cfg.log_compaction_split
+    lg = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
+    lg.start()
+    try:
+        for n in range(20):
+            await _propose_on_leader({1: lg}, {"n": n})
+        deadline = time.monotonic() + 10
+        while not os.path.exists(cfg.full_dump_file):
+            assert time.monotonic() < deadline, (
+                f"no full dump 10 s after 20 entries (monotonic phase {time.monotonic() % 300:.0f} s of 300)")
+            await asyncio.sleep(0.05)
+    finally:
+        lg.stop()

@@ -104,7 +104,8 @@ async def test_log_compaction_still_writes_full_dumps_with_the_guard(tmp_path):
     from raft.syncobj_log import RaftConfig, SyncObjReplicatedLog
 
     cfg = RaftConfig(node_id=1, voters={1: f"127.0.0.1:{_free_port()}"}, data_dir=str(tmp_path / "n1"),
-                     fsync_journal=False, log_compaction_min_entries=10)
+                     fsync_journal=False, log_compaction_min_entries=10,
+                     log_compaction_split=False)   # compact as soon as due (the split waits for a window)
     lg = SyncObjReplicatedLog(cfg, _Entries(), loop=asyncio.get_running_loop())
     lg.start()
     try:
