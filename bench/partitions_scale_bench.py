@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import statistics
 import tempfile
 import threading
@@ -717,11 +718,11 @@ def main(argv: list | None = None) -> None:
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
         run(args.partitions, args.topics, args.rf, args.keep, args.controllers, args.acks, not args.no_kill,
-            args.idle_seconds, args.writable_seconds, args.profile_kill, args.controller_args.split())
+            args.idle_seconds, args.writable_seconds, args.profile_kill, shlex.split(args.controller_args))
         return
     with tempfile.TemporaryDirectory(prefix="kraftlog-scale-") as d:
         run(args.partitions, args.topics, args.rf, d, args.controllers, args.acks, not args.no_kill,
-            args.idle_seconds, args.writable_seconds, controller_args=args.controller_args.split())
+            args.idle_seconds, args.writable_seconds, controller_args=shlex.split(args.controller_args))
 
 
 if __name__ == "__main__":

@@ -19,14 +19,8 @@ PARTITIONS = 40
 
 
 def image(states: dict) -> MetadataImage:
-    """states: partition -> (isr, leader, leader_epoch, partition_epoch)."""
-    img = MetadataImage("c")
-    img.replay(RegisterBrokerRecord(1, "i1", -1, "http://b1", None, False))
-    img.replay(RegisterBrokerRecord(2, "i2", -1, "http://b2", None, False))
-    img.replay(TopicRecord("t", "tid"))
-    for p, (isr, leader, le, pe) in states.items():
-        img.replay(PartitionRecord("t", "tid", p, (1, 2), tuple(isr), leader, le, pe))
-    return img
+    """states: partition of topic "t" -> (isr, leader, leader_epoch, partition_epoch)."""
+    return topics_image({"t": states})
 
 
 async def all_heard_after(rm, since_ms: int, timeout: float = 5.0) -> None:
