@@ -191,7 +191,29 @@ def _spark_gateway() -> Proc | None:
     return next((p for p in _process_table() if p[0] == proc.pid), None)
 
 
+# Tests that run alone (`make test`'s second phase, no other test beside them): their subject
+# is timing under faults or load (chaos schedules, fencing and elections, the silence
+# rules), they change the host's network (netns), or they load both cores themselves. The
+# rest run two at a time (pytest-xdist, `-n 2`, first phase). A path prefix of tests/.
+SERIAL_PATHS = (
+    "tests/chaos/",
+    "tests/unit/raft/",
+    "tests/integration/test_netns_isolation.py",
+    "tests/integration/test_availability_no_false_fencing.py",
+    "tests/integration/test_controller_under_load.py",
+    "tests/integration/test_partitions_at_scale.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(SERIAL_PATHS):
+            item.add_marker(pytest.mark.serial)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
+        return   # pytest-xdist's controller runs no test: each worker checks what its own tests left
     gateway = _spark_gateway()
     before = {gateway} if gateway else set()
     leaked = _leaked_processes(before)

@@ -127,6 +127,11 @@ class FetchSessionCache:
     def __len__(self) -> int:
         return len(self.sessions)
 
+    def session_of(self, replica_id: int) -> FetchSession | None:
+        """The replica's current session (at most one per replica), else None."""
+        sid = self._by_replica.get(replica_id)
+        return self.sessions.get(sid) if sid is not None else None
+
     def _new_id(self) -> int:
         while True:
             sid = self._next_id

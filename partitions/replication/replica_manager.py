@@ -853,8 +853,8 @@ class ReplicaManager:
         the clock its state reads from."""
         out = self.core.describe_follower(part, replica_id, self._clock_ms())
         key = TopicPartition(part.topic, part.partition)
-        sid = self.fetch_sessions._by_replica.get(replica_id)
-        s = self.fetch_sessions.sessions.get(sid) if sid is not None else None
+        s = self.fetch_sessions.session_of(replica_id)
+        sid = s.session_id if s is not None else None
         c = s.partitions.get(key) if s is not None else None
         st = part.remote_replicas.get(replica_id)
         lv = st.liveness if st is not None else None

@@ -277,9 +277,9 @@ def test_lazy_restates_and_rules_equal_the_per_partition_computation(ops, refres
                     f.session_id, f.epoch, f.sent = NO_SESSION, 0, {}
             elif kind == "evict":
                 for rm in rms:
-                    sid = rm.fetch_sessions._by_replica.get(o[1])
-                    if sid is not None:
-                        rm.fetch_sessions.remove(sid)
+                    s = rm.fetch_sessions.session_of(o[1])
+                    if s is not None:
+                        rm.fetch_sessions.remove(s.session_id)
             elif kind == "new_epoch":
                 p = o[1]
                 epochs[p][0] += 1
