@@ -927,14 +927,14 @@ class ReplicaManager:
         `isr_check_busy_s` is the time the check itself took, without the turns."""
         started = time.perf_counter()
         now = self._clock_ms()
-        candidates = self.core.rule_partitions(now, self._lag_floor_ms(replica_lag_time_max_ms))
+        candidates = self.core.rule_partitions(now, self._lag_floor_ms(replica_lag_time_max_ms), isr_check=True)
         busy = time.perf_counter() - started
         out: list = []
         async for chunk in LoopSlice().chunks(candidates, ISR_CHECK_CHUNK_PARTITIONS):
             t0 = time.perf_counter()
             out.extend(self.core.propose_isr_changes(
                 chunk, now, lambda topic: self.replica_lag_time_max_ms(topic, replica_lag_time_max_ms),
-                replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms))
+                replica_fetch_silence_max_ms=self.replica_fetch_silence_max_ms, skip_due=True))
             busy += time.perf_counter() - t0
         self.isr_check_busy_s = busy
         return out

@@ -167,6 +167,16 @@ class ReplicaState:
         # whose ISR members can be silent before a time, tp -> (that time, the limit it holds
         # for); dropped by every role change (`apply_leader_and_isr`) and removal
         self._silence_due: dict = {}
+        # the ISR check's counterpart (`propose_isr_changes`): loud led partitions whose ISR
+        # only the lag rule can change until an event, tp -> the earliest caught-up time of
+        # their ISR members (the lag rule cannot act before it is older than the lag time).
+        # Only for a partition whose replicas are all in the ISR or fenced (no fetch can make
+        # one a candidate to rejoin) and that no acks=all produce waits on; caught-up times
+        # only move forward within a partition epoch (issue 25: a survivor that took 16,667
+        # leaderships in a fencing judged every one of them every 300 ms until the other
+        # survivor's session attached them, 0.4-0.5 s of CPU per second). Dropped by every
+        # role change, removal and acks=all waiter, and all of it when a fenced broker is back.
+        self._isr_due: dict = {}
         # follower brokers the metadata shows fenced (`set_fenced_brokers`): the controller
         # takes them out of every ISR itself, so the rules do not visit partitions for them
         # (a kill -9 at 30,000 partitions: the silence scan and ISR check walked the dead
@@ -246,6 +256,7 @@ class ReplicaState:
         self.led.pop(tp, None)
         self.loud.discard(tp)
         self._silence_due.pop(tp, None)
+        self._isr_due.pop(tp, None)
         self.role_changes.add(tp)
         self.suspended.discard(tp)
         self._hw_floor.pop(tp, None)
@@ -271,6 +282,7 @@ class ReplicaState:
         part, lg = self.partitions[tp], self.logs[tp]
         eff = Effects()
         self._silence_due.pop(tp, None)   # epochs, ISR or replicas may change
+        self._isr_due.pop(tp, None)
         was_leader, old_epoch = part.is_leader, part.leader_epoch
         part.min_insync_replicas = effective_min_insync_replicas(self.min_isr_for(tp.topic), len(state.replicas))
         if state.leader == self.broker_id and not registered:
@@ -415,6 +427,7 @@ class ReplicaState:
         else:
             self._ack_waiters.setdefault(tp, []).append((last_offset, waiter))
             self.loud.add(tp)
+            self._isr_due.pop(tp, None)   # the silence rule may act now
         return eff
 
     def remove_ack_waiter(self, tp: TopicPartition, waiter: Waiter) -> None:
@@ -578,21 +591,24 @@ class ReplicaState:
         fenced = frozenset(fenced)
         if self.fenced_brokers - fenced:
             self.loud.update(self.led)
+            self._isr_due.clear()   # a broker back may fetch and rejoin
         self.fenced_brokers = fenced
 
-    def rule_partitions(self, now_ms: int, limit_ms: int | None) -> list[tuple[TopicPartition, Partition]]:
+    def rule_partitions(self, now_ms: int, limit_ms: int | None, *,
+                        isr_check: bool = False) -> list[tuple[TopicPartition, Partition]]:
         """The led partitions a rule with time limit `limit_ms` must look at (issue 25):
         the `loud` ones that are not quiet, and those attached to a follower clock not heard
         for more than `limit_ms`. A quiet partition (every follower attached to a clock, the
         whole replica set in the ISR, no pending ISR addition, no acks=all waiter) is neither
         lagging, silent nor expandable while its clocks are within the limit; the others
-        are judged as before. `limit_ms` None: every led partition."""
+        are judged as before. `limit_ms` None: every led partition. `isr_check`: for the
+        ISR rules, which also leave out the loud partitions they cannot change yet (`_isr_due`)."""
         if limit_ms is None:
             out = list(self.led.items())
             self.rule_visits += len(out)
             return out
         led = self.led
-        visit = self._loud_partitions()
+        visit = self._loud_partitions(now_ms if isr_check else None, limit_ms)
         fenced = self.fenced_brokers
         for lv in self.liveness_clocks:
             if lv.attached and now_ms - lv.heard_ms > limit_ms and lv.replica_id not in fenced:
@@ -603,12 +619,19 @@ class ReplicaState:
         self.rule_visits += len(visit)
         return list(visit.items())
 
-    def _loud_partitions(self) -> dict:
-        """The `loud` led partitions that are not quiet (the quiet ones leave `loud`)."""
+    def _loud_partitions(self, isr_due_at_ms: int | None = None, lag_floor_ms: int = 0) -> dict:
+        """The `loud` led partitions that are not quiet (the quiet ones leave `loud`);
+        `isr_due_at_ms`: without those the ISR rules cannot change at that time by any lag
+        time of at least `lag_floor_ms` (`_isr_due`; they stay loud)."""
         led = self.led
         visit: dict = {}
         quiet = []
+        due = self._isr_due if isr_due_at_ms is not None else None
         for tp in self.loud:
+            if due:
+                first = due.get(tp)
+                if first is not None and isr_due_at_ms - first <= lag_floor_ms:
+                    continue
             part = led.get(tp)
             if part is None or self._quiet(tp, part):
                 quiet.append(tp)
@@ -790,25 +813,74 @@ class ReplicaState:
         sends AlterPartition with `part.broker_epochs(new_isr)` (KIP-903). Proposed additions
         hold the HW back from now on. `lag_floor_ms`: no topic's lag time is below it (then
         only `rule_partitions` are looked at); None: every led partition."""
-        return self.propose_isr_changes(self.rule_partitions(now_ms, lag_floor_ms), now_ms, replica_lag_time_max_ms,
+        return self.propose_isr_changes(self.rule_partitions(now_ms, lag_floor_ms, isr_check=True), now_ms,
+                                        replica_lag_time_max_ms, skip_due=lag_floor_ms is not None,
                                         replica_fetch_silence_max_ms=replica_fetch_silence_max_ms)
 
     def propose_isr_changes(self, partitions: list, now_ms: int, replica_lag_time_max_ms: Callable[[str], int], *,
-                            replica_fetch_silence_max_ms: int | None = None) -> list[tuple[Partition, list[int]]]:
+                            replica_fetch_silence_max_ms: int | None = None,
+                            skip_due: bool = False) -> list[tuple[Partition, list[int]]]:
         """`isr_changes` for the given (tp, partition) pairs of `rule_partitions` (the shell
-        walks thousands of them in slices of the loop's time)."""
+        walks thousands of them in slices of the loop's time). `skip_due`: leave out, and
+        note, the partitions only the lag rule can change and not yet (`_isr_due`)."""
         self._in_flight_heard_now(now_ms)
         out = []
+        due = self._isr_due
+        waiters = self._ack_waiters
+        lags: dict = {}
         for tp, part in partitions:
-            new_isr = part.propose_isr_change(now_ms, replica_lag_time_max_ms(part.topic),
+            lag = lags.get(part.topic)
+            if lag is None:
+                lag = lags[part.topic] = replica_lag_time_max_ms(part.topic)
+            if skip_due:
+                first = due.get(tp)
+                if first is not None and now_ms - first <= lag and not waiters.get(tp) \
+                        and not part.pending_isr_additions:
+                    continue
+            waiting = self.acks_waiting_offset(tp)
+            new_isr = part.propose_isr_change(now_ms, lag,
                                               replica_fetch_silence_max_ms=replica_fetch_silence_max_ms,
-                                              acks_waiting_offset=self.acks_waiting_offset(tp),
+                                              acks_waiting_offset=waiting,
                                               fetch_requests_ms=self.fetch_requests_ms,
                                               fetch_gaps_ms=self.fetch_request_gap_ms,
                                               sessions=self.sessions_by_replica)
             if new_isr is not None:
                 out.append((part, new_isr))
+            if not skip_due:
+                continue
+            first = (self._first_caught_up_ms(part) if new_isr is None and waiting is None
+                     and not part.pending_isr_additions else None)
+            if first is None:
+                due.pop(tp, None)
+            else:
+                due[tp] = first
+        if len(due) > 2 * len(self.led) + 1024:   # entries of partitions no longer led
+            for tp in [tp for tp in due if tp not in self.led]:
+                del due[tp]
         return out
+
+    def _first_caught_up_ms(self, part: Partition) -> int | None:
+        """For `propose_isr_changes`' `_isr_due`: the earliest caught-up time of `part`'s ISR
+        members (just judged unchanged, no acks=all waiter), or None when an event may change
+        its ISR before the lag rule does: a replica outside the ISR that is not fenced (a
+        fetch or restate of it may make it a candidate to rejoin)."""
+        isr = part.isr
+        fenced = self.fenced_brokers
+        for r in part.replicas:
+            if r not in isr and r not in fenced:
+                return None
+        first = None
+        remote = part.remote_replicas
+        for r in isr:
+            if r == self.broker_id:
+                continue
+            state = remote.get(r)
+            if state is None:
+                return None
+            t = state.last_caught_up_time_ms
+            if first is None or t < first:
+                first = t
+        return first
 
     def shrink_still_due(self, part: Partition, new_isr: list[int], now_ms: int, replica_lag_time_max_ms: int, *,
                          replica_fetch_silence_max_ms: int | None = None) -> bool:
