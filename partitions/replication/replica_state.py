@@ -134,6 +134,10 @@ def check_leader_epoch(part: Partition, leader_epoch: int) -> None:
                             f"this leader's {part.leader_epoch}; retry once it has caught up")
 
 
+# a time later than any clock reading (`_silence_due_entry`: no other member's bound)
+_NEVER_MS = 1 << 62
+
+
 class ReplicaState:
     """Every local partition replica of one broker and the rules that move them (see the
     module docstring). `min_isr_for(topic)` is the topic's configured min.insync.replicas."""
@@ -474,6 +478,7 @@ class ReplicaState:
         limit = replica_silence_report_ms
         led, fenced = self.led, self.fenced_brokers
         due = self._silence_due
+        requests = self.fetch_requests_ms
         quiet = []
         visited = 0
         for tp in self.loud:
@@ -482,8 +487,17 @@ class ReplicaState:
                 quiet.append(tp)
                 continue
             d = due.get(tp)
-            if d is not None and now_ms < d[0] and d[1] == limit:
-                continue
+            if d is not None and d[1] == limit:
+                if now_ms < d[0]:
+                    continue
+                r = d[2]
+                if r is not None:   # due by the clock of a member's broker: read it again
+                    state = part.remote_replicas.get(r)
+                    if state is not None and state.last_fetch_time_ms < 0:
+                        t = min(d[3], max(state.last_caught_up_time_ms, requests.get(r, -1)) + limit + 1)
+                        if now_ms < t:
+                            due[tp] = (t, limit, r, d[3])
+                            continue
             if self._quiet(tp, part):
                 quiet.append(tp)
                 continue
@@ -494,7 +508,7 @@ class ReplicaState:
                 for r, silent in members.items():
                     out[r] = max(out.get(r, 0), silent)
             else:
-                due[tp] = (self._silence_possible_ms(part, now_ms, limit), limit)
+                due[tp] = self._silence_due_entry(part, now_ms, limit)
         self.loud.difference_update(quiet)
         self.rule_visits += visited
         if len(due) > 2 * len(self.loud) + 1024:   # entries of partitions that left `loud`
@@ -512,19 +526,35 @@ class ReplicaState:
                     break
         return out
 
-    def _silence_possible_ms(self, part: Partition, now_ms: int, silence_ms: int) -> int:
-        """The first time an ISR member of `part` (none silent at `now_ms`) can be silent for
-        more than `silence_ms`, its state and epochs unchanged: a member never heard of yet
-        can be heard of from now on at the earliest."""
-        first = now_ms + silence_ms + 1
+    def _silence_due_entry(self, part: Partition, now_ms: int, silence_ms: int) -> tuple:
+        """`_silence_due`'s entry for `part` (no ISR member silent at `now_ms`): (the first
+        time one can be silent, `silence_ms`, the member whose bound that is when it comes
+        from its broker's fetch requests, else None, the first time of the other members).
+        A member that has not fetched this partition in this leader epoch is heard whenever
+        its broker sends a fetch request (`ReplicaState.last_heard_ms`): the scan reads that
+        broker's clock again instead of judging the partition again (issue 25: a survivor's
+        16,667 new leaderships after a fencing were judged once a second each until the other
+        survivor's session named them)."""
+        bounds = []
+        requests = self.fetch_requests_ms
+        # a member never heard of yet can be heard of from now on at the earliest
+        never = now_ms + silence_ms + 1
+        rest = []
         for r in part.isr:
             state = part.remote_replicas.get(r)
             if r == self.broker_id or state is None:
                 continue
-            last_heard = state.last_heard_ms(self.fetch_requests_ms)
+            last_heard = state.last_heard_ms(requests)
             if last_heard >= 0:
-                first = min(first, last_heard + silence_ms + 1)
-        return first
+                bounds.append((last_heard + silence_ms + 1, r if state.last_fetch_time_ms < 0 else None))
+            else:
+                rest.append(never)
+        if not bounds:
+            return never, silence_ms, None, never
+        bounds.sort(key=lambda b: b[0])
+        first, r = bounds[0]   # at most `never`: no member was heard after now
+        rest.extend(b[0] for b in bounds[1:])
+        return first, silence_ms, r, min(rest) if rest else _NEVER_MS
 
     def silence_scan(self, now_ms: int, replica_silence_report_ms: int) -> tuple[dict[int, int], set]:
         """One walk of the led partitions for both silence rules: (`silent_followers`'s

@@ -1,18 +1,22 @@
-"""Issue 25: the ISR check leaves out the loud partitions only the lag rule can change, until
-it can (`ReplicaState._isr_due`). A survivor that takes thousands of leaderships in a fencing
-(ISR = itself and the other survivor, the dead broker fenced) judged every one of them at every
-check (300 ms) until the other survivor's fetch session named them: 0.4-0.5 s of CPU per second
-at 16,667 leaderships. Each test drives two leaders alike, one checked the lazy way
-(`ReplicaManager.isr_changes`) and one by walking every led partition, and asserts the same
-proposals at every check, with the lazy one visiting the partitions once."""
+"""Issue 25: after a fencing, a survivor takes thousands of leaderships (ISR = itself and the
+other survivor, the dead broker fenced) that the other survivor's fetch session names only
+seconds later. Until then the ISR check judged every one of them at every check (300 ms) and
+the silence scan once a second each: at 16,667 leaderships 0.4-0.5 s and 0.2 s of CPU per
+second. Now the ISR check leaves out the partitions only the lag rule can change, until it
+can (`ReplicaState._isr_due`), and the silence scan reads the clock of the member's broker
+instead of judging the partition again (`_silence_due_entry`). Each test drives two leaders
+alike, one checked the lazy way and one by walking every led partition, and asserts the same
+answers at every check, with the lazy one judging each partition once."""
 from __future__ import annotations
 
 import asyncio
 
 from partitions.clock import ManualClock
 from partitions.log.protocols import TopicPartition
+from partitions.replication import replica_state as replica_state_mod
 from partitions.replication.replica_manager import ReplicaManager
 from partitions.replication.replica_state import LeaderAndIsr
+from tests.unit.replication.test_replication_idle_cost import count_calls
 from tests.unit.replication.fake_log import MemoryLogManager
 
 LAG_MS = 3000
@@ -113,3 +117,41 @@ def test_an_acks_all_waiter_and_a_broker_unfenced_end_the_skip():
     finally:
         waiter.cancel()
         loop.close()
+
+
+def test_the_silence_scan_reads_the_brokers_clock_of_new_leaderships_and_still_hears_it_stop(monkeypatch):
+    """Broker 2 sends fetch requests (for other partitions) every 100 ms, the scan runs every
+    125 ms: each new leadership is judged once in 5 s (was: once a second); when broker 2
+    stops, the scan reports it as the per-partition walk does, at the same pass."""
+    t = Twins(N, (1, 2), {3})
+    judged = count_calls(monkeypatch, replica_state_mod.ReplicaState, "_silent_isr_members")
+    limit = 1000
+
+    def scan() -> dict:
+        now = t.clock.now_ms()
+        lazy = t.lazy.core.silent_followers_by_clock(now, limit)
+        n = len(judged)
+        full: dict = {}   # the per-partition answer: every led partition judged
+        for part in t.full.core.led.values():
+            for r, ms in t.full.core._silent_isr_members(part, now, limit).items():
+                full[r] = max(full.get(r, 0), ms)
+        assert lazy == full
+        del judged[n:]   # count the lazy scan's judgments only
+        return lazy
+
+    for ms in range(25, 5001, 25):
+        t.clock.advance(25)
+        if ms % 100 == 0:
+            t.broker_fetching_elsewhere(2)
+        if ms % 125 == 0:
+            assert scan() == {}
+    assert len(judged) == N, len(judged)
+    stopped = t.clock.now_ms()   # broker 2's last request was at 5000 ms
+    reported = None
+    while reported is None:
+        t.clock.advance(125)
+        silent = scan()
+        if silent:
+            reported = t.clock.now_ms()
+            assert set(silent) == {2}
+    assert stopped + limit < reported <= stopped + limit + 125
