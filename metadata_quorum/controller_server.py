@@ -387,6 +387,7 @@ class ControllerServer:
         rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
         if rebalance:
             self._last_rebalance_ms = now
+        await self._sm_lock_free()
         self._probe_silent_brokers(now)
         seen: dict = {}
 
@@ -521,6 +522,7 @@ class ControllerServer:
     async def h_metadata(self, request: web.Request) -> web.Response:
         if request.query.get("require_active", "false").lower() in ("1", "true"):
             self._require_active()
+        await self._sm_lock_free()
         with self.sm.lock:
             body = self.sm.image.to_metadata_json()
             body["metadata_offset"] = self.sm.image.offset
@@ -727,6 +729,7 @@ class ControllerServer:
         rid = _request_id(request, body)
         result = await self.write(lambda img: self.controller.create_topic(
             img, name, body.get("partitions"), body.get("replication_factor"), body.get("configs")), rid)
+        await self._sm_lock_free()
         with self.sm.lock:
             topic = self.sm.image.topic_json(name, include_configs=True)
         if topic is None:  # duplicate of a create that was deleted since
@@ -746,6 +749,7 @@ class ControllerServer:
         count = body.get("count")
         rid = _request_id(request, body)
         await self.write(lambda img: self.controller.create_partitions(img, name, count), rid)
+        await self._sm_lock_free()
         with self.sm.lock:
             topic = self.sm.image.topic_json(name, include_configs=True)
         if topic is None:
@@ -757,6 +761,7 @@ class ControllerServer:
         body = await _json_body(request)
         rid = _request_id(request, body)
         await self.write(lambda img: self.controller.alter_configs(img, name, body.get("configs")), rid)
+        await self._sm_lock_free()
         with self.sm.lock:
             t = self.sm.image.topic(name)
             configs = None if t is None else dict(t.configs)
@@ -814,6 +819,7 @@ class ControllerServer:
         return web.json_response(self._reassignments_json())
 
     async def h_cancel_reassignments(self, request: web.Request) -> web.Response:
+        await self._sm_lock_free()
         with self.sm.lock:
             cancelled = [{"topic": name, "partition": p.partition} for name, p in self.sm.image.reassignments()]
         result = await self.write(lambda img: self.controller.cancel_reassignments(img),
@@ -823,6 +829,7 @@ class ControllerServer:
         return web.json_response(out)
 
     async def h_brokers(self, request: web.Request) -> web.Response:
+        await self._sm_lock_free()
         with self.sm.lock:
             img = self.sm.image
             return web.json_response({"brokers": img.brokers_json(), "metadata_offset": img.offset})
@@ -847,6 +854,7 @@ class ControllerServer:
         return await self._broker_answer(broker_id, result)
 
     async def _broker_answer(self, broker_id: int, result: dict) -> web.Response:
+        await self._sm_lock_free()
         with self.sm.lock:
             img = self.sm.image
             entry = next((b for b in img.brokers_json() if b["id"] == broker_id), None)
