@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -54,7 +55,7 @@ from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknow
 
 log = logging.getLogger("kraftlog.controller")
 
-# how often the event loop looks whether the state machine's lock is free (`_sm_lock_free`)
+# how often the event loop looks whether the state machine's lock is free (`_sm_locked`)
 SM_LOCK_POLL_S = 0.002
 # per committed write, partition changes logged one line each; the rest are counted in one line
 DECISION_LOG_PARTITION_LINES_MAX = 100
@@ -302,8 +303,8 @@ class ControllerServer:
             self._require_active()
             if request_id is not None and self.sm.seen_request(request_id):
                 return {"ok": True, "duplicate": True}
-            await self._sm_lock_free()
-            records, epoch, before, entry = self._decide_entry(decide, request_id)
+            async with self._sm_locked():
+                records, epoch, before, entry = self._decide_entry(decide, request_id)
             if not records:
                 return {"ok": True, "noop": True}
             try:
@@ -326,18 +327,23 @@ class ControllerServer:
             await asyncio.sleep(0)  # conflict: decide again on the newer image
         raise KraftlogError(ErrorCode.REQUEST_TIMED_OUT, "the write kept conflicting with concurrent changes; retry")
 
-    async def _sm_lock_free(self) -> None:
-        """Yield the event loop until the state machine's lock is free, then return without
-        holding it: the caller's `with self.sm.lock` right after almost always gets it at
-        once. The raft thread holds the lock for a whole apply (1-2 s for the 33,337-record
-        fencing at 100,000 partitions on a loaded host, issue 25); a blocking acquire on the
-        loop stopped the whole controller for that long, so heartbeats, silence reports and
-        every broker's feed poll timed out together and the survivors fetched the fencing
-        4-9 s after it committed."""
+    @contextlib.asynccontextmanager
+    async def _sm_locked(self):
+        """Hold the state machine's lock for an await-free block, acquired without blocking
+        the event loop: the loop looks every `SM_LOCK_POLL_S` whether the lock is free. The
+        raft thread holds it for a whole apply (1-2 s for the 33,337-record fencing at
+        100,000 partitions on a loaded host, issue 25); a blocking acquire on the loop
+        stopped the whole controller for that long, so heartbeats, silence reports and every
+        broker's feed poll timed out together and the survivors fetched the fencing 4-9 s
+        after it committed. The block must not await: the lock is a thread's RLock, so
+        another coroutine of this loop would enter it too."""
         lock = self.sm.lock
         while not lock.acquire(blocking=False):
             await asyncio.sleep(SM_LOCK_POLL_S)
-        lock.release()
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _decide_entry(self, decide: Callable[[MetadataImage], list], request_id: Optional[str]) -> tuple:
         """(records, controller epoch, partitions before, raft entry) of `write`. With
@@ -387,8 +393,8 @@ class ControllerServer:
         rebalance = now - self._last_rebalance_ms >= self.config.settings.leader_imbalance_check_interval_ms
         if rebalance:
             self._last_rebalance_ms = now
-        await self._sm_lock_free()
-        self._probe_silent_brokers(now)
+        async with self._sm_locked():
+            self._probe_silent_brokers(now)
         seen: dict = {}
 
         def decide(img: MetadataImage) -> list:
@@ -522,8 +528,7 @@ class ControllerServer:
     async def h_metadata(self, request: web.Request) -> web.Response:
         if request.query.get("require_active", "false").lower() in ("1", "true"):
             self._require_active()
-        await self._sm_lock_free()
-        with self.sm.lock:
+        async with self._sm_locked():
             body = self.sm.image.to_metadata_json()
             body["metadata_offset"] = self.sm.image.offset
             body["controller_epoch"] = self.sm.image.controller_epoch
@@ -540,12 +545,13 @@ class ControllerServer:
         while True:
             offset = self.sm.image.offset
             if after < offset:
-                await self._sm_lock_free()
-                records = self.sm.records_since_json(after, max_records)
+                async with self._sm_locked():
+                    records = self.sm.records_since_json(after, max_records)
+                    if records is not None:
+                        metadata_offset = self.sm.image.offset   # read after the records: ends them or lies beyond
+                        ends = self.sm.batch_ends_in(after, after + len(records))
                 if records is None:
                     return self._snapshot_response()
-                metadata_offset = self.sm.image.offset   # read after the records: ends them or lies beyond
-                ends = self.sm.batch_ends_in(after, after + len(records))
                 return web.Response(text=feed_page_text(self.sm.image.cluster_id, records, metadata_offset, ends),
                                     content_type="application/json")
             remaining = deadline - time.monotonic()
@@ -578,8 +584,9 @@ class ControllerServer:
         if b is None or b.incarnation_id != body.get("incarnation_id"):
             raise KraftlogError(ErrorCode.DUPLICATE_BROKER_REGISTRATION,
                                 f"broker {broker_id} was re-registered concurrently by another incarnation; retry")
-        await self._sm_lock_free()
-        return web.json_response(self._broker_state(broker_id))
+        async with self._sm_locked():
+            state = self._broker_state(broker_id)
+        return web.json_response(state)
 
     def _broker_state(self, broker_id: int) -> dict:
         with self.sm.lock:  # the raft thread may be applying: iterate under the lock
@@ -612,8 +619,9 @@ class ControllerServer:
             img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, want_shutdown,
             log_reports=body.get("log_reports")),
             reason=lambda records: _heartbeat_reason(records, broker_id, body.get("metadata_offset", 0)))
-        await self._sm_lock_free()
-        return web.json_response(self._broker_state(broker_id))
+        async with self._sm_locked():
+            state = self._broker_state(broker_id)
+        return web.json_response(state)
 
     async def h_controlled_shutdown(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -622,8 +630,9 @@ class ControllerServer:
         await self.write(lambda img: self.controller.heartbeat(
             img, broker_id, body.get("broker_epoch"), body.get("metadata_offset", 0), now, True),
             reason=f"controlled shutdown requested by broker {broker_id}")
-        await self._sm_lock_free()
-        return web.json_response(self._broker_state(broker_id))
+        async with self._sm_locked():
+            state = self._broker_state(broker_id)
+        return web.json_response(state)
 
     async def h_broker_alive(self, request: web.Request) -> web.Response:
         """A broker's stall watchdog: its process is alive though its event loop is busy
@@ -647,8 +656,7 @@ class ControllerServer:
             # part B: the target's fetches (or its answers) stopped; the core decides when
             # it counts, the probe confirms (also re-run by the maintenance loop)
             now = self.clock.monotonic_ms()
-            await self._sm_lock_free()
-            with self.sm.lock:
+            async with self._sm_locked():
                 counted = self.controller.report_silent(self.sm.image, reporter, body.get("broker_epoch"), target, now)
             if counted:
                 self._probe_silent_brokers(now)
@@ -729,8 +737,7 @@ class ControllerServer:
         rid = _request_id(request, body)
         result = await self.write(lambda img: self.controller.create_topic(
             img, name, body.get("partitions"), body.get("replication_factor"), body.get("configs")), rid)
-        await self._sm_lock_free()
-        with self.sm.lock:
+        async with self._sm_locked():
             topic = self.sm.image.topic_json(name, include_configs=True)
         if topic is None:  # duplicate of a create that was deleted since
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} was deleted concurrently")
@@ -749,8 +756,7 @@ class ControllerServer:
         count = body.get("count")
         rid = _request_id(request, body)
         await self.write(lambda img: self.controller.create_partitions(img, name, count), rid)
-        await self._sm_lock_free()
-        with self.sm.lock:
+        async with self._sm_locked():
             topic = self.sm.image.topic_json(name, include_configs=True)
         if topic is None:
             raise KraftlogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} was deleted concurrently")
@@ -761,8 +767,7 @@ class ControllerServer:
         body = await _json_body(request)
         rid = _request_id(request, body)
         await self.write(lambda img: self.controller.alter_configs(img, name, body.get("configs")), rid)
-        await self._sm_lock_free()
-        with self.sm.lock:
+        async with self._sm_locked():
             t = self.sm.image.topic(name)
             configs = None if t is None else dict(t.configs)
         if configs is None:
@@ -819,8 +824,7 @@ class ControllerServer:
         return web.json_response(self._reassignments_json())
 
     async def h_cancel_reassignments(self, request: web.Request) -> web.Response:
-        await self._sm_lock_free()
-        with self.sm.lock:
+        async with self._sm_locked():
             cancelled = [{"topic": name, "partition": p.partition} for name, p in self.sm.image.reassignments()]
         result = await self.write(lambda img: self.controller.cancel_reassignments(img),
                                   _request_id(request, {}), reason="reassignment cancel request")
@@ -829,8 +833,7 @@ class ControllerServer:
         return web.json_response(out)
 
     async def h_brokers(self, request: web.Request) -> web.Response:
-        await self._sm_lock_free()
-        with self.sm.lock:
+        async with self._sm_locked():
             img = self.sm.image
             return web.json_response({"brokers": img.brokers_json(), "metadata_offset": img.offset})
 
@@ -854,8 +857,7 @@ class ControllerServer:
         return await self._broker_answer(broker_id, result)
 
     async def _broker_answer(self, broker_id: int, result: dict) -> web.Response:
-        await self._sm_lock_free()
-        with self.sm.lock:
+        async with self._sm_locked():
             img = self.sm.image
             entry = next((b for b in img.brokers_json() if b["id"] == broker_id), None)
             out = dict(entry or {"id": broker_id}, replicas=img.replica_count(broker_id),

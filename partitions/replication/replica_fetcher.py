@@ -52,12 +52,16 @@ FOLLOWER_RESYNC_MS = 5_000   # full walk of the followed partitions at least thi
 # a leader that leaves our requests unanswered (timeouts, not refusals) is logged at most this
 # often per leader, with how many went unanswered since the last such line
 UNANSWERED_LOG_EVERY_MS = 10_000
-# a live broker this one follows nothing from gets an empty fetch request this often (a
-# keep-alive): the leader's silence rules count a follower that has not fetched a new
-# partition yet as heard while its broker's requests arrive (`ReplicaState.fetch_request_from`);
-# without one, the first topic created on a fresh cluster found no request at all from
-# followers still applying the create, and its ISRs shrank and grew back by the thousand
+# a live broker gets an empty fetch request (a keep-alive) from this one whenever no fetch
+# request of ours has been at it for this long: it follows nothing from it, or its fetcher
+# is busy between requests (appending a large answer: the first record of thousands of new
+# partitions took a follower 2-7 s after a 10,000-partition create, issue 25). The leader's
+# silence rules count a follower as heard while its broker's requests arrive
+# (`ReplicaState.fetch_request_from`); without them, creates found followers silent that
+# were only busy, and their ISRs shrank and grew back by the ten thousand per create
 REPLICA_KEEPALIVE_INTERVAL_MS = 500
+# a keep-alive task looks again at least this long after it last looked
+REPLICA_KEEPALIVE_RECHECK_MIN_MS = 50
 
 
 class FetchedPartition(Protocol):
@@ -113,6 +117,10 @@ class _LeaderFetcher:
         self.wanted_hw: dict[tuple[str, int], int] = {}              # the local HW sent with it
         self.resync_at_ms = 0
         self.unanswered_requests = 0   # requests that timed out or got a garbled answer
+        # a fetch request of ours is at the leader (sent, not answered); else when the last
+        # one ended, or the fetcher started (`quiet_ms`, for the keep-alives)
+        self.request_in_flight = False
+        self.request_ended_ms = mgr.now_ms()
         self._unanswered_logged_ms = -UNANSWERED_LOG_EVERY_MS
         self._unanswered_logged_count = 0
 
@@ -141,6 +149,23 @@ class _LeaderFetcher:
                     await asyncio.wait_for(self.wakeup.wait(), wait_s)
                 except asyncio.TimeoutError:
                     pass
+
+    def quiet_ms(self, now_ms: int) -> float:
+        """How long the leader has had no fetch request of ours: 0 while one is out, else
+        since the last one ended (or the fetcher started). Time spent appending an answer
+        counts: the follower is busy and the leader hears nothing."""
+        if self.request_in_flight:
+            return 0
+        return max(0, now_ms - self.request_ended_ms)
+
+    async def _fetch_request(self, coro):
+        """`_cancellable(coro)` for a fetch request, noting it in flight meanwhile (`quiet_ms`)."""
+        self.request_in_flight = True
+        try:
+            return await self._cancellable(coro)
+        finally:
+            self.request_in_flight = False
+            self.request_ended_ms = self.mgr.now_ms()
 
     def partitions_changed(self) -> None:
         """The partition set changed: wake the loop; cancel the request in flight only
@@ -334,7 +359,7 @@ class _LeaderFetcher:
             reqs = reqs[self.rotation:] + reqs[:self.rotation]
         self.state.request_sent(self.mgr.now_ms())
         try:
-            results = await self._cancellable(self.mgr.transport.fetch(
+            results = await self._fetch_request(self.mgr.transport.fetch(
                 self.state.leader_url, self.mgr.broker_id, self.mgr.broker_epoch(), reqs,
                 max_bytes=self.mgr.fetch_max_bytes, partition_max_bytes=self.mgr.partition_max_bytes,
                 max_wait_ms=self.mgr.fetch_wait_max_ms, **kwargs))
@@ -434,7 +459,8 @@ class ReplicaFetcherManager:
         self._urls: dict[int, str] | None = None        # the brokers' addresses at the last sync
         self.closed = False
         # live brokers (registered, unfenced, with an address) -> their keep-alive task, which
-        # sends REPLICA_KEEPALIVE_INTERVAL_MS requests while no fetcher fetches from them
+        # sends one request whenever none of ours has been at that broker for
+        # REPLICA_KEEPALIVE_INTERVAL_MS (no fetcher for it, or its fetcher is busy between requests)
         self._live: dict[int, str] = {}
         self._keepalives: dict[int, asyncio.Task] = {}
         self.keepalives_sent = 0
@@ -531,12 +557,15 @@ class ReplicaFetcherManager:
                 self._keepalives[b] = asyncio.ensure_future(self._keepalive(b))
 
     async def _keepalive(self, broker_id: int) -> None:
-        interval_s = REPLICA_KEEPALIVE_INTERVAL_MS / 1000
+        interval_ms = REPLICA_KEEPALIVE_INTERVAL_MS
         while not self.closed:
             url = self._live.get(broker_id)
             if url is None:
                 return
-            if broker_id not in self.fetchers:   # a fetcher's requests say the same
+            f = self.fetchers.get(broker_id)
+            quiet = float("inf") if f is None else f.quiet_ms(self.now_ms())
+            wait_ms = interval_ms
+            if quiet >= interval_ms:   # else a fetcher's request says the same, or will soon
                 try:
                     await self.transport.fetch(url, self.broker_id, self.broker_epoch(), [], max_bytes=1,
                                                partition_max_bytes=1, max_wait_ms=0)
@@ -545,7 +574,9 @@ class ReplicaFetcherManager:
                     raise
                 except Exception as e:  # noqa: BLE001 - unreachable: the fetchers and the controller judge that
                     log.debug("keep-alive to broker %s failed: %s", broker_id, e)
-            await asyncio.sleep(interval_s)
+            else:
+                wait_ms = max(REPLICA_KEEPALIVE_RECHECK_MIN_MS, interval_ms - quiet)
+            await asyncio.sleep(wait_ms / 1000)
 
     def _stop(self, leader_id: int) -> None:
         f = self.fetchers.pop(leader_id, None)

@@ -32,6 +32,9 @@ class SessionTransport(DirectTransport):
 
     async def fetch(self, url, replica_id, broker_epoch, partitions, *, max_bytes, partition_max_bytes,
                     max_wait_ms, session=None):
+        if session is None:   # a keep-alive (or a sessionless fetch), as the HTTP transport sends it
+            return await super().fetch(url, replica_id, broker_epoch, partitions, max_bytes=max_bytes,
+                                       partition_max_bytes=partition_max_bytes, max_wait_ms=max_wait_ms)
         self.fetches.append([(p["topic"], p["partition"]) for p in partitions])
         rm = self.leaders[url]
         reqs = [ReplicaFetchRequest(p["topic"], p["partition"], p["offset"], p["leader_epoch"], p["high_watermark"])
@@ -148,3 +151,43 @@ async def test_follower_whose_session_the_leader_lost_starts_over_and_catches_up
     assert transport.session_errors, "the follower's incremental fetch met the lost session"
     f = fetchers[2].fetchers[1].session
     assert f.full_fetches >= 2 and f.session_id >= 1000
+
+
+async def test_a_follower_busy_appending_an_answer_keeps_its_silence_clock_fresh(pair):
+    """Issue 25: after a 10,000-partition create a follower spent 2-7 s appending one answer
+    (the first record of thousands of new partitions) and sent its leader nothing meanwhile;
+    the leader's 1.5 s silence rule dropped it from thousands of ISRs while acks=all produces
+    waited, and it rejoined them seconds later (about 40,000 ISR changes per create). A
+    fetcher busy between requests lets the keep-alive speak for it: the leader keeps hearing
+    the follower's broker, and acks=all is not judged on a silence that is only work."""
+    from partitions.replication.replica_fetcher import REPLICA_KEEPALIVE_INTERVAL_MS
+    rms, fetchers, transport, apply = pair
+    await apply(image(leader=1, epoch=1, partitions=PARTITIONS))
+    for p in range(PARTITIONS):
+        await rms[1].append("t", p, batch(b"x"), acks=1)
+    await caught_up(rms)            # every partition in the follower's session
+    busy_s = 2.0
+    appending = asyncio.Event()
+    real_flush = rms[2].follower_flush_if_needed
+
+    async def slow_flush(topic, p):   # the follower's answer takes seconds to work through
+        appending.set()
+        await asyncio.sleep(busy_s)
+        await real_flush(topic, p)
+    rms[2].follower_flush_if_needed = slow_flush
+    sent = fetchers[2].keepalives_sent
+    t = asyncio.create_task(rms[1].append("t", 0, batch(b"a"), acks=ACKS_ALL, timeout_ms=10_000))
+    await asyncio.wait_for(appending.wait(), 3)
+    oldest_heard_ms = 0
+    loop = asyncio.get_running_loop()
+    end = loop.time() + busy_s - 0.3
+    while loop.time() < end:   # sampled while the follower works through the answer
+        oldest_heard_ms = max(oldest_heard_ms, rms[1]._clock_ms() - rms[1].core.fetch_requests_ms[2])
+        # the ISR's silence rule (1.5 s, acks=all waiting on t-0) proposes no shrink
+        assert rms[1].core.isr_changes(rms[1]._clock_ms(), lambda topic: 30_000,
+                                       replica_fetch_silence_max_ms=1500) == []
+        await asyncio.sleep(0.05)
+    assert fetchers[2].keepalives_sent - sent >= 2
+    assert oldest_heard_ms <= REPLICA_KEEPALIVE_INTERVAL_MS + 400
+    await asyncio.wait_for(t, 5)   # completed once the follower fetches again
+    assert sorted(rms[1].partitions[("t", 0)].isr) == [1, 2]
