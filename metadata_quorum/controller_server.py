@@ -543,26 +543,24 @@ class ControllerServer:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "after must be >= 0 and max_records >= 1")
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
-            offset = self.sm.image.offset
-            if after < offset:
-                async with self._sm_locked():
-                    records = self.sm.records_since_json(after, max_records)
-                    if records is not None:
-                        metadata_offset = self.sm.image.offset   # read after the records: ends them or lies beyond
-                        ends = self.sm.batch_ends_in(after, after + len(records))
-                if records is None:
+            if after < self.sm.feed_end:
+                # the feed's own lock, not the state machine's: a page never waits for an
+                # apply in progress (MetadataStateMachine.feed_page)
+                page = self.sm.feed_page(after, max_records)
+                if page is None:
                     return self._snapshot_response()
+                records, metadata_offset, ends = page   # metadata_offset ends the records or lies beyond
                 return web.Response(text=feed_page_text(self.sm.image.cluster_id, records, metadata_offset, ends),
                                     content_type="application/json")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             await self.wait_applied(remaining)
-        if after > self.sm.image.offset and self.is_active:
+        if after > self.sm.feed_end and self.is_active:
             # the caller is ahead of the authoritative log (e.g. unsynced journal lost): resync it
             return self._snapshot_response()
         return web.json_response({"cluster_id": self.sm.image.cluster_id, "records": [],
-                                  "metadata_offset": self.sm.image.offset})
+                                  "metadata_offset": self.sm.feed_end})
 
     def _snapshot_response(self) -> web.Response:
         offset, snapshot = self.sm.snapshot_json()   # chunked encoding, cached per offset

@@ -165,9 +165,18 @@ def _full_collections_held(freeze: bool):
 
 class MetadataStateMachine:
     """Image + feed tail + applied request ids. Invariants: tail holds records with offsets
-    [tail_start, image.offset) contiguously; `batch_ends` holds, ascending, the offset after
-    the last record of every applied entry whose records are in the tail (the feed's batch
-    boundaries: a reader may publish up to any of them without seeing half an entry)."""
+    [tail_start, feed_end) contiguously; `feed_end` is `image.offset` between entries (an
+    entry's records join the tail when its apply is done); `batch_ends` holds, ascending,
+    the offset after the last record of every applied entry whose records are in the tail
+    (the feed's batch boundaries: a reader may publish up to any of them without seeing
+    half an entry).
+
+    Two locks: `lock` guards the image and is held by the raft thread for a whole apply
+    (1-2 s for a 50,000-record entry at 100,000 partitions); `feed_lock` guards only the
+    tail, `feed_end` and `batch_ends` and is held for moments, so the feed's readers
+    (`feed_page`) never wait for an apply (issue 25: the pages of a fencing waited behind
+    the applies of its follow-up entries, and the survivors had it 2 s after its commit).
+    Lock order: `lock`, then `feed_lock`."""
 
     def __init__(self, cluster_id: str = "", feed_retained_records: int = 100_000,
                  request_ids_retained: int = 10_000, gc_freeze_min_records: int = 0,
@@ -187,9 +196,11 @@ class MetadataStateMachine:
         self.feed_retained_records = feed_retained_records
         self.request_ids_retained = request_ids_retained
         self.lock = threading.RLock()
+        self.feed_lock = threading.Lock()
         self.image = MetadataImage(cluster_id)
         self.tail: list[tuple[int, dict]] = []
         self.tail_start = 0
+        self.feed_end = 0
         self.batch_ends: list[int] = []
         self.request_ids: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self.applied_batches = 0
@@ -265,20 +276,24 @@ class MetadataStateMachine:
             self.rejected_batches += 1
             return {"ok": False, "conflict": True, "reason": conflict}
         base = image.offset
+        added = []
         for record, as_dict in zip(records, dicts):
             offset = image.offset
             if isinstance(record, RegisterBrokerRecord):
                 record = dataclasses.replace(record, broker_epoch=offset)
                 as_dict = record_to_dict(record)
             image.replay(record)
-            self.tail.append((offset, as_dict))
-        if image.offset > base:
-            self.batch_ends.append(image.offset)
-        if len(self.tail) > 2 * self.feed_retained_records:
-            drop = len(self.tail) - self.feed_retained_records
-            del self.tail[:drop]
-            self.tail_start = self.tail[0][0]
-            del self.batch_ends[:bisect.bisect_right(self.batch_ends, self.tail_start)]
+            added.append((offset, as_dict))
+        with self.feed_lock:   # the whole entry joins the feed at once
+            self.tail.extend(added)
+            if image.offset > base:
+                self.batch_ends.append(image.offset)
+            if len(self.tail) > 2 * self.feed_retained_records:
+                drop = len(self.tail) - self.feed_retained_records
+                del self.tail[:drop]
+                self.tail_start = self.tail[0][0]
+                del self.batch_ends[:bisect.bisect_right(self.batch_ends, self.tail_start)]
+            self.feed_end = image.offset
         if request_id is not None:
             self.request_ids[request_id] = base
             while len(self.request_ids) > self.request_ids_retained:
@@ -309,10 +324,11 @@ class MetadataStateMachine:
             self.request_ids = collections.OrderedDict((k, v) for k, v in data.get("request_ids", []))
             self.controllers = {nid: dict(c) for nid, c in (data.get("controllers") or {}).items()}
             self.quorum_change = dict(data["quorum_change"]) if data.get("quorum_change") else None
-            self.tail = []
-            self.tail_start = self.image.offset
-            self.batch_ends = []
-            self._encoded = {}
+            with self.feed_lock:
+                self.tail = []
+                self.tail_start = self.feed_end = self.image.offset
+                self.batch_ends = []
+                self._encoded = {}
 
     # ------------------------------------------------------------ readers (any thread)
     def seen_request(self, request_id: Optional[str]) -> bool:
@@ -322,11 +338,12 @@ class MetadataStateMachine:
     def records_since(self, offset: int, max_records: int) -> Optional[list]:
         """Records with offsets >= `offset` (at most max_records), or None when `offset`
         is older than the retained tail (the caller needs a snapshot)."""
-        with self.lock:
+        with self.feed_lock:
             if offset < self.tail_start:
                 return None
             start = offset - self.tail_start
-            return [{"offset": o, "record": r} for o, r in self.tail[start:start + max_records]]
+            page = self.tail[start:start + max_records]
+        return [{"offset": o, "record": r} for o, r in page]
 
     def snapshot_json(self) -> tuple:
         """(metadata offset, JSON text of `image.to_snapshot()`) for the feed's snapshot answer.
@@ -356,20 +373,31 @@ class MetadataStateMachine:
 
     def batch_ends_in(self, after: int, until: int) -> list:
         """The batch boundaries (see the class docstring) in (after, until], ascending."""
-        with self.lock:
+        with self.feed_lock:
             ends = self.batch_ends
             return ends[bisect.bisect_right(ends, after):bisect.bisect_right(ends, until)]
 
     def records_since_json(self, offset: int, max_records: int) -> Optional[list]:
-        """`records_since` as JSON texts (one per item, as `json.dumps` writes it), or None.
-        Encoded outside the lock (the raft thread applies meanwhile) and cached by offset
-        (a committed offset's record never changes), so brokers reading the same records
-        share one encoding, and no single encode holds the GIL for a whole page."""
-        with self.lock:
+        """`records_since` as JSON texts (one per item, as `json.dumps` writes it), or None."""
+        page = self.feed_page(offset, max_records)
+        return None if page is None else page[0]
+
+    def feed_page(self, offset: int, max_records: int) -> Optional[tuple]:
+        """One answer of the feed: (the JSON texts of the records from `offset`, at most
+        `max_records`; `feed_end`, which ends them or lies beyond; the batch boundaries
+        within them), or None when `offset` is older than the tail (the reader needs a
+        snapshot). Read under `feed_lock` only: never waits for an apply in progress.
+        Encoded outside the lock and cached by offset (a committed offset's record never
+        changes), so brokers reading the same records share one encoding, and no single
+        encode holds the GIL for a whole page."""
+        with self.feed_lock:
             if offset < self.tail_start:
                 return None
             start = offset - self.tail_start
             page = self.tail[start:start + max_records]
+            end = self.feed_end
+            ends = self.batch_ends
+            ends = ends[bisect.bisect_right(ends, offset):bisect.bisect_right(ends, offset + len(page))]
             cache = self._encoded
         out = []
         for o, r in page:
@@ -380,8 +408,8 @@ class MetadataStateMachine:
             out.append(text)
         keep = self.feed_encoded_records
         if len(cache) > 2 * keep:   # amortised: drop all but the newest `keep` offsets
-            newest = self.image.offset - keep
-            with self.lock:
+            newest = end - keep
+            with self.feed_lock:
                 if cache is self._encoded:
                     self._encoded = {o: t for o, t in cache.items() if o >= newest}
-        return out
+        return out, end, ends
