@@ -463,12 +463,17 @@ class ControllerClient:
     async def status(self) -> dict:
         return await self.request("GET", PREFIX + "/status", answered_by_active=False)
 
-    async def metadata_records(self, after: int, max_wait_ms: int = 0, max_records: Optional[int] = None) -> dict:
+    async def metadata_records(self, after: int, max_wait_ms: int = 0, max_records: Optional[int] = None,
+                               broker_id: Optional[int] = None) -> dict:
         """Feed records with offsets >= `after` (at most `max_records`, capped by the
-        controller's page size), or a snapshot; "metadata_offset" is its applied offset."""
+        controller's page size), or a snapshot; "metadata_offset" is its applied offset.
+        `broker_id`: the broker reading (the controller learns it has the records before
+        `after`: QuorumController.note_metadata_offset)."""
         params = {"after": str(after), "max_wait_ms": str(max_wait_ms)}
         if max_records is not None:
             params["max_records"] = str(max_records)
+        if broker_id is not None:
+            params["broker_id"] = str(broker_id)
         return await self.request("GET", PREFIX + "/metadata/records", params=params,
                                   timeout_ms=max_wait_ms + self.request_timeout_ms,
                                   try_timeout_ms=max_wait_ms + self.long_poll_margin_ms, answered_by_active=False)
@@ -492,8 +497,9 @@ class MetadataFollower:
     def __init__(self, client: ControllerClient, on_change: Optional[Callable] = None, *,
                  max_wait_ms: int = 10_000, error_backoff_ms: int = 200,
                  records_per_request_max: Optional[int] = None, clock: Callable[[], float] = time.monotonic,
-                 gc_freeze_min_records: int = 0):
+                 gc_freeze_min_records: int = 0, broker_id: Optional[int] = None):
         self.client = client
+        self.broker_id = broker_id   # named in feed requests (None: an anonymous reader)
         self.on_change = on_change
         # a change of at least this many records (a broker fencing, a large create) is
         # fetched, built and applied with full garbage collections held off, and frozen out
@@ -532,8 +538,9 @@ class MetadataFollower:
         wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
         if self.feed.pending:
             wait = 0   # the rest of a batch is already committed: no long poll
+        extra = {} if self.broker_id is None else {"broker_id": self.broker_id}
         return await self.client.metadata_records(self.feed.next_offset, wait,
-                                                  max_records=self.records_per_request_max)
+                                                  max_records=self.records_per_request_max, **extra)
 
     async def _apply(self, body: dict) -> bool:
         try:

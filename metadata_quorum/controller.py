@@ -115,6 +115,14 @@ class ControllerSettings(MinInsyncReplicasDefault):
     # serving their held produces, took the next entries tens of seconds later; kept at 50,000.
     fence_isr_removals_inline_max: int = 1000
     fence_batch_records_max: int = 50_000
+    # A split fencing's ISR-only removals (the partitions the fenced broker only followed)
+    # wait until every other live broker has the fencing entry (its feed requests or
+    # heartbeats name an offset past it), at most this long after this controller saw the
+    # fencing committed: written at once, their 66,666 records at 100,000 partitions took
+    # the controllers' and the survivors' CPU while the survivors fetched and applied the
+    # fencing's leader changes, which is what makes the fenced broker's partitions writable
+    # again (issue 25). 0 = no wait.
+    fence_isr_removals_wait_max_ms: int = 3000
 
     def __post_init__(self) -> None:
         self.validate()
@@ -127,7 +135,8 @@ class ControllerSettings(MinInsyncReplicasDefault):
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be an integer > 0, got {value!r}; fix {name} in the config")
-        for name in ("broker_silence_fence_ms", "broker_silence_report_max_age_ms", "fence_isr_removals_inline_max"):
+        for name in ("broker_silence_fence_ms", "broker_silence_report_max_age_ms", "fence_isr_removals_inline_max",
+                     "fence_isr_removals_wait_max_ms"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}; fix {name} in the config")
@@ -233,6 +242,13 @@ class QuorumController:
         # to be written (`fence_followups`). Added when the fencing is decided, before its
         # entry commits
         self.fence_pending: dict[int, int] = {}
+        # of those, the brokers whose leader changes are all written, and when this
+        # controller first saw each fencing committed: (image offset, ms), for
+        # `fence_isr_removals_wait_max_ms`
+        self._fence_leaders_moved: set[int] = set()
+        self._fence_seen: dict[int, tuple[int, int]] = {}
+        # broker id -> the highest metadata offset it has (its heartbeats, its feed requests)
+        self.metadata_offsets: dict[int, int] = {}
 
     # ================================================================ helpers
     @staticmethod
@@ -584,6 +600,7 @@ class QuorumController:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "metadata_offset must be an integer (the records applied)")
         self.sessions[broker_id] = now_ms
         self.heartbeats_received[broker_id] = now_ms
+        self.note_metadata_offset(broker_id, metadata_offset)
         if log_reports:
             self.record_log_reports(image, broker_id, b.epoch, log_reports)
         if want_shutdown or b.in_controlled_shutdown:
@@ -639,7 +656,7 @@ class QuorumController:
         self.fence_pending[broker_id] = b.epoch
         return [FenceBrokerRecord(broker_id, b.epoch)] + led[:limit]
 
-    def fence_followups(self, image: MetadataImage) -> list:
+    def fence_followups(self, image: MetadataImage, now_ms: Optional[int] = None) -> list:
         """The next entry of a split fencing (see `fence_broker`): for the first fenced broker
         of `fence_pending` that still leads or is in some ISR with other members, at most
         `fence_batch_records_max` of those changes, leader changes first; [] when none is
@@ -647,19 +664,47 @@ class QuorumController:
         epoch), leaves `fence_pending`. One whose fencing entry has not committed yet (the
         image still shows that registration unfenced) stays: issue 25, a maintenance round
         run while the first entry was being committed dropped it, and the partitions beyond
-        that entry kept the dead broker as their leader."""
+        that entry kept the dead broker as their leader. With `now_ms`, the ISR-only
+        removals wait for the other live brokers (`fence_isr_removals_wait_max_ms`)."""
         limit = self.settings.fence_batch_records_max
         for broker_id, epoch in sorted(self.fence_pending.items()):
             b = image.brokers.get(broker_id)
             if b is not None and b.epoch == epoch and not b.fenced:
                 continue   # its fencing is not committed yet (or was not: then nothing follows)
             if b is not None and b.epoch == epoch:
-                records = (self._remove_broker_changes(image, broker_id, led_only=True, limit=limit)
-                           or self._remove_broker_changes(image, broker_id, limit=limit))
+                if broker_id not in self._fence_leaders_moved:
+                    records = self._remove_broker_changes(image, broker_id, led_only=True, limit=limit)
+                    if records:
+                        return records
+                    self._fence_leaders_moved.add(broker_id)   # fenced, it leads nothing again
+                if self._isr_removals_wait(image, broker_id, now_ms):
+                    continue
+                records = self._remove_broker_changes(image, broker_id, limit=limit)
                 if records:
                     return records
             del self.fence_pending[broker_id]
+            self._fence_leaders_moved.discard(broker_id)
+            self._fence_seen.pop(broker_id, None)
         return []
+
+    def note_metadata_offset(self, broker_id: Any, offset: Any) -> None:
+        """Broker `broker_id` has the metadata before `offset` (a heartbeat's
+        metadata_offset, or the `after` of its feed request): `_isr_removals_wait`."""
+        if _is_int(broker_id) and _is_int(offset) and offset > self.metadata_offsets.get(broker_id, -1):
+            self.metadata_offsets[broker_id] = offset
+
+    def _isr_removals_wait(self, image: MetadataImage, broker_id: int, now_ms: Optional[int]) -> bool:
+        """True while the ISR-only removals of fenced `broker_id` should wait: some other
+        live broker has not reached the offset at which this controller first saw the
+        fencing committed, and `fence_isr_removals_wait_max_ms` has not passed since."""
+        wait_ms = self.settings.fence_isr_removals_wait_max_ms
+        if not wait_ms or now_ms is None:
+            return False
+        offset, since = self._fence_seen.setdefault(broker_id, (image.offset, now_ms))
+        if now_ms - since >= wait_ms:
+            return False
+        return any(self.metadata_offsets.get(o.id, -1) < offset for o in image.brokers.values()
+                   if o.id != broker_id and not o.fenced and not o.in_controlled_shutdown)
 
     def fence_unreachable(self, image: MetadataImage, broker_id: Any, broker_epoch: Any) -> list:
         """Fence a broker whose process is gone (a peer reported it and the controller's own
@@ -764,6 +809,9 @@ class QuorumController:
         self.silence_reports = {}
         # a predecessor may have died between the entries of a split fencing: look once
         self.fence_pending = {b.id: b.epoch for b in image.brokers.values() if b.fenced}
+        self._fence_leaders_moved = set()
+        self._fence_seen = {}
+        self.metadata_offsets = {}
 
     def expired_brokers(self, image: MetadataImage, now_ms: int) -> list[int]:
         timeout = self.settings.broker_session_timeout_ms
@@ -784,7 +832,7 @@ class QuorumController:
         expired = self.expired_brokers(image, now_ms)
         if expired:
             return self.fence_broker(image, expired[0])
-        records = self.fence_followups(image)
+        records = self.fence_followups(image, now_ms)
         if records:
             return records
         records = self._elect_leaderless(image)

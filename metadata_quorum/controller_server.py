@@ -541,6 +541,9 @@ class ControllerServer:
                           self.config.feed_records_per_response_max)
         if after < 0 or max_records < 1:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "after must be >= 0 and max_records >= 1")
+        reader = request.query.get("broker_id")
+        if reader is not None:   # a broker's feed: it has every record before `after`
+            self.controller.note_metadata_offset(_query_int(request, "broker_id", -1), after)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             if after < self.sm.feed_end:
@@ -1151,6 +1154,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="fence a broker reported silent after this long without its heartbeat; 0 = off")
     p.add_argument("--broker-silence-report-max-age-ms", type=int,
                    default=ControllerSettings.broker_silence_report_max_age_ms)
+    p.add_argument("--fence-isr-removals-wait-max-ms", type=int,
+                   default=ControllerSettings.fence_isr_removals_wait_max_ms,
+                   help="a large fencing's ISR-only removals wait at most this long for the other brokers "
+                        "to have its leader changes; 0 = write them at once")
     p.add_argument("--min-insync-replicas", type=int, default=1,
                    help="default min.insync.replicas of topics; give the brokers' min_insync_replicas")
     p.add_argument("--raft-log-compaction-min-entries", type=int, default=5000,
@@ -1229,6 +1236,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
             broker_silence_fence_ms=args.broker_silence_fence_ms,
             broker_silence_report_max_age_ms=args.broker_silence_report_max_age_ms,
+            fence_isr_removals_wait_max_ms=args.fence_isr_removals_wait_max_ms,
             min_insync_replicas=args.min_insync_replicas,
         ),
         raft_fsync_journal=not args.no_raft_fsync,

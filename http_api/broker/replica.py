@@ -5,6 +5,8 @@ cluster secret when one is set (checked by the app's middleware).
 """
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 
 from http_api.broker import replica_client
@@ -12,6 +14,8 @@ from http_api.broker.context import Routes, json_response
 from partitions.errors import ErrorCode, KraftlogError
 from partitions.replication.loop_share import LoopSlice
 from partitions.replication.replica_state import ReplicaFetchRequest
+
+log = logging.getLogger("kraftlog.broker")
 
 PARSE_CHUNK_PARTITIONS = 1024   # a replica fetch's partitions parsed per clock read
 
@@ -78,12 +82,18 @@ class ReplicaRoutes(Routes):
         resp.content_length = len(head) + body_bytes
         if self.rm.closing:
             resp.force_close()   # stopping: the follower must not re-fetch on this connection
-        await resp.prepare(request)
-        await resp.write(head)
-        for c in chunks:
-            if len(c):
-                await resp.write(c)
-        await resp.write_eof()
+        try:
+            await resp.prepare(request)
+            await resp.write(head)
+            for c in chunks:
+                if len(c):
+                    await resp.write(c)
+            await resp.write_eof()
+        except ConnectionResetError:
+            # the follower gave up on this request (its timeout) and closed the connection:
+            # it sends the request again; nothing to answer and nothing wrong here
+            log.debug("replica fetch of broker %s: the follower closed the connection before the answer",
+                      doc.get("replica_id") if isinstance(doc, dict) else None)
         return resp
 
     async def epoch_end_offsets(self, request: web.Request) -> web.Response:

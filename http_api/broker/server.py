@@ -195,7 +195,8 @@ class Broker:
 
         # short metadata long polls: a controller shutting down waits for open polls to end
         self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS,
-                                         gc_freeze_min_records=GC_FREEZE_MIN_RECORDS_DEFAULT)
+                                         gc_freeze_min_records=GC_FREEZE_MIN_RECORDS_DEFAULT,
+                                         broker_id=cfg.broker_id)
         self.lifecycle = BrokerLifecycle(self.client, cfg.broker_id, cfg.url, cfg.rack, self.follower)
         self.lifecycle.incarnation_id = self.lifecycle_incarnation
         self.lifecycle.clean_shutdown = self.log_manager.clean_shutdown

@@ -19,6 +19,7 @@ TOPICS, PER_TOPIC = 3, 1000   # 3,000 partitions, RF=3 on 3 brokers: broker 2 is
 
 
 def _cluster(**settings) -> Harness:
+    settings.setdefault("fence_isr_removals_wait_max_ms", 0)   # the wait is tested on its own below
     h = Harness(**settings)
     for i in range(TOPICS):
         h.create(f"t{i}", partitions=PER_TOPIC, rf=3)
@@ -158,3 +159,40 @@ def test_a_fencing_that_never_commits_leaves_nothing_to_follow_once_the_broker_r
     assert _finish(h) == []                  # nothing is written for an unfenced registration
     h.add_broker(2, incarnation="inc-2-restarted")   # a new registration: another epoch
     assert _finish(h) == [] and not h.controller.fence_pending
+
+
+def test_the_isr_only_removals_wait_for_the_other_brokers_to_have_the_fencing():
+    """`fence_isr_removals_wait_max_ms`: after the fencing entry (the leader changes), the
+    ISR-only removals wait until every other live broker's feed requests or heartbeats
+    name an offset past the fencing, at most that long; a wait of 0 writes them at once."""
+    wait_ms = 3000
+    h = _cluster(fence_isr_removals_wait_max_ms=wait_ms)
+    led = _led_by(h, 2)
+    h.run(h.controller.fence_broker(h.image, 2))
+    fenced_at = h.image.offset
+    c = h.controller
+    assert c.maintenance(h.image, h.now) == []                 # brokers 1 and 3 have not caught up
+    c.note_metadata_offset(1, fenced_at)                         # broker 1's feed request past it
+    assert c.maintenance(h.image, h.now + 100) == []             # broker 3 still behind
+    c.note_metadata_offset(3, fenced_at - 1)                     # a stale report moves nothing
+    assert c.maintenance(h.image, h.now + 200) == []
+    h.heartbeat(3, offset=fenced_at)                            # broker 3's heartbeat: it has it
+    records = c.maintenance(h.image, h.now + 300)
+    assert records and all(r.leader == _partitions(h)[(r.topic, r.partition)].leader for r in records)
+    assert {(r.topic, r.partition) for r in records}.isdisjoint(led)
+    h.run(records)
+    assert _finish(h) == [] and _partitions(h) == _reference()
+
+    # nobody reports: the removals come when the wait is over, not before
+    h = _cluster(fence_isr_removals_wait_max_ms=wait_ms)
+    h.run(h.controller.fence_broker(h.image, 2))
+    assert h.controller.maintenance(h.image, h.now) == []
+    assert h.controller.maintenance(h.image, h.now + wait_ms - 1) == []
+    assert h.controller.maintenance(h.image, h.now + wait_ms)
+
+    # leader changes beyond the first entry never wait
+    h = _cluster(fence_isr_removals_wait_max_ms=wait_ms, fence_batch_records_max=400)
+    first = h.controller.fence_broker(h.image, 2)
+    h.run(first)
+    nxt = h.controller.maintenance(h.image, h.now)
+    assert nxt and all(r.leader != 2 and (r.topic, r.partition) in led for r in nxt)
