@@ -45,6 +45,12 @@ REPLICA_FETCH_MAX_BYTES = 8 * 1024 * 1024
 REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
 REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_BACKOFF_MS = 200
+# a leader that refused our connection or left a request unanswered is asked again after
+# the back-off, doubled on each failure in a row up to this (reset by an answer): the
+# fetcher backs off as a whole, not partition by partition (issue 25: after a kill -9 at
+# 100,000 partitions a survivor backed off, re-walked and re-requested the dead leader's
+# 33,000 partitions every 200 ms, a quarter of its loop while it applied the fencing)
+REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS = 1000
 TRUNCATION_ROUNDS_MAX = 50
 FETCHER_CHUNK_PARTITIONS = 256   # partitions walked or applied per turn of the event loop
 FETCHER_CHUNK_TRUNCATIONS = 16   # log truncations per turn of the event loop (each cuts a file)
@@ -121,6 +127,10 @@ class _LeaderFetcher:
         # one ended, or the fetcher started (`quiet_ms`, for the keep-alives)
         self.request_in_flight = False
         self.request_ended_ms = mgr.now_ms()
+        # the leader is unreachable: no request before this (`_unreachable`), and the
+        # current back-off
+        self.retry_at_ms = 0
+        self.unreachable_backoff_ms = 0
         self._unanswered_logged_ms = -UNANSWERED_LOG_EVERY_MS
         self._unanswered_logged_count = 0
 
@@ -144,6 +154,8 @@ class _LeaderFetcher:
                 continue
             if not did:
                 nxt = self.state.next_retry_ms()
+                if self._backing_off(self.mgr.now_ms()):
+                    nxt = self.retry_at_ms   # nothing goes to this leader before
                 wait_s = 1.0 if nxt is None else max(0.0, min(1.0, (nxt - self.mgr.now_ms()) / 1000))
                 try:
                     await asyncio.wait_for(self.wakeup.wait(), wait_s)
@@ -211,14 +223,26 @@ class _LeaderFetcher:
                          "the last: %s (session kept, re-sent)", self.state.leader_id,
                          self.unanswered_requests - self._unanswered_logged_count, e.message)
                 self._unanswered_logged_ms, self._unanswered_logged_count = now, self.unanswered_requests
-        for s in list(self.state.partitions.values()):
-            self.state.back_off(s.topic, s.partition, now, self.mgr.backoff_ms)
+        self.unreachable_backoff_ms = min(REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS,
+                                          max(self.mgr.backoff_ms, 2 * self.unreachable_backoff_ms))
+        self.retry_at_ms = now + self.unreachable_backoff_ms   # the whole fetcher waits, no partition walk
         if e.extra.get("refused") and self.mgr.on_leader_unreachable is not None:
             self.mgr.on_leader_unreachable(self.state.leader_id)
+
+    def _backing_off(self, now_ms: int) -> bool:
+        """True while the leader is unreachable and its back-off runs (`_unreachable`)."""
+        return now_ms < self.retry_at_ms
+
+    def _reached(self) -> None:
+        """The leader answered: no back-off for the next failure to grow from."""
+        self.retry_at_ms = 0
+        self.unreachable_backoff_ms = 0
 
     async def _truncate_ready(self) -> bool:
         rm = self.mgr.rm
         now = self.mgr.now_ms()
+        if self._backing_off(now):
+            return False
         asks = []
         for s in self.state.ready(TRUNCATING, now):
             try:
@@ -248,6 +272,7 @@ class _LeaderFetcher:
         if answers is None:
             return True
         self.state.answered()
+        self._reached()
         by_key = {(a["topic"], a["partition"]): a for a in asks}
         truncations = 0
         for topic, p, epoch, end_offset, err in answers:
@@ -335,6 +360,8 @@ class _LeaderFetcher:
     async def _fetch_ready(self) -> bool:
         rm = self.mgr.rm
         now = self.mgr.now_ms()
+        if self._backing_off(now):
+            return False
         throttle = getattr(rm, "throttle", None)   # reassignment copies: the follower side of the throttle
         if throttle is not None:
             throttle.update(getattr(rm, "_image", None), now)
@@ -383,6 +410,7 @@ class _LeaderFetcher:
                 self.session.reset()   # cancelled by a wakeup: the leader may have answered it
             return True
         self.state.answered()
+        self._reached()
         if self.session is not None and not self.session.answered(getattr(results, "session_id", None),
                                                                   getattr(results, "session_error", None)):
             log.debug("replica fetch session with %s: %s; fetching in full", self.state.leader_url,

@@ -29,6 +29,8 @@ which survives python -O).
 """
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, NamedTuple
 
@@ -47,6 +49,8 @@ Waiter = Hashable   # an acks=all request waiting for the HW (opaque to the core
 # outage (it was stopped, cut off, restarted), not its rhythm, and is not averaged in; each
 # gap moves the average by this share of the difference
 FETCH_GAP_SAMPLE_MAX_MS = 5_000
+# `silence_example` (a log line's example) looks at no more partitions than this
+SILENCE_EXAMPLE_SCAN_MAX = 2_000
 FETCH_GAP_WEIGHT = 0.2
 
 
@@ -572,9 +576,12 @@ class ReplicaState:
     def silence_example(self, replica_id: int, now_ms: int, limit_ms: int) -> str | None:
         """The led partition where ISR member `replica_id` has been silent longest (more than
         `limit_ms`), with the times and the clock that say so (for the log line of a long
-        silence: which partition, and whether its session still restates it). None: none."""
+        silence: which partition, and whether its session still restates it), among the
+        first SILENCE_EXAMPLE_SCAN_MAX partitions the rules look at (a log line's example
+        walked all of them: 7% of a survivor's loop after a kill -9 at 100,000 partitions).
+        None: none."""
         longest, found = limit_ms, None
-        for tp, part in self.rule_partitions(now_ms, limit_ms):
+        for tp, part in itertools.islice(self.rule_partitions(now_ms, limit_ms), SILENCE_EXAMPLE_SCAN_MAX):
             silent_ms = self._silent_isr_members(part, now_ms, limit_ms).get(replica_id, 0)
             if silent_ms > longest:
                 longest, found = silent_ms, (tp, part)

@@ -246,3 +246,53 @@ async def test_a_new_leader_epoch_does_not_cancel_the_parked_session_poll(pair):
     await caught_up(rms, range(6))
     assert session is fetchers[2].fetchers[1].session
     assert session.full_fetches == 1 and transport.session_errors == []   # no cancel, no full fetch
+
+
+class _RefusingTransport:
+    """A leader whose process is gone: every connection is refused."""
+
+    supports_fetch_sessions = True
+
+    def __init__(self) -> None:
+        self.fetches: list = []
+
+    async def fetch(self, url, replica_id, broker_epoch, partitions, **kw):
+        if partitions:   # keep-alives (empty) are not the fetcher's
+            self.fetches.append(len(partitions))
+        from partitions.errors import ErrorCode, KraftlogError
+        raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"{url} refused the connection", refused=True)
+
+    async def epoch_end_offsets(self, *a, **kw):
+        await asyncio.Event().wait()
+
+
+async def test_an_unreachable_leader_is_backed_off_as_a_whole_with_a_growing_back_off():
+    """Issue 25: after a kill -9 at 100,000 partitions a survivor's fetcher for the dead
+    leader backed off each of its 33,000 partitions, walked them again and sent a full
+    request for all of them every 200 ms (a quarter of its loop while it applied the
+    fencing). Now the fetcher waits as a whole, no partition is touched, and the back-off
+    doubles up to REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS."""
+    from partitions.replication.replica_fetcher import (REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS,
+                                                        ReplicaFetcherManager)
+    from partitions.replication.replica_manager import ReplicaManager
+    from tests.unit.replication.fake_log import MemoryLogManager
+    n = 300
+    rm = ReplicaManager(1, MemoryLogManager())
+    transport = _RefusingTransport()
+    fm = ReplicaFetcherManager(rm, transport, 1, backoff_ms=100)
+    try:
+        img = _three_broker_image({p: 2 for p in range(n)}, {p: 0 for p in range(n)})
+        await rm.apply_metadata(img)
+        fm.sync(img)
+        f = fm.fetchers[2]
+        back_offs = []
+        real = f.state.back_off
+        f.state.back_off = lambda *a: back_offs.append(a) or real(*a)
+        await asyncio.sleep(2.0)
+        assert back_offs == [] and not f.state.backed_off      # no partition walk per failure
+        # 100, 200, 400, 800, 1000 ms between attempts: 5-6 in 2 s (20 with a fixed 100 ms)
+        assert 3 <= len(transport.fetches) <= 7, transport.fetches
+        assert f.unreachable_backoff_ms == REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS
+        assert all(k == n for k in transport.fetches)           # each attempt names every partition
+    finally:
+        await fm.close()
