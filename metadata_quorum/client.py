@@ -538,9 +538,8 @@ class MetadataFollower:
         wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
         if self.feed.pending:
             wait = 0   # the rest of a batch is already committed: no long poll
-        extra = {} if self.broker_id is None else {"broker_id": self.broker_id}
         return await self.client.metadata_records(self.feed.next_offset, wait,
-                                                  max_records=self.records_per_request_max, **extra)
+                                                  max_records=self.records_per_request_max, broker_id=self.broker_id)
 
     async def _apply(self, body: dict) -> bool:
         try:

@@ -350,17 +350,17 @@ class ControllerServer:
         full collections held (FullCollectionHold) unless the state machine never touches
         the collector: a fencing at 100,000 partitions allocates 33,334 records and their
         plain data here, enough to trigger a full collection (about 150 ms of GIL on the
-        failover's critical path); the entry is frozen out of later ones when it is large."""
+        failover's critical path); the entry is frozen out of later ones when it is large.
+        Called under `_sm_locked`."""
         threshold = self.sm.gc_freeze_min_records
         hold = FullCollectionHold() if threshold else None
         if hold is not None:
             hold.hold()
         records: list = []
         try:
-            with self.sm.lock:
-                records = decide(self.sm.image)
-                epoch = self.sm.image.controller_epoch
-                before = _partitions_before(self.sm.image, records)
+            records = decide(self.sm.image)
+            epoch = self.sm.image.controller_epoch
+            before = _partitions_before(self.sm.image, records)
             entry = {"request_id": request_id, "controller_epoch": epoch,
                      "records": [record_to_dict(r) for r in records]} if records else None
         finally:
@@ -411,10 +411,9 @@ class ControllerServer:
             log.exception("maintenance failed")
 
     def _probe_silent_brokers(self, now_ms: int) -> None:
-        """Start a probe of every broker the core counts as silent (part B), one at a time each."""
-        with self.sm.lock:
-            silent = self.controller.silent_brokers(self.sm.image, now_ms)
-        for target in silent:
+        """Start a probe of every broker the core counts as silent (part B), one at a time
+        each. Called under `_sm_locked` (it reads the image)."""
+        for target in self.controller.silent_brokers(self.sm.image, now_ms):
             # a broker that just accepted a probe is probed again after a second at the earliest
             if target not in self._probing and now_ms - self._probe_connected_ms.get(target, -10**12) >= 1000:
                 self._probing.add(target)
@@ -541,9 +540,9 @@ class ControllerServer:
                           self.config.feed_records_per_response_max)
         if after < 0 or max_records < 1:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "after must be >= 0 and max_records >= 1")
-        reader = request.query.get("broker_id")
-        if reader is not None:   # a broker's feed: it has every record before `after`
-            self.controller.note_metadata_offset(_query_int(request, "broker_id", -1), after)
+        reader = _query_int(request, "broker_id", -1)
+        if reader >= 0:   # a broker's feed: it has every record before `after`
+            self.controller.note_metadata_offset(reader, after)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             if after < self.sm.feed_end:
@@ -590,10 +589,7 @@ class ControllerServer:
         return web.json_response(state)
 
     def _broker_state(self, broker_id: int) -> dict:
-        with self.sm.lock:  # the raft thread may be applying: iterate under the lock
-            return self._broker_state_locked(broker_id)
-
-    def _broker_state_locked(self, broker_id: int) -> dict:
+        """A broker's registration answer; called under `_sm_locked` (the raft thread may be applying)."""
         img = self.sm.image
         b = img.brokers.get(broker_id)
         if b is None:
@@ -659,8 +655,8 @@ class ControllerServer:
             now = self.clock.monotonic_ms()
             async with self._sm_locked():
                 counted = self.controller.report_silent(self.sm.image, reporter, body.get("broker_epoch"), target, now)
-            if counted:
-                self._probe_silent_brokers(now)
+                if counted:
+                    self._probe_silent_brokers(now)
             return web.json_response({"target_id": target, "fenced": False, "suspected": counted})
         img = self.sm.image
         r = img.brokers.get(reporter) if isinstance(reporter, int) else None
@@ -807,8 +803,8 @@ class ControllerServer:
 
 
     # ---- reassignment and decommission
-    def _reassignments_json(self) -> dict:
-        with self.sm.lock:
+    async def _reassignments_json(self) -> dict:
+        async with self._sm_locked():
             img = self.sm.image
             return {"reassignments": [reassignment_json(name, p) for name, p in img.reassignments()],
                     "metadata_offset": img.offset}
@@ -817,19 +813,19 @@ class ControllerServer:
         body = await _json_body(request)
         result = await self.write(lambda img: self.controller.alter_partition_reassignments(img, body),
                                   _request_id(request, {}), reason="partition reassignment request")
-        out = self._reassignments_json()
+        out = await self._reassignments_json()
         out["metadata_offset"] = result.get("offset", out["metadata_offset"])
         return web.json_response(out, status=202)
 
     async def h_list_reassignments(self, request: web.Request) -> web.Response:
-        return web.json_response(self._reassignments_json())
+        return web.json_response(await self._reassignments_json())
 
     async def h_cancel_reassignments(self, request: web.Request) -> web.Response:
         async with self._sm_locked():
             cancelled = [{"topic": name, "partition": p.partition} for name, p in self.sm.image.reassignments()]
         result = await self.write(lambda img: self.controller.cancel_reassignments(img),
                                   _request_id(request, {}), reason="reassignment cancel request")
-        out = self._reassignments_json()
+        out = await self._reassignments_json()
         out.update(cancelled=cancelled, metadata_offset=result.get("offset", out["metadata_offset"]))
         return web.json_response(out)
 

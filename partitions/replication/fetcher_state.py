@@ -50,6 +50,10 @@ class LeaderFetchState:
     # when the oldest request to this leader still without an answer was sent (None: every
     # request was answered); a refused or timed-out request leaves it set (issue 24 part B)
     unanswered_since_ms: int | None = None
+    # the leader refused or left a request unanswered: no request before `retry_at_ms`; the
+    # back-off doubles with each failure in a row and an answer ends it (`unreachable`)
+    retry_at_ms: int = 0
+    unreachable_backoff_ms: int = 0
 
     def request_sent(self, now_ms: int) -> None:
         """A fetch or OffsetsForLeaderEpoch request went out to the leader."""
@@ -59,6 +63,18 @@ class LeaderFetchState:
     def answered(self) -> None:
         """The leader answered (data, nothing, or a partition error: it is alive)."""
         self.unanswered_since_ms = None
+        self.retry_at_ms = self.unreachable_backoff_ms = 0
+
+    def unreachable(self, now_ms: int, backoff_ms: int, backoff_max_ms: int) -> None:
+        """The leader refused a request or left it unanswered: the whole fetcher waits
+        (no partition is touched), `backoff_ms` after the first failure, doubling up to
+        `backoff_max_ms`."""
+        self.unreachable_backoff_ms = min(backoff_max_ms, max(backoff_ms, 2 * self.unreachable_backoff_ms))
+        self.retry_at_ms = now_ms + self.unreachable_backoff_ms
+
+    def backing_off(self, now_ms: int) -> bool:
+        """True while the leader's back-off (`unreachable`) runs."""
+        return now_ms < self.retry_at_ms
 
     def silent_ms(self, now_ms: int) -> int:
         """How long the leader has left our requests unanswered (0: it answers). A healthy

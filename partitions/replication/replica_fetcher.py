@@ -127,10 +127,6 @@ class _LeaderFetcher:
         # one ended, or the fetcher started (`quiet_ms`, for the keep-alives)
         self.request_in_flight = False
         self.request_ended_ms = mgr.now_ms()
-        # the leader is unreachable: no request before this (`_unreachable`), and the
-        # current back-off
-        self.retry_at_ms = 0
-        self.unreachable_backoff_ms = 0
         self._unanswered_logged_ms = -UNANSWERED_LOG_EVERY_MS
         self._unanswered_logged_count = 0
 
@@ -154,8 +150,8 @@ class _LeaderFetcher:
                 continue
             if not did:
                 nxt = self.state.next_retry_ms()
-                if self._backing_off(self.mgr.now_ms()):
-                    nxt = self.retry_at_ms   # nothing goes to this leader before
+                if self.state.backing_off(self.mgr.now_ms()):
+                    nxt = self.state.retry_at_ms   # nothing goes to this leader before
                 wait_s = 1.0 if nxt is None else max(0.0, min(1.0, (nxt - self.mgr.now_ms()) / 1000))
                 try:
                     await asyncio.wait_for(self.wakeup.wait(), wait_s)
@@ -223,25 +219,14 @@ class _LeaderFetcher:
                          "the last: %s (session kept, re-sent)", self.state.leader_id,
                          self.unanswered_requests - self._unanswered_logged_count, e.message)
                 self._unanswered_logged_ms, self._unanswered_logged_count = now, self.unanswered_requests
-        self.unreachable_backoff_ms = min(REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS,
-                                          max(self.mgr.backoff_ms, 2 * self.unreachable_backoff_ms))
-        self.retry_at_ms = now + self.unreachable_backoff_ms   # the whole fetcher waits, no partition walk
+        self.state.unreachable(now, self.mgr.backoff_ms, REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS)
         if e.extra.get("refused") and self.mgr.on_leader_unreachable is not None:
             self.mgr.on_leader_unreachable(self.state.leader_id)
-
-    def _backing_off(self, now_ms: int) -> bool:
-        """True while the leader is unreachable and its back-off runs (`_unreachable`)."""
-        return now_ms < self.retry_at_ms
-
-    def _reached(self) -> None:
-        """The leader answered: no back-off for the next failure to grow from."""
-        self.retry_at_ms = 0
-        self.unreachable_backoff_ms = 0
 
     async def _truncate_ready(self) -> bool:
         rm = self.mgr.rm
         now = self.mgr.now_ms()
-        if self._backing_off(now):
+        if self.state.backing_off(now):
             return False
         asks = []
         for s in self.state.ready(TRUNCATING, now):
@@ -272,7 +257,6 @@ class _LeaderFetcher:
         if answers is None:
             return True
         self.state.answered()
-        self._reached()
         by_key = {(a["topic"], a["partition"]): a for a in asks}
         truncations = 0
         for topic, p, epoch, end_offset, err in answers:
@@ -360,7 +344,7 @@ class _LeaderFetcher:
     async def _fetch_ready(self) -> bool:
         rm = self.mgr.rm
         now = self.mgr.now_ms()
-        if self._backing_off(now):
+        if self.state.backing_off(now):
             return False
         throttle = getattr(rm, "throttle", None)   # reassignment copies: the follower side of the throttle
         if throttle is not None:
@@ -410,7 +394,6 @@ class _LeaderFetcher:
                 self.session.reset()   # cancelled by a wakeup: the leader may have answered it
             return True
         self.state.answered()
-        self._reached()
         if self.session is not None and not self.session.answered(getattr(results, "session_id", None),
                                                                   getattr(results, "session_error", None)):
             log.debug("replica fetch session with %s: %s; fetching in full", self.state.leader_url,

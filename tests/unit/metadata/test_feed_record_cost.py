@@ -91,7 +91,7 @@ class _PagedFeed:
     def __init__(self, sm, page: int) -> None:
         self.sm, self.page, self.thresholds = sm, page, []
 
-    async def metadata_records(self, after, max_wait_ms=0, max_records=None):
+    async def metadata_records(self, after, max_wait_ms=0, max_records=None, broker_id=None):
         self.thresholds.append(gc.get_threshold()[2])
         return {"cluster_id": "c", "records": self.sm.records_since(after, self.page),
                 "metadata_offset": self.sm.image.offset}
@@ -203,7 +203,7 @@ class _FailingOnce(_PagedFeed):
     def active_changed(self):
         return asyncio.Event()
 
-    async def metadata_records(self, after, max_wait_ms=0, max_records=None):
+    async def metadata_records(self, after, max_wait_ms=0, max_records=None, broker_id=None):
         self.calls += 1
         if self.calls == 2:
             self.thresholds.append(gc.get_threshold()[2])

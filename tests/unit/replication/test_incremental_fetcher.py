@@ -292,7 +292,7 @@ async def test_an_unreachable_leader_is_backed_off_as_a_whole_with_a_growing_bac
         assert back_offs == [] and not f.state.backed_off      # no partition walk per failure
         # 100, 200, 400, 800, 1000 ms between attempts: 5-6 in 2 s (20 with a fixed 100 ms)
         assert 3 <= len(transport.fetches) <= 7, transport.fetches
-        assert f.unreachable_backoff_ms == REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS
+        assert f.state.unreachable_backoff_ms == REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS
         assert all(k == n for k in transport.fetches)           # each attempt names every partition
     finally:
         await fm.close()
