@@ -541,6 +541,40 @@ class MetadataFollower:
         return await self.client.metadata_records(self.feed.next_offset, wait,
                                                   max_records=self.records_per_request_max, broker_id=self.broker_id)
 
+    def _prefetch_after(self, body: dict) -> Optional[int]:
+        """The offset of the page after `body` when the controller said it has committed
+        records beyond it (so the next request needs no long poll), else None. Called
+        before `body` is accepted: the feed's next offset then moves by its records."""
+        records = body.get("records")
+        controller_offset = body.get("metadata_offset")
+        if body.get("snapshot") is not None or not records or type(controller_offset) is not int:
+            return None
+        first = records[0].get("offset") if isinstance(records[0], dict) else None
+        if first != self.feed.next_offset:
+            return None
+        after = first + len(records)
+        return after if after < controller_offset else None
+
+    def _prefetch(self, after: int) -> asyncio.Task:
+        """Fetch the page at `after` now (no long poll) while the current one is applied.
+        The request names no broker: the controller counts what a broker has from its
+        regular requests, made once a change is applied (`QuorumController.
+        note_metadata_offset`: a large fencing's ISR removals wait for it)."""
+        return asyncio.ensure_future(self.client.metadata_records(after, 0, max_records=self.records_per_request_max))
+
+    async def _prefetched(self, after: int, task: asyncio.Task) -> Optional[dict]:
+        """The answer of a `_prefetch` when it still continues the feed (None: fetch again)."""
+        try:
+            body = await task
+        except asyncio.CancelledError:
+            if task.cancelled() and not self._stopped:
+                return None
+            raise
+        except Exception as exc:   # the regular request retries (and follows a new controller)
+            log.debug("metadata feed prefetch at %s failed: %s", after, exc)
+            return None
+        return body if after == self.feed.next_offset else None
+
     async def _apply(self, body: dict) -> bool:
         try:
             return await self._apply_change(body)
@@ -619,11 +653,25 @@ class MetadataFollower:
         return fetch.result()
 
     async def run(self) -> None:
+        """Poll the feed and apply what it answers until stopped. While a page is applied,
+        the next page is already being fetched when the controller has it committed (a
+        change of tens of thousands of records spans several pages: the fetches no longer
+        wait for the applies, issue 25)."""
+        prefetch: Optional[tuple] = None   # (after, task)
         try:
             while not self._stopped:
                 try:
-                    body = await self._fetch_following_active()
+                    body = None
+                    if prefetch is not None:
+                        (after, task), prefetch = prefetch, None
+                        body = await self._prefetched(after, task)
+                    if body is None:
+                        body = await self._fetch_following_active()
                     if body is not None:
+                        after = self._prefetch_after(body)
+                        if after is not None:
+                            prefetch = (after, self._prefetch(after))
+                            await asyncio.sleep(0)   # its request goes out before this page is taken in
                         await self._apply(body)
                 except asyncio.CancelledError:
                     raise
@@ -632,6 +680,8 @@ class MetadataFollower:
                     self._gc_hold.release(freeze=False)   # not while the controller is away; the next page holds again
                     await asyncio.sleep(self.error_backoff_ms / 1000)
         finally:
+            if prefetch is not None:
+                prefetch[1].cancel()
             self._gc_hold.release(freeze=False)   # stopped in the middle of a change
 
     async def wait_for_offset(self, offset: int, timeout: float) -> bool:

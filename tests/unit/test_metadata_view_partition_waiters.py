@@ -82,3 +82,39 @@ async def test_a_produce_for_a_dead_leader_retries_on_its_partitions_change_only
     await view.update(FeedImage(offset + 1, [change("t", 0)]))
     assert await asyncio.wait_for(task, 0.5) == 7
     assert attempts == [1, 2]
+
+
+async def test_thousands_of_waiters_are_woken_a_slice_per_turn_of_the_loop():
+    """After a fencing a new leader wakes every produce held for its partitions; each one
+    appends before it awaits. Woken at once they held the loop for seconds (16,667 at
+    100,000 partitions): a slice per turn lets I/O callbacks run in between."""
+    from http_api.broker.metadata_view import WAKE_SLICE_WAITERS
+    view = MetadataView(replica_manager=None)
+    n = 1007
+    assert WAKE_SLICE_WAITERS <= 250   # a slice is a few tens of milliseconds of appends
+    waiters = [view.partition_change("t", p, 10) for p in range(n)]
+    resumed: list = []
+    turns: list = []
+
+    async def held(p: int, fut) -> None:
+        await fut
+        resumed.append((p, len(turns)))   # the loop turns seen when this produce went on
+
+    tasks = [asyncio.ensure_future(held(p, f)) for p, f in enumerate(waiters)]
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+
+    def tick() -> None:   # an I/O-like callback: counts the turns of the loop
+        turns.append(None)
+        if len(resumed) < n:
+            loop.call_soon(tick)
+    view._wake_partition_waiters([FenceBrokerRecord(1, 3)])   # every waiter
+    loop.call_soon(tick)
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert [p for p, _ in resumed] == list(range(n))   # oldest waiter first, none lost
+    per_turn: dict = {}
+    for _, turn in resumed:
+        per_turn[turn] = per_turn.get(turn, 0) + 1
+    assert max(per_turn.values()) <= WAKE_SLICE_WAITERS, per_turn
+    assert len(per_turn) >= -(-n // WAKE_SLICE_WAITERS), per_turn
+    assert view._partition_waiters == {}
