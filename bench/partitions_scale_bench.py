@@ -382,17 +382,19 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
 
 
 def profile_after_kill(pids: dict, out_dir: str, seconds: float) -> list:
-    """Start `py-spy record` (raw collapsed stacks, 50 Hz, GIL-idle frames left out) for
-    `seconds` on each of `pids` ({name: pid}), written to `out_dir`/pyspy-<name>.txt;
+    """Start `py-spy record` (Chrome trace format: each stack's begin and end in
+    microseconds from the kill, so the failover's phases can be told apart; 50 Hz, GIL-idle
+    frames left out) for `seconds` on each of `pids` ({name: pid}), written to
+    `out_dir`/pyspy-<name>.json (`bench/pyspy_phases.py` sums them by time window);
     nothing when `seconds` is 0. Returns the py-spy processes (wait for them)."""
     import subprocess
     import sys
     if seconds <= 0:
         return []
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return [subprocess.Popen([spy, "record", "--format", "raw", "--rate", "50", "--nonblocking",
+    return [subprocess.Popen([spy, "record", "--format", "chrometrace", "--rate", "50", "--nonblocking",
                               "--duration", str(int(seconds)), "--pid", str(pid),
-                              "--output", os.path.join(out_dir, f"pyspy-{name}.txt")],
+                              "--output", os.path.join(out_dir, f"pyspy-{name}.json")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for name, pid in pids.items()]
 
