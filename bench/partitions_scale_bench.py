@@ -382,21 +382,37 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
 
 
 def profile_after_kill(pids: dict, out_dir: str, seconds: float) -> list:
-    """Start `py-spy record` (Chrome trace format: each stack's begin and end in
-    microseconds from the kill, so the failover's phases can be told apart; 50 Hz, GIL-idle
-    frames left out) for `seconds` on each of `pids` ({name: pid}), written to
-    `out_dir`/pyspy-<name>.json (`bench/pyspy_phases.py` sums them by time window);
-    nothing when `seconds` is 0. Returns the py-spy processes (wait for them)."""
+    """`py-spy record` (raw collapsed stacks, 50 Hz, GIL-idle frames left out) of each of
+    `pids` ({name: pid}) for `seconds` from the kill, one recording per second in turn
+    (`out_dir`/pyspy-<name>-<second>.txt, second 00 starting at the kill), so the failover's
+    phases can be told apart: `python -m bench.pyspy_phases DIR/pyspy-broker-2` prints what
+    each second held. Nothing when `seconds` is 0. Returns objects to `wait()` for."""
     import subprocess
     import sys
+    import threading
     if seconds <= 0:
         return []
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return [subprocess.Popen([spy, "record", "--format", "chrometrace", "--rate", "50", "--nonblocking",
-                              "--duration", str(int(seconds)), "--pid", str(pid),
-                              "--output", os.path.join(out_dir, f"pyspy-{name}.json")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for name, pid in pids.items()]
+    start = time.monotonic()
+
+    def record(name: str, pid: int) -> None:
+        for k in range(int(seconds)):
+            delay = start + k - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            subprocess.run([spy, "record", "--format", "raw", "--rate", "50", "--nonblocking",
+                            "--duration", "1", "--pid", str(pid),
+                            "--output", os.path.join(out_dir, f"pyspy-{name}-{k:02d}.txt")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    class _Recorder:
+        def __init__(self, name: str, pid: int) -> None:
+            self.thread = threading.Thread(target=record, args=(name, pid), daemon=True)
+            self.thread.start()
+
+        def wait(self) -> None:
+            self.thread.join()
+    return [_Recorder(name, pid) for name, pid in pids.items()]
 
 
 def log_layer(n: int, base_dir: str) -> None:
