@@ -89,6 +89,7 @@ class MetadataView:
         info = change_of(image)
         if info is None:
             image = copy.deepcopy(image)   # the caller may change its image later
+        waking = None
         async with self._lock:
             current = self.image
             if (info is not None and info.records is not None and current is not None
@@ -108,14 +109,21 @@ class MetadataView:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
-            self._wake_partition_waiters(info.records if info is not None else None)
+            waking = self._wake_partition_waiters(info.records if info is not None else None)
+        if waking is not None:
+            # the next change waits until every produce held for this one went on: after a
+            # fencing they are what clients wait for, and the ISR removals that follow it
+            # took the new leaders' loop from them (issue 25)
+            await waking
 
-    def _wake_partition_waiters(self, records: Optional[list]) -> None:
+    def _wake_partition_waiters(self, records: Optional[list]) -> Optional[asyncio.Future]:
         """Wake the `partition_change` waiters of the partitions `records` touch; all of them
-        when `records` is None (a whole image) or holds a record that may move any route."""
+        when `records` is None (a whole image) or holds a record that may move any route.
+        Returns a future done once the last of them went on, when they are woken over
+        several turns of the loop (`_wake_in_slices`), else None."""
         pw = self._partition_waiters
         if not pw:
-            return
+            return None
         keys: Optional[set] = set()
         if records is None:
             keys = None
@@ -131,7 +139,13 @@ class MetadataView:
             pw.clear()
         else:
             woken = [pw.pop(k) for k in keys if k in pw]
-        _wake_in_slices([fut for futs in woken for fut in futs])
+        futs = [fut for futs in woken for fut in futs]
+        if len(futs) <= WAKE_SLICE_WAITERS:
+            _wake_in_slices(futs)
+            return None
+        done = asyncio.get_running_loop().create_future()
+        _wake_in_slices(futs, 0, done)
+        return done
 
     def partition_change(self, topic: str, partition: int, timeout_s: float) -> asyncio.Future:
         """A future done at the next published update that touches `topic`-`partition` (see
@@ -171,19 +185,22 @@ class MetadataView:
                 pass
 
 
-def _wake_in_slices(futs: list, start: int = 0) -> None:
+def _wake_in_slices(futs: list, start: int = 0, done: Optional[asyncio.Future] = None) -> None:
     """Wake `futs` (oldest waiter first), WAKE_SLICE_WAITERS per turn of the loop: each
     woken produce appends before its first await (issue 25: after a kill -9 at 100,000
     partitions, the 16,667 held produces a new leader woke at once held its loop for 2 s,
     so heartbeats and replica fetch answers waited that long and its followers were
     reported silent). The rest is woken by a callback that runs after the woken tasks'
-    steps, with the loop's I/O polled in between."""
+    steps, with the loop's I/O polled in between. `done` is set after the last slice's
+    steps."""
     end = min(len(futs), start + WAKE_SLICE_WAITERS)
     for fut in futs[start:end]:
         if not fut.done():
             fut.set_result(None)
     if end < len(futs):
-        asyncio.get_running_loop().call_soon(_wake_in_slices, futs, end)
+        asyncio.get_running_loop().call_soon(_wake_in_slices, futs, end, done)
+    elif done is not None:
+        asyncio.get_running_loop().call_soon(_expire, done)
 
 
 def _expire(fut: asyncio.Future) -> None:

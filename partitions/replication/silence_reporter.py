@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 SILENCE_EXAMPLE_MIN_MS = 10_000
 SILENCE_EXAMPLE_EVERY_MS = 30_000
 
+# the largest share of the event loop the silence scan may take (less than the other periodic
+# checks' PERIODIC_CHECK_LOOP_SHARE_MAX): after a kill -9 at 100,000 partitions each survivor
+# leads 16,667 new partitions that stay loud until the other survivor's fetch session takes
+# them up, and the scan took 9-17% of a survivor's loop for 12 s (py-spy, issue 25) while
+# it applied the fencing and answered the produces waiting for it. A report is late by a
+# fraction of replica_silence_report_ms at most (a scan of 50 ms: the next in 450 ms).
+SILENCE_SCAN_LOOP_SHARE_MAX = 0.1
+
 
 class PeerSilenceReporter:
     """Looks for silent peers every eighth of `replica_silence_report_ms` (see the module
@@ -139,7 +147,7 @@ class PeerSilenceReporter:
                 except Exception:  # noqa: BLE001 - never stop looking
                     log.exception("looking for silent peers failed")
                 # a scan of thousands of partitions (a follower broker died) runs less often
-                wait_s = next_wait_s(interval_s, time.perf_counter() - started)
+                wait_s = next_wait_s(interval_s, time.perf_counter() - started, SILENCE_SCAN_LOOP_SHARE_MAX)
         finally:
             for t in self._in_flight.values():
                 t.cancel()

@@ -118,3 +118,29 @@ async def test_thousands_of_waiters_are_woken_a_slice_per_turn_of_the_loop():
     assert max(per_turn.values()) <= WAKE_SLICE_WAITERS, per_turn
     assert len(per_turn) >= -(-n // WAKE_SLICE_WAITERS), per_turn
     assert view._partition_waiters == {}
+
+
+async def test_an_update_that_woke_thousands_of_produces_returns_once_they_all_went_on():
+    """The feed's next change (after a fencing: its ISR removals) waits until the produces
+    held for this one have had their turn, so they do not share the new leader's loop with it."""
+    from http_api.broker.metadata_view import WAKE_SLICE_WAITERS
+    view = MetadataView(replica_manager=AppliesNothing())
+    n = 4 * WAKE_SLICE_WAITERS + 3
+    went_on: list = []
+
+    async def held(p: int) -> None:
+        await view.partition_change("t", p, 10)
+        went_on.append(p)
+    tasks = [asyncio.ensure_future(held(p)) for p in range(n)]
+    await asyncio.sleep(0)
+    await view.update(FeedImage(1, [FenceBrokerRecord(1, 3)]))
+    assert len(went_on) == n            # every one of them went on before update returned
+    await asyncio.gather(*tasks)
+    # a few: woken in the update's own turn, nothing to wait for
+    few = [asyncio.ensure_future(held(p)) for p in range(3)]
+    await asyncio.sleep(0)
+    went_on.clear()
+    await view.update(FeedImage(2, [FenceBrokerRecord(1, 3)]))
+    assert went_on == []
+    await asyncio.gather(*few)
+    assert sorted(went_on) == [0, 1, 2]

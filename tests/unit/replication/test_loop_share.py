@@ -6,7 +6,7 @@ import time
 from types import SimpleNamespace
 
 from partitions.replication.loop_share import PERIODIC_CHECK_LOOP_SHARE_MAX, next_wait_s
-from partitions.replication.silence_reporter import PeerSilenceReporter
+from partitions.replication.silence_reporter import SILENCE_SCAN_LOOP_SHARE_MAX, PeerSilenceReporter
 
 
 def test_next_wait_keeps_the_interval_for_cheap_checks_and_bounds_the_share_of_slow_ones():
@@ -22,7 +22,7 @@ async def test_a_slow_silence_scan_runs_less_often():
 
     def slow_scan(now_ms, limit_ms):
         scans.append(time.monotonic())
-        time.sleep(0.15)          # a scan of many partitions, holding the loop
+        time.sleep(0.05)          # a scan of many partitions, holding the loop
         return {}, set()
     rm = SimpleNamespace(core=SimpleNamespace(silence_scan=slow_scan, silent_followers=lambda *a: {},
                                                silent_followers_by_clock=lambda *a: slow_scan(*a)[0]),
@@ -39,4 +39,7 @@ async def test_a_slow_silence_scan_runs_less_often():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     gaps = [b - a for a, b in zip(scans, scans[1:])]
-    assert gaps and min(gaps) >= 0.15 + 0.4   # 0.15 s scan, then >= 0.45 s wait (25% of the loop at most)
+    # a 0.05 s scan, then a wait of >= 0.45 s (SILENCE_SCAN_LOOP_SHARE_MAX: 10% of the loop
+    # at most; the other periodic checks may take 25%)
+    assert SILENCE_SCAN_LOOP_SHARE_MAX <= 0.1
+    assert gaps and min(gaps) >= 0.05 * (1 + (1 - SILENCE_SCAN_LOOP_SHARE_MAX) / SILENCE_SCAN_LOOP_SHARE_MAX) - 0.01, gaps
