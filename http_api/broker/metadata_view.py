@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import time
 from typing import Any, Callable, Optional
 
 from metadata_quorum.feed import change_of
@@ -55,6 +56,7 @@ class MetadataView:
         self.replica_manager = replica_manager
         self.image = image
         self.version = 0
+        self.published_at: Optional[float] = None   # time.monotonic() of the last publication
         self._waiters: list[asyncio.Future] = []
         self._partition_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._listeners: list[Callable[[Any], None]] = []
@@ -99,6 +101,7 @@ class MetadataView:
                 await self.replica_manager.apply_metadata(image)
             old_security = self.security
             self.image = image
+            self.published_at = time.monotonic()
             self.version += 1
             for fn in self._listeners:
                 fn(image)

@@ -190,8 +190,11 @@ class Broker:
             t0 = time.monotonic()
             await self.view.update(image)
             if n >= METADATA_CHANGE_LOG_MIN_RECORDS:
-                log.info("metadata change of %d records (offsets %s-%d) applied in %.0f ms", n, info.base_offset,
-                         image.offset, (time.monotonic() - t0) * 1000)
+                t1 = time.monotonic()
+                published = self.view.published_at or t1
+                log.info("metadata change of %d records (offsets %s-%d) applied in %.0f ms; the produces it woke "
+                         "went on within %.0f ms", n, info.base_offset, image.offset, (published - t0) * 1000,
+                         (t1 - published) * 1000)
 
         # short metadata long polls: a controller shutting down waits for open polls to end
         self.follower = MetadataFollower(self.client, on_change, max_wait_ms=METADATA_POLL_MAX_WAIT_MS,
