@@ -565,11 +565,7 @@ class MetadataFollower:
     async def _prefetched(self, after: int, task: asyncio.Task) -> Optional[dict]:
         """The answer of a `_prefetch` when it still continues the feed (None: fetch again)."""
         try:
-            body = await task
-        except asyncio.CancelledError:
-            if task.cancelled() and not self._stopped:
-                return None
-            raise
+            body = await task   # cancelled only with run() itself: never swallowed
         except Exception as exc:   # the regular request retries (and follows a new controller)
             log.debug("metadata feed prefetch at %s failed: %s", after, exc)
             return None

@@ -110,3 +110,25 @@ def test_a_prefetched_page_that_no_longer_continues_the_feed_is_dropped():
     assert sum(seen) == h.sm.image.offset   # every record applied exactly once, none skipped
     # the follower asked again from the record the torn answer lacked
     assert any(after == start + 200 and who == 7 for after, who, _ in feed.requests), feed.requests
+
+
+def test_cancelling_the_follower_while_it_waits_for_a_prefetch_stops_it():
+    h = Harness()
+    h.create("big", partitions=1500, rf=3)
+    feed = _SlowPagedFeed(h.sm, 400, delay_s=10)   # every answer takes long: the prefetch is awaited
+    follower = MetadataFollower(feed, None, max_wait_ms=50, broker_id=7)
+    feed.follower = follower
+
+    async def go():
+        feed.delay_s = 0.01
+        task = asyncio.ensure_future(follower.run())
+        while len(feed.requests) < 1:
+            await asyncio.sleep(0.005)
+        feed.delay_s = 10           # the prefetch of page 2 hangs
+        while len(feed.requests) < 2:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)   # page 1 taken in: run() now awaits the prefetch
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2)
+        assert task in done and task.cancelled()   # not swallowed: run() ended
+    asyncio.run(go())
