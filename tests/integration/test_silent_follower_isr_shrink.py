@@ -92,8 +92,11 @@ def test_a_silent_follower_leaves_the_isr_while_acks_all_waits_and_the_writer_re
         # the rejoined follower holds them too: it leads them once the old leader is stopped
         c.stop_broker(leader)
         c.wait_for(lambda: c.partition(TOPIC)["leader"] not in (leader, -1), 30, "a new leader")
-        records = dict(c.read_all(TOPIC))
-        assert all(records.get(off) == v for off, v in acked.items()), "records lost after a leader change"
+        # the new leader's high watermark reaches the acknowledged offsets with its follower's
+        # next fetch: read until it covers them (a record truly lost never shows up)
+        records = dict(c.read_all(TOPIC, end_offset_min=max(acked) + 1))
+        lost = {off: v for off, v in acked.items() if records.get(off) != v}
+        assert not lost, f"{len(lost)} acknowledged records lost after a leader change, e.g. {list(lost.items())[:5]}"
         print(f"acknowledged again {stall:.2f} s after the stop; {len(acked)} acknowledged, 0 lost; "
               f"errors {writer.errors[:3]}")
     finally:

@@ -204,8 +204,12 @@ class ReplicatedCluster:
         t = next(t for t in doc["topics"] if t["name"] == topic)
         return t["partitions"]
 
-    def read_all(self, topic: str, partition: int = 0, timeout: float = 30.0) -> list[tuple[int, str]]:
-        """Every committed record (offset, value) from the current leader."""
+    def read_all(self, topic: str, partition: int = 0, timeout: float = 30.0,
+                 end_offset_min: int = 0) -> list[tuple[int, str]]:
+        """Every committed record (offset, value) from the current leader. `end_offset_min`:
+        read on until the records reach at least that offset (a leader elected moments ago
+        starts from its own high watermark, which its followers' next fetches raise to the
+        offsets the old leader acknowledged), failing after `timeout` if they never do."""
         out: list[tuple[int, str]] = []
         offset = 0
         deadline = time.monotonic() + timeout
@@ -223,5 +227,8 @@ class ReplicatedCluster:
                 out.append((r["offset"], r["value"]))
             offset = doc["next_offset"]
             if offset >= doc["high_watermark"]:
-                return out
-        raise AssertionError(f"could not read {topic}-{partition} within {timeout} s")
+                if offset >= end_offset_min:
+                    return out
+                time.sleep(0.1)   # the new leader's high watermark has not reached it yet
+        raise AssertionError(f"could not read {topic}-{partition} up to offset {end_offset_min} within {timeout} s "
+                             f"(read up to {offset})")
