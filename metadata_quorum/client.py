@@ -18,7 +18,7 @@ import json as _json
 import logging
 import time
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import aiohttp
 
@@ -538,8 +538,12 @@ class MetadataFollower:
         wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
         if self.feed.pending:
             wait = 0   # the rest of a batch is already committed: no long poll
-        return await self.client.metadata_records(self.feed.next_offset, wait,
-                                                  max_records=self.records_per_request_max, broker_id=self.broker_id)
+        return await self._records(self.feed.next_offset, wait, self.broker_id)
+
+    def _records(self, after: int, max_wait_ms: int, broker_id: Optional[int]) -> Awaitable[dict]:
+        """One feed request from `after` (the regular ones name this broker, prefetches none)."""
+        return self.client.metadata_records(after, max_wait_ms, max_records=self.records_per_request_max,
+                                            broker_id=broker_id)
 
     def _prefetch_after(self, body: dict) -> Optional[int]:
         """The offset of the page after `body` when the controller said it has committed
@@ -560,7 +564,7 @@ class MetadataFollower:
         The request names no broker: the controller counts what a broker has from its
         regular requests, made once a change is applied (`QuorumController.
         note_metadata_offset`: a large fencing's ISR removals wait for it)."""
-        return asyncio.ensure_future(self.client.metadata_records(after, 0, max_records=self.records_per_request_max))
+        return asyncio.ensure_future(self._records(after, 0, None))
 
     async def _prefetched(self, after: int, task: asyncio.Task) -> Optional[dict]:
         """The answer of a `_prefetch` when it still continues the feed (None: fetch again)."""
