@@ -25,6 +25,7 @@ poll (milliseconds; the test asserts < 1 s on 3 brokers).
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import inspect
 import time
@@ -38,7 +39,7 @@ from metadata_quorum.security.image import SecurityImage
 _NO_SECURITY = SecurityImage()
 
 
-# partition waiters woken per turn of the loop (_wake_in_slices)
+# partition waiters woken per turn of the loop (MetadataView._wake)
 WAKE_SLICE_WAITERS = 200
 
 # records that never move a partition's leader or its route: they wake no partition waiter
@@ -62,6 +63,16 @@ class MetadataView:
         self._listeners: list[Callable[[Any], None]] = []
         self._security_listeners: list[Callable[[SecurityImage], None]] = []
         self._lock = asyncio.Lock()
+        # woken partition waiters not yet resumed, WAKE_SLICE_WAITERS per turn (_wake)
+        self._wake_queue: collections.deque = collections.deque()
+        self._wake_scheduled = False   # a _next_wake_turn is due
+        self._wake_budget = WAKE_SLICE_WAITERS   # wakes left in this turn
+        self._wake_idle: Optional[asyncio.Future] = None   # done once the queue drained
+        # a leadership the replica manager takes up during an apply wakes its held produces
+        # before the change is published (`_wake_taken`)
+        taken = getattr(replica_manager, "leadership_listeners", None)
+        if isinstance(taken, list):
+            taken.append(self._wake_taken)
         # a replica manager that can apply just a change (test doubles may not)
         apply = getattr(replica_manager, "apply_metadata", None)
         self._apply_takes_changed = apply is not None and "changed" in inspect.signature(apply).parameters
@@ -113,6 +124,8 @@ class MetadataView:
                 if not fut.done():
                     fut.set_result(None)
             waking = self._wake_partition_waiters(info.records if info is not None else None)
+            if waking is None:
+                waking = self._wake_idle   # produces woken during the apply (_wake_taken), if any left
         if waking is not None:
             # the next change waits until every produce held for this one went on: after a
             # fencing they are what clients wait for, and the ISR removals that follow it
@@ -123,7 +136,7 @@ class MetadataView:
         """Wake the `partition_change` waiters of the partitions `records` touch; all of them
         when `records` is None (a whole image) or holds a record that may move any route.
         Returns a future done once the last of them went on, when they are woken over
-        several turns of the loop (`_wake_in_slices`), else None."""
+        several turns of the loop (`_wake`), else None."""
         pw = self._partition_waiters
         if not pw:
             return None
@@ -142,13 +155,62 @@ class MetadataView:
             pw.clear()
         else:
             woken = [pw.pop(k) for k in keys if k in pw]
-        futs = [fut for futs in woken for fut in futs]
-        if len(futs) <= WAKE_SLICE_WAITERS:
-            _wake_in_slices(futs)
+        return self._wake([fut for futs in woken for fut in futs])
+
+    def _wake_taken(self, keys: list) -> None:
+        """The replica manager took up the leadership of `keys` ((topic, partition)) while
+        applying a change not published yet: the produces held for them may append now (the
+        local replica leads with the committed leader epoch; a produce checks the replica
+        manager, not the published image). After a fencing the new leader's produces then go
+        on during the rest of the apply (the partitions it now follows) instead of after it."""
+        pw = self._partition_waiters
+        if pw:
+            self._wake([fut for k in keys if k in pw for fut in pw.pop(k)])
+
+    def _wake(self, futs: list) -> Optional[asyncio.Future]:
+        """Wake `futs` (oldest waiter first) at most WAKE_SLICE_WAITERS per turn of the
+        loop, after those woken before them (a publication and the leaderships announced
+        during an apply share the budget): each woken produce appends before its first
+        await (issue 25: after a kill -9 at 100,000 partitions, the 16,667 held produces a
+        new leader woke at once held its loop for 2 s, so heartbeats and replica fetch
+        answers waited that long and its followers were reported silent). What the budget
+        of this turn allows is woken now, the rest by a callback in later turns, with the
+        loop's I/O polled in between. Returns None when all were woken now, else a future
+        done after the steps of the last slice of everything queued."""
+        queue = self._wake_queue
+        queue.extend(futs)
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            self._wake_budget = WAKE_SLICE_WAITERS
+            asyncio.get_running_loop().call_soon(self._next_wake_turn)
+        self._wake_some()
+        if not queue:
             return None
-        done = asyncio.get_running_loop().create_future()
-        _wake_in_slices(futs, 0, done)
-        return done
+        if self._wake_idle is None:
+            self._wake_idle = asyncio.get_running_loop().create_future()
+        return self._wake_idle
+
+    def _wake_some(self) -> None:
+        queue = self._wake_queue
+        n = min(self._wake_budget, len(queue))
+        self._wake_budget -= n
+        for _ in range(n):
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def _next_wake_turn(self) -> None:
+        """A new turn of the loop: a new budget; ends the chain once the queue is empty."""
+        self._wake_budget = WAKE_SLICE_WAITERS
+        self._wake_some()
+        loop = asyncio.get_running_loop()
+        if self._wake_queue:
+            loop.call_soon(self._next_wake_turn)
+            return
+        self._wake_scheduled = False
+        idle, self._wake_idle = self._wake_idle, None
+        if idle is not None:
+            loop.call_soon(_expire, idle)   # after the last slice's steps
 
     def partition_change(self, topic: str, partition: int, timeout_s: float) -> asyncio.Future:
         """A future done at the next published update that touches `topic`-`partition` (see
@@ -186,24 +248,6 @@ class MetadataView:
                 await asyncio.wait_for(fut, remaining)
             except asyncio.TimeoutError:
                 pass
-
-
-def _wake_in_slices(futs: list, start: int = 0, done: Optional[asyncio.Future] = None) -> None:
-    """Wake `futs` (oldest waiter first), WAKE_SLICE_WAITERS per turn of the loop: each
-    woken produce appends before its first await (issue 25: after a kill -9 at 100,000
-    partitions, the 16,667 held produces a new leader woke at once held its loop for 2 s,
-    so heartbeats and replica fetch answers waited that long and its followers were
-    reported silent). The rest is woken by a callback that runs after the woken tasks'
-    steps, with the loop's I/O polled in between. `done` is set after the last slice's
-    steps."""
-    end = min(len(futs), start + WAKE_SLICE_WAITERS)
-    for fut in futs[start:end]:
-        if not fut.done():
-            fut.set_result(None)
-    if end < len(futs):
-        asyncio.get_running_loop().call_soon(_wake_in_slices, futs, end, done)
-    elif done is not None:
-        asyncio.get_running_loop().call_soon(_expire, done)
 
 
 def _expire(fut: asyncio.Future) -> None:

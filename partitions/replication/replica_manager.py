@@ -120,6 +120,10 @@ class ReplicaManager:
         self.throttle = ReplicationThrottle(broker_id)
         # callables (topic, partition, start_offset) run after a follower restarted empty
         self.follower_reset_listeners: list[Callable[[str, int, int], None]] = []
+        # callables ([(topic, partition), ...]) run during a metadata apply when this broker
+        # took up those leaderships, before the image is published (MetadataView wakes the
+        # produces held for them: issue 25)
+        self.leadership_listeners: list[Callable[[list], None]] = []
         self._monotonic_ms = clock.monotonic_ms
         # the core's maps (read-only here): (topic, partition) -> Partition / its log
         self.partitions: dict[TopicPartition, Partition] = self.core.partitions
@@ -188,6 +192,16 @@ class ReplicaManager:
             await self._apply(image, delta)
             self._image = image
 
+    def _announce_taken(self, keys: list) -> None:
+        """Tell `leadership_listeners` that this broker now leads `keys`, before the change
+        that made it so is published (the broker's MetadataView wakes the produces held for
+        them). A listener that raises is logged and does not stop the apply."""
+        for fn in self.leadership_listeners:
+            try:
+                fn(keys)
+            except Exception:  # noqa: BLE001 - a listener's bug must not leave the change half applied
+                log.exception("leadership listener failed")
+
     def leads(self, key: tuple[str, int]) -> bool:
         """True when the local replica of `key` (topic, partition) is its leader now."""
         part = self.partitions.get(key)
@@ -198,7 +212,8 @@ class ReplicaManager:
         batches off the loop (several executor threads at once: their fsyncs overlap), role
         changes run on the loop in slices of METADATA_LOOP_SLICE_MS (loop_share.LoopSlice,
         the clock read every APPLY_CHUNK_PARTITIONS) with a turn of the loop between them,
-        so produce and fetch of other partitions wait that long at most."""
+        so produce and fetch of other partitions wait that long at most. Leaderships this
+        broker takes up go first, and are announced (`leadership_listeners`) slice by slice."""
         now = self._clock_ms()
         registered = self._registered_in(image)
         wanted: set[tuple[str, int]] = set()
@@ -258,11 +273,15 @@ class ReplicaManager:
         me = self.broker_id
         taking = [kr for kr in to_apply if kr[1].leader == me and not self.leads(kr[0])]
         if taking and len(taking) < len(to_apply):
-            taken = {kr[0] for kr in taking}
-            to_apply = taking + [kr for kr in to_apply if kr[0] not in taken]
+            taking_keys = {kr[0] for kr in taking}
+            to_apply = taking + [kr for kr in to_apply if kr[0] not in taking_keys]
         turns = LoopSlice()
+        taken: list = []   # leaderships taken up since the listeners last heard
         for i, (key, reg) in enumerate(to_apply):
             if i and i % APPLY_CHUNK_PARTITIONS == 0:
+                if taken:
+                    self._announce_taken(taken)
+                    taken = []
                 await turns.maybe_yield()   # let produce/fetch of other partitions run
             tp = TopicPartition(*key)
             if key not in self.partitions:
@@ -272,6 +291,10 @@ class ReplicaManager:
             # it up; the controller moves it away when it applies our registration
             self._carry_out(self.core.apply_leader_and_isr(tp, leader_and_isr(reg), now_ms=now,
                                                            registered=registered))
+            if i < len(taking) and self.leads(key):
+                taken.append(key)
+        if taken:
+            self._announce_taken(taken)
         if delta is None:   # replicas no longer hosted here (topic deleted or replica moved away)
             to_delete = [k for k in self.logs if k not in wanted]
             for name in [n for n in self._topic_ids if n not in image.topics]:

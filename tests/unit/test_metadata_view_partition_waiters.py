@@ -2,6 +2,7 @@
 is woken by an update that touches that partition, not by every update (after a kill -9 at
 30,000 partitions each of ~30 ISR updates woke 10,000 waiting produces)."""
 import asyncio
+import collections
 from types import SimpleNamespace
 
 from http_api.broker.metadata_view import MetadataView
@@ -144,3 +145,87 @@ async def test_an_update_that_woke_thousands_of_produces_returns_once_they_all_w
     assert went_on == []
     await asyncio.gather(*few)
     assert sorted(went_on) == [0, 1, 2]
+
+
+def _image_led_by(leader: int, taken: int, followed: int):
+    """Broker 1's view: topic "t" (`taken` partitions) and "u" (`followed`), replicas [2, 1,
+    3], led by `leader` in "t" and by 2 or 3 in "u"."""
+    from metadata_quorum.image import MetadataImage
+    from metadata_quorum.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
+    img = MetadataImage("c")
+    for b in (1, 2, 3):
+        img.replay(RegisterBrokerRecord(b, f"i{b}", -1, f"http://b{b}", None, False))
+    img.replay(TopicRecord("t", "tid"))
+    img.replay(TopicRecord("u", "uid"))
+    epoch = 0 if leader == 2 else 1
+    for p in range(taken):
+        img.replay(PartitionRecord("t", "tid", p, (2, 1, 3), (2, 1, 3), leader, epoch, epoch))
+    for p in range(followed):
+        img.replay(PartitionRecord("u", "uid", p, (2, 1, 3), (2, 1, 3), 2 if leader == 2 else 3, epoch, epoch))
+    return img
+
+
+async def test_produces_held_for_leaderships_taken_up_go_on_before_the_change_is_published(monkeypatch):
+    """After a fencing a survivor applies the leaderships it takes up first, then the
+    partitions it now follows (half of a 33,334-partition change at 100,000 partitions).
+    The produces held for a leadership go on as soon as the replica manager took it up,
+    during the rest of the apply, not after the whole change is published."""
+    from partitions.log import record_batch as rb
+    from partitions.replication import replica_manager as rm_module
+    from partitions.replication.loop_share import LoopSlice
+    from partitions.replication.replica_manager import ACKS_LEADER, ReplicaManager
+    from tests.unit.replication.fake_log import MemoryLogManager
+    monkeypatch.setattr(rm_module, "LoopSlice", lambda: LoopSlice(0))   # a turn of the loop per chunk
+    rm = ReplicaManager(1, MemoryLogManager(), default_log_config_factory=lambda c: None, request_timeout_ms=200)
+    view = MetadataView(rm)
+    taken, followed = 3 * rm_module.APPLY_CHUNK_PARTITIONS, 20 * rm_module.APPLY_CHUNK_PARTITIONS
+    before = _image_led_by(2, taken, followed)
+    await view.update(before)
+    published_before = view.image
+    went_on: list = []
+
+    async def held(p: int) -> None:
+        await view.partition_change("t", p, 10)
+        res = await rm.append("t", p, rb.build_batch([rb.Record(None, b"v")]), acks=ACKS_LEADER)
+        went_on.append((p, res.first_offset, view.image is published_before))
+    tasks = [asyncio.ensure_future(held(p)) for p in range(taken)]
+    await asyncio.sleep(0)
+    await view.update(_image_led_by(1, taken, followed))   # broker 2 fenced: 1 takes up "t"
+    await asyncio.gather(*tasks)
+    assert sorted(p for p, _, _ in went_on) == list(range(taken))
+    assert all(offset == 0 for _, offset, _ in went_on)
+    early = [p for p, _, old in went_on if old]
+    assert len(early) == taken, f"{taken - len(early)} of {taken} produces waited for the publication"
+    assert view.image is not published_before and rm.leads(("t", 0)) and not rm.leads(("u", 0))
+
+
+async def test_leadership_wakes_and_update_wakes_share_one_slice_per_turn():
+    """Produces woken by a taken leadership and by a publication queue behind each other:
+    never more than WAKE_SLICE_WAITERS resume in one turn of the loop."""
+    from http_api.broker.metadata_view import WAKE_SLICE_WAITERS
+    view = MetadataView(replica_manager=None)
+    n = 3 * WAKE_SLICE_WAITERS
+    waiters = [view.partition_change("t", p, 10) for p in range(n)]
+    turns: list = []
+    resumed: list = []
+
+    async def held(p: int, fut) -> None:
+        await fut
+        resumed.append(len(turns))
+    tasks = [asyncio.ensure_future(held(p, f)) for p, f in enumerate(waiters)]
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+
+    def tick() -> None:
+        turns.append(None)
+        if len(resumed) < n:
+            loop.call_soon(tick)
+    loop.call_soon(tick)
+    for start in range(0, n, 100):   # many small announcements within one turn
+        view._wake_taken([("t", p) for p in range(start, start + 100)])
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    per_turn: dict = {}
+    for turn in resumed:
+        per_turn[turn] = per_turn.get(turn, 0) + 1
+    assert max(per_turn.values()) <= WAKE_SLICE_WAITERS, per_turn
+    assert view._wake_queue == collections.deque() and view._wake_idle is None
