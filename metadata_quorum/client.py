@@ -469,7 +469,9 @@ class ControllerClient:
         controller's page size), or a snapshot; "metadata_offset" is its applied offset.
         `broker_id`: the broker reading (the controller learns it has the records before
         `after`: QuorumController.note_metadata_offset)."""
-        params = {"after": str(after), "max_wait_ms": str(max_wait_ms)}
+        # runs=1: partition records may come as runs of columns (records.records_of_run,
+        # FeedState reads both forms; a controller that predates runs ignores it)
+        params = {"after": str(after), "max_wait_ms": str(max_wait_ms), "runs": "1"}
         if max_records is not None:
             params["max_records"] = str(max_records)
         if broker_id is not None:

@@ -541,6 +541,7 @@ class ControllerServer:
         if after < 0 or max_records < 1:
             raise KraftlogError(ErrorCode.INVALID_REQUEST, "after must be >= 0 and max_records >= 1")
         reader = _query_int(request, "broker_id", -1)
+        runs = request.query.get("runs") == "1"   # the reader takes partition records in runs (records_of_run)
         if reader >= 0:   # a broker's feed: it has every record before `after`
             self.controller.note_metadata_offset(reader, after)
         deadline = time.monotonic() + max_wait_ms / 1000
@@ -548,7 +549,7 @@ class ControllerServer:
             if after < self.sm.feed_end:
                 # the feed's own lock, not the state machine's: a page never waits for an
                 # apply in progress (MetadataStateMachine.feed_page)
-                page = self.sm.feed_page(after, max_records)
+                page = self.sm.feed_page(after, max_records, runs=runs)
                 if page is None:
                     return self._snapshot_response()
                 records, metadata_offset, ends = page   # metadata_offset ends the records or lies beyond

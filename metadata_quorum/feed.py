@@ -49,6 +49,7 @@ from metadata_quorum.records import (
     TopicRecord,
     UnfenceBrokerRecord,
     record_from_dict,
+    records_of_run,
 )
 from metadata_quorum.security.records import SECURITY_RECORDS
 
@@ -259,12 +260,22 @@ class FeedState:
             self._note_behind()
             return Change(image, None, MetadataDelta(everything=True))
         expected, pending = self.next_offset, self.pending
-        for i, item in enumerate(body.get("records", [])):
+        parsed = 0   # records parsed since the last pause
+        for item in body.get("records", []):
             if item["offset"] != expected:
                 break  # gap or overlap: ask again from our offset
-            pending.append(record_from_dict(item["record"]))
-            expected += 1
-            if chunk_records and i % chunk_records == chunk_records - 1:
+            run = item.get("run")
+            if run is not None:   # consecutive partition records of one topic (records.records_of_run)
+                records = records_of_run(run)
+                pending.extend(records)
+                expected += len(records)
+                parsed += len(records)
+            else:
+                pending.append(record_from_dict(item["record"]))
+                expected += 1
+                parsed += 1
+            if chunk_records and parsed >= chunk_records:
+                parsed = 0
                 yield None
                 expected, pending = self.next_offset, self.pending   # as at the start (nothing else changes them)
         if controller_offset is not None:

@@ -254,11 +254,14 @@ class _RefusingTransport:
     supports_fetch_sessions = True
 
     def __init__(self) -> None:
-        self.fetches: list = []
+        self.fetches: list = []   # partitions named by each request (0: empty, a probe or a keep-alive)
+        self.accepting = False    # the leader is back: requests are answered (with nothing)
 
     async def fetch(self, url, replica_id, broker_epoch, partitions, **kw):
-        if partitions:   # keep-alives (empty) are not the fetcher's
-            self.fetches.append(len(partitions))
+        self.fetches.append(len(partitions))
+        if self.accepting:
+            await asyncio.sleep(0.01)
+            return []
         from partitions.errors import ErrorCode, KraftlogError
         raise KraftlogError(ErrorCode.BROKER_NOT_AVAILABLE, f"{url} refused the connection", refused=True)
 
@@ -290,9 +293,16 @@ async def test_an_unreachable_leader_is_backed_off_as_a_whole_with_a_growing_bac
         f.state.back_off = lambda *a: back_offs.append(a) or real(*a)
         await asyncio.sleep(2.0)
         assert back_offs == [] and not f.state.backed_off      # no partition walk per failure
+        attempts = len([k for k in transport.fetches if k == n]) + f.probes_sent
         # 100, 200, 400, 800, 1000 ms between attempts: 5-6 in 2 s (20 with a fixed 100 ms)
-        assert 3 <= len(transport.fetches) <= 7, transport.fetches
+        assert 3 <= attempts <= 7, transport.fetches
         assert f.state.unreachable_backoff_ms == REPLICA_FETCH_UNREACHABLE_BACKOFF_MAX_MS
-        assert all(k == n for k in transport.fetches)           # each attempt names every partition
+        # the first attempt names every partition; after its refusal only empty probes go
+        # until the leader answers (no walk and no encoding of them all per attempt)
+        assert [k for k in transport.fetches if k] == [n], transport.fetches
+        assert f.probes_sent >= 2 and f.refused
+        transport.accepting = True                              # a process listens again
+        await asyncio.sleep(1.5)
+        assert not f.refused and transport.fetches.count(n) >= 2, transport.fetches
     finally:
         await fm.close()
