@@ -68,6 +68,8 @@ class MetadataView:
         self._wake_scheduled = False   # a _next_wake_turn is due
         self._wake_budget = WAKE_SLICE_WAITERS   # wakes left in this turn
         self._wake_idle: Optional[asyncio.Future] = None   # done once the queue drained
+        self.woken_during_apply = 0   # produces woken by `_wake_taken` during the last update's apply
+        self._woken_taken = 0
         # a leadership the replica manager takes up during an apply wakes its held produces
         # before the change is published (`_wake_taken`)
         taken = getattr(replica_manager, "leadership_listeners", None)
@@ -104,12 +106,14 @@ class MetadataView:
             image = copy.deepcopy(image)   # the caller may change its image later
         waking = None
         async with self._lock:
+            self._woken_taken = 0
             current = self.image
             if (info is not None and info.records is not None and current is not None
                     and info.base_offset == current.offset and self._apply_takes_changed):
                 await self.replica_manager.apply_metadata(image, changed=info.records)
             else:
                 await self.replica_manager.apply_metadata(image)
+            self.woken_during_apply = self._woken_taken
             old_security = self.security
             self.image = image
             self.published_at = time.monotonic()
@@ -165,7 +169,9 @@ class MetadataView:
         on during the rest of the apply (the partitions it now follows) instead of after it."""
         pw = self._partition_waiters
         if pw:
-            self._wake([fut for k in keys if k in pw for fut in pw.pop(k)])
+            futs = [fut for k in keys if k in pw for fut in pw.pop(k)]
+            self._woken_taken += len(futs)
+            self._wake(futs)
 
     def _wake(self, futs: list) -> Optional[asyncio.Future]:
         """Wake `futs` (oldest waiter first) at most WAKE_SLICE_WAITERS per turn of the

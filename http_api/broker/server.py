@@ -192,8 +192,9 @@ class Broker:
             if n >= METADATA_CHANGE_LOG_MIN_RECORDS:
                 t1 = time.monotonic()
                 published = self.view.published_at or t1
-                log.info("metadata change of %d records (offsets %s-%d) applied in %.0f ms; the produces it woke "
-                         "went on within %.0f ms", n, info.base_offset, image.offset, (published - t0) * 1000,
+                log.info("metadata change of %d records (offsets %s-%d) applied in %.0f ms (%d held produces woken "
+                         "during it, by leaderships taken up); the produces it woke went on within %.0f ms", n,
+                         info.base_offset, image.offset, (published - t0) * 1000, self.view.woken_during_apply,
                          (t1 - published) * 1000)
 
         # short metadata long polls: a controller shutting down waits for open polls to end

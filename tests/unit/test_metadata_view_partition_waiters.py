@@ -196,6 +196,7 @@ async def test_produces_held_for_leaderships_taken_up_go_on_before_the_change_is
     assert all(offset == 0 for _, offset, _ in went_on)
     early = [p for p, _, old in went_on if old]
     assert len(early) == taken, f"{taken - len(early)} of {taken} produces waited for the publication"
+    assert view.woken_during_apply == taken   # what the broker's log line of a large change reports
     assert view.image is not published_before and rm.leads(("t", 0)) and not rm.leads(("u", 0))
 
 
