@@ -121,8 +121,17 @@ class ControllerSettings(MinInsyncReplicasDefault):
     # fencing committed: written at once, their 66,666 records at 100,000 partitions took
     # the controllers' and the survivors' CPU while the survivors fetched and applied the
     # fencing's leader changes, which is what makes the fenced broker's partitions writable
-    # again (issue 25). 0 = no wait.
-    fence_isr_removals_wait_max_ms: int = 3000
+    # again (issue 25). A broker names an offset past the fencing once it published it AND
+    # the produces held for its new leaderships went on (MetadataView.update). At 3,000 the
+    # wait ran out while the survivors were still answering those produces (they finish
+    # 5-6 s after the fencing commits at 100,000 partitions on 2 cores), and the removals'
+    # commit on the three controllers took CPU from them: kill -9 max 6.9-10.3 s in three
+    # runs, 6.0 s with a longer wait (docs/SCALE.md, sixteenth round). What waiting costs:
+    # the high watermark of a partition the fenced broker only followed stays where it was
+    # until the removal commits (records written with acks=1 meanwhile are readable then);
+    # acks=all writes to it do not wait for the removal (the leader drops a follower silent
+    # for replica_fetch_silence_max_ms while acks=all produces wait for it). 0 = no wait.
+    fence_isr_removals_wait_max_ms: int = 8000
 
     def __post_init__(self) -> None:
         self.validate()
