@@ -13,6 +13,10 @@ mutated once made) is published as is, and when it was made from the image publi
 the replica manager looks only at what its records touched; any other image (tests, a
 fake controller) is deep-copied and applied whole.
 
+Held produces: a produce waiting for a partition's new leader (`partition_change`) is woken
+by a published update touching the partition, or earlier, when the replica manager took up
+that leadership during the apply (`ReplicaManager.leadership_listeners`), 200 per loop turn.
+
 Lag: `lag()` is (records behind the controller, ms behind without catching up) of the
 feed that made the published image, for `/healthz` and `/metrics`.
 
