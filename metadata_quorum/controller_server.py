@@ -161,6 +161,7 @@ class ControllerConfig:
         me = self.voters.get(self.node_id)
         if me is None:
             raise ValueError(f"node id {self.node_id} is not among the voters {sorted(self.voters)}")
+        check_election_timeouts(self.raft_min_timeout_s, self.raft_max_timeout_s)
         if self.http_host is None:
             self.http_host = me.host
         if self.http_port is None:
@@ -1252,12 +1253,24 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
     )
 
 
+def check_election_timeouts(min_s: float, max_s: float) -> None:
+    """The raft election timeout range: ValueError saying what to set when pysyncobj would
+    refuse it (with a bare AssertionError at startup)."""
+    # pysyncobj: raftMinTimeout > 3 x appendEntriesPeriod (50 ms), raftMaxTimeout > raftMinTimeout
+    if not min_s > 0.15:
+        raise ValueError(f"raft_min_timeout_s={min_s} must be above 0.15 (three AppendEntries periods "
+                         "of 50 ms); KRaft's election timeout is 1 s")
+    if not max_s > min_s:
+        raise ValueError(f"raft_max_timeout_s={max_s} must be above raft_min_timeout_s={min_s}: each election "
+                         "timeout is drawn from [min, max] (e.g. --raft-min-timeout-s 1 --raft-max-timeout-s 2)")
+
+
 def main(argv: Optional[list] = None) -> None:
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = config_from_args(args)
     try:
+        config = config_from_args(args)
         run_controller(config)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None

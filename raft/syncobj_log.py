@@ -290,7 +290,9 @@ class SyncObjReplicatedLog:
             appendEntriesPeriod=c.append_entries_period_s,
             autoTickPeriod=c.auto_tick_period_s,
             connectionRetryTime=c.connection_retry_time_s,
-            connectionTimeout=c.connection_timeout_s,
+            # pysyncobj wants a connection timeout at least the election timeout (1.5 s
+            # unless the election timeout is longer: `--raft-max-timeout-s 2`)
+            connectionTimeout=max(c.connection_timeout_s, c.raft_max_timeout_s),
             leaderFallbackTimeout=c.leader_fallback_timeout_s,
             appendEntriesUseBatch=not c.append_entries_immediately,
             logCompactionMinEntries=c.log_compaction_min_entries,
