@@ -33,8 +33,8 @@ from typing import Any, Callable, Optional
 
 from metadata_quorum import quorum_membership
 from metadata_quorum.image import MetadataImage
-from metadata_quorum.records import (RUN_COLUMNS, LeaderChangeRecord, RegisterBrokerRecord, record_from_dict,
-                                     record_to_dict)
+from metadata_quorum.records import (RUN_COLUMNS, RUN_TYPES, LeaderChangeRecord, RegisterBrokerRecord,
+                                     record_from_dict, record_to_dict)
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,15 @@ FEED_RUN_PAGES_CACHED = 16
 
 # The key order of a partition record's plain-data form with its empty fields left out
 # (records.record_to_dict), the shape of nearly every record of a create or a fencing.
-_PARTITION_KEYS = ("type", "topic", "topic_id", "partition", "replicas", "isr", "leader", "leader_epoch",
-                   "partition_epoch")
-_PARTITION_TYPES = frozenset({"Partition", "PartitionChange"})
+_PARTITION_KEYS = ("type", "topic", "topic_id") + RUN_COLUMNS
+
+
+def _compact_partition(record: Any) -> bool:
+    """`record` (plain data) is a partition record in that compact form: formatted directly
+    (`feed_item_text`) and carried in runs (`feed_runs`)."""
+    return type(record) is dict and tuple(record) == _PARTITION_KEYS and record["type"] in RUN_TYPES
+
+
 _STRING_TEXTS_MAX = 10_000
 _string_texts: dict = {}   # str -> its JSON text (topic names and ids: few, repeated per partition)
 
@@ -90,7 +96,7 @@ def feed_item_text(offset: int, record: dict) -> str:
     and of a broker fencing) is formatted directly, 2.5x cheaper than the encoder's call
     (3.7 -> 1.5 us; the active controller encodes each of a fencing's 33,334 records at
     100,000 partitions); any other record goes through json.dumps."""
-    if type(record) is dict and tuple(record) == _PARTITION_KEYS and record["type"] in _PARTITION_TYPES:
+    if _compact_partition(record):
         topic, topic_id = record["topic"], record["topic_id"]
         partition, leader = record["partition"], record["leader"]
         leader_epoch, partition_epoch = record["leader_epoch"], record["partition_epoch"]
@@ -107,33 +113,29 @@ def feed_item_text(offset: int, record: dict) -> str:
 
 def feed_runs(page: list, record_text: Callable[[int, dict], str]) -> list:
     """The feed item texts of `page` [(offset, record dict)] with each stretch of consecutive
-    compact partition records (`_PARTITION_KEYS`) of one type and topic as one item
+    compact partition records (`_compact_partition`) of one type and topic as one item
     {"offset": the first, "run": {"type", "topic", "topic_id", a list per
     records.RUN_COLUMNS}} (records.records_of_run reads it); any other record is
     `record_text(offset, record)`. A fencing at 100,000 partitions: 7.7 MB of items ->
     about 1 MB."""
     out: list = []
+    runs: list = []   # (index in `out`, first offset, run): a run is encoded once it is complete
     run: Optional[dict] = None
-    first = 0
-    columns: tuple = ()
     for offset, record in page:
-        if type(record) is dict and tuple(record) == _PARTITION_KEYS and record["type"] in _PARTITION_TYPES:
-            if (run is None or record["topic"] != run["topic"] or record["type"] != run["type"]
-                    or record["topic_id"] != run["topic_id"]):
-                if run is not None:
-                    out.append(f'{{"offset": {first}, "run": {json.dumps(run)}}}')
-                first = offset
-                run = {"type": record["type"], "topic": record["topic"], "topic_id": record["topic_id"]}
-                columns = tuple(run.setdefault(c, []) for c in RUN_COLUMNS)
-            for column, name in zip(columns, RUN_COLUMNS):
-                column.append(record[name])
-            continue
-        if run is not None:
-            out.append(f'{{"offset": {first}, "run": {json.dumps(run)}}}')
+        if not _compact_partition(record):
             run = None
-        out.append(record_text(offset, record))
-    if run is not None:
-        out.append(f'{{"offset": {first}, "run": {json.dumps(run)}}}')
+            out.append(record_text(offset, record))
+            continue
+        if run is None or (record["type"], record["topic"], record["topic_id"]) != (
+                run["type"], run["topic"], run["topic_id"]):
+            run = {"type": record["type"], "topic": record["topic"], "topic_id": record["topic_id"],
+                   **{c: [] for c in RUN_COLUMNS}}
+            runs.append((len(out), offset, run))
+            out.append(None)
+        for c in RUN_COLUMNS:
+            run[c].append(record[c])
+    for i, first, r in runs:
+        out[i] = f'{{"offset": {first}, "run": {json.dumps(r)}}}'
     return out
 
 
@@ -456,9 +458,8 @@ class MetadataStateMachine:
                     self._encoded = {o: t for o, t in cache.items() if o >= newest}
         return out, end, ends
 
-    def _record_text(self, offset: int, record: dict, cache: Optional[dict] = None) -> str:
-        """The feed item text of one record, encoded once while cached (`feed_page`)."""
-        cache = self._encoded if cache is None else cache
+    def _record_text(self, offset: int, record: dict, cache: dict) -> str:
+        """The feed item text of one record, encoded once while in `cache` (`feed_page`)."""
         text = cache.get(offset)
         if text is None:
             text = cache[offset] = feed_item_text(offset, record)

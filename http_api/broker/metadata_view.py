@@ -131,23 +131,21 @@ class MetadataView:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
-            waking = self._wake_partition_waiters(info.records if info is not None else None)
-            if waking is None:
-                waking = self._wake_idle   # produces woken during the apply (_wake_taken), if any left
+            self._wake_partition_waiters(info.records if info is not None else None)
+            waking = self._wake_idle   # produces woken by this change or during its apply, not all gone on yet
         if waking is not None:
             # the next change waits until every produce held for this one went on: after a
             # fencing they are what clients wait for, and the ISR removals that follow it
             # took the new leaders' loop from them (issue 25)
             await waking
 
-    def _wake_partition_waiters(self, records: Optional[list]) -> Optional[asyncio.Future]:
+    def _wake_partition_waiters(self, records: Optional[list]) -> None:
         """Wake the `partition_change` waiters of the partitions `records` touch; all of them
-        when `records` is None (a whole image) or holds a record that may move any route.
-        Returns a future done once the last of them went on, when they are woken over
-        several turns of the loop (`_wake`), else None."""
+        when `records` is None (a whole image) or holds a record that may move any route
+        (`_wake`: `_wake_idle` is done once the last of them went on)."""
         pw = self._partition_waiters
         if not pw:
-            return None
+            return
         keys: Optional[set] = set()
         if records is None:
             keys = None
@@ -163,7 +161,7 @@ class MetadataView:
             pw.clear()
         else:
             woken = [pw.pop(k) for k in keys if k in pw]
-        return self._wake([fut for futs in woken for fut in futs])
+        self._wake([fut for futs in woken for fut in futs])
 
     def _wake_taken(self, keys: list) -> None:
         """The replica manager took up the leadership of `keys` ((topic, partition)) while
@@ -177,7 +175,7 @@ class MetadataView:
             self._woken_taken += len(futs)
             self._wake(futs)
 
-    def _wake(self, futs: list) -> Optional[asyncio.Future]:
+    def _wake(self, futs: list) -> None:
         """Wake `futs` (oldest waiter first) at most WAKE_SLICE_WAITERS per turn of the
         loop, after those woken before them (a publication and the leaderships announced
         during an apply share the budget): each woken produce appends before its first
@@ -185,8 +183,8 @@ class MetadataView:
         new leader woke at once held its loop for 2 s, so heartbeats and replica fetch
         answers waited that long and its followers were reported silent). What the budget
         of this turn allows is woken now, the rest by a callback in later turns, with the
-        loop's I/O polled in between. Returns None when all were woken now, else a future
-        done after the steps of the last slice of everything queued."""
+        loop's I/O polled in between. While some are queued, `_wake_idle` is a future done
+        after the steps of the last slice of everything queued (None once all were woken)."""
         queue = self._wake_queue
         queue.extend(futs)
         if not self._wake_scheduled:
@@ -194,11 +192,8 @@ class MetadataView:
             self._wake_budget = WAKE_SLICE_WAITERS
             asyncio.get_running_loop().call_soon(self._next_wake_turn)
         self._wake_some()
-        if not queue:
-            return None
-        if self._wake_idle is None:
+        if queue and self._wake_idle is None:
             self._wake_idle = asyncio.get_running_loop().create_future()
-        return self._wake_idle
 
     def _wake_some(self) -> None:
         queue = self._wake_queue

@@ -237,9 +237,7 @@ class _LeaderFetcher:
         while the fencing was being committed and fetched."""
         self.probes_sent += 1
         try:
-            await self._cancellable(self.mgr.transport.fetch(
-                self.state.leader_url, self.mgr.broker_id, self.mgr.broker_epoch(), [], max_bytes=1,
-                partition_max_bytes=1, max_wait_ms=0))
+            await self._cancellable(self.mgr.empty_fetch(self.state.leader_url))
         except KraftlogError as e:
             if e.code is ErrorCode.BROKER_NOT_AVAILABLE:
                 self._unreachable(e)
@@ -595,6 +593,12 @@ class ReplicaFetcherManager:
             if b not in self._keepalives:
                 self._keepalives[b] = asyncio.ensure_future(self._keepalive(b))
 
+    def empty_fetch(self, url: str):
+        """A fetch request naming no partition, answered at once: a keep-alive, and a
+        follower's probe of a leader that refused its connection (`_leader_answers`)."""
+        return self.transport.fetch(url, self.broker_id, self.broker_epoch(), [], max_bytes=1,
+                                    partition_max_bytes=1, max_wait_ms=0)
+
     async def _keepalive(self, broker_id: int) -> None:
         interval_ms = REPLICA_KEEPALIVE_INTERVAL_MS
         while not self.closed:
@@ -606,8 +610,7 @@ class ReplicaFetcherManager:
             wait_ms = interval_ms
             if quiet >= interval_ms:   # else a fetcher's request says the same, or will soon
                 try:
-                    await self.transport.fetch(url, self.broker_id, self.broker_epoch(), [], max_bytes=1,
-                                               partition_max_bytes=1, max_wait_ms=0)
+                    await self.empty_fetch(url)
                     self.keepalives_sent += 1
                 except asyncio.CancelledError:
                     raise
