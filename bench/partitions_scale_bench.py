@@ -531,12 +531,13 @@ def failover_pipeline(n: int) -> None:
     (the ISR removals that follow):
 
     - decide: the active controller's `fence_broker` / `maintenance` (controller.py);
-    - plain data: `record_to_dict` of the decided records (the raft entry);
+    - plain data: `records.entry_items` of the decided records (the raft entry: runs of
+      partition records as columns);
     - raft entry pickle / unpickle: pysyncobj's encoding of the entry (pickled once by the
       leader, unpickled by each follower controller);
     - state machine apply: one controller's `MetadataStateMachine.apply` (all 3 run it);
-    - feed encode: the controller's page texts (`records_since_json`, each record encoded
-      once, cached for every broker) in pages of 5,000 records;
+    - feed encode: the controller's page texts with runs (`feed_page(..., runs=True)`, each
+      page encoded once for every broker) in pages of 5,000 records;
     - feed decode / FeedState / apply_metadata: per surviving broker (both run them): the
       page JSON decode, `FeedState.accept` (records, image clone, replay) and
       `ReplicaManager.apply_metadata` (in-memory logs).
@@ -551,7 +552,7 @@ def failover_pipeline(n: int) -> None:
 
     from metadata_quorum.controller_server import feed_page_text
     from metadata_quorum.feed import FeedState
-    from metadata_quorum.records import record_to_dict
+    from metadata_quorum.records import entry_items
     from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, MetadataStateMachine
     from partitions.replication.replica_manager import ReplicaManager
     from tests.unit.replication.fake_log import MemoryLogManager
@@ -583,7 +584,7 @@ def failover_pipeline(n: int) -> None:
     for i in range(10):
         built.create(f"scale{i}", n // 10, 3)
     led = {(t.name, p.partition) for t in sm.image.topics.values() for p in t.partitions.values() if p.leader == 2}
-    stages = ("decide (controller.py)", "plain data (record_to_dict)", "raft entry pickle", "raft entry unpickle",
+    stages = ("decide (controller.py)", "plain data (entry_items)", "raft entry pickle", "raft entry unpickle",
               "state machine apply (each controller)", "feed encode (once, cached)",
               "feed decode (each broker)", "FeedState.accept (each broker)", "apply_metadata (each broker)")
 
@@ -613,7 +614,7 @@ def failover_pipeline(n: int) -> None:
                 return None
             base = sm.image.offset
             e = {"request_id": None, "controller_epoch": sm.image.controller_epoch,
-                 "records": [record_to_dict(x) for x in recs]}
+                 "records": entry_items(recs)}
             t2 = clock()
             if write_hold is not None:
                 write_hold.release(freeze=len(recs) >= GC_FREEZE_MIN_RECORDS_DEFAULT)
@@ -634,9 +635,9 @@ def failover_pipeline(n: int) -> None:
             cost[stages[2]], cost[stages[3]], cost[stages[4]] = t3 - t2, t4 - t3, t5 - t4
             pages, off = [], base
             while off < sm.image.offset:
-                texts = sm.records_since_json(off, 5000)
-                off += len(texts)
-                pages.append(feed_page_text(sm.image.cluster_id, texts, sm.image.offset))
+                texts, end, ends = sm.feed_page(off, 5000, runs=True)
+                off = min(off + 5000, end)
+                pages.append(feed_page_text(sm.image.cluster_id, texts, end, ends))
             cost[stages[5]] = clock() - t5
             for b in (1, 3):
                 ch = None

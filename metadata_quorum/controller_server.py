@@ -47,7 +47,7 @@ from metadata_quorum.image import MetadataImage
 from metadata_quorum.security.config import SecurityConfig
 from metadata_quorum.records import (BrokerMembershipRecord, BrokerRegistrationChangeRecord, FenceBrokerRecord,
                                      LeaderChangeRecord, PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
-                                     record_to_dict)
+                                     entry_items, record_to_dict)
 from metadata_quorum.quorum_routes import QuorumRoutes
 from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, FullCollectionHold, MetadataStateMachine
 from raft.election_backoff import ELECTION_BACKOFF_MAX_S_DEFAULT
@@ -363,7 +363,7 @@ class ControllerServer:
             epoch = self.sm.image.controller_epoch
             before = _partitions_before(self.sm.image, records)
             entry = {"request_id": request_id, "controller_epoch": epoch,
-                     "records": [record_to_dict(r) for r in records]} if records else None
+                     "records": entry_items(records)} if records else None
         finally:
             if hold is not None:
                 hold.release(freeze=len(records) >= threshold)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from metadata_quorum.security.records import SECURITY_RECORDS
 
@@ -279,6 +279,101 @@ def records_of_run(run: Any) -> list:
     return out
 
 
+def compact_partition_record(record: Any) -> bool:
+    """`record` (a record object) is a partition record whose plain data is the compact form
+    (its four `_OMITTED_WHEN_EMPTY` fields empty, replicas and ISR tuples): it can go in a run."""
+    empty = _RUN_EMPTY_FIELDS.get(type(record))
+    if empty is None:
+        return False
+    values = record.__dict__
+    if type(values["replicas"]) is not tuple or type(values["isr"]) is not tuple:
+        return False
+    for name in empty:
+        if values[name]:
+            return False
+    return True
+
+
+# the run types' fields left out of their plain data while empty
+_RUN_EMPTY_FIELDS = {RECORD_TYPES[t]: tuple(n for n in _FIELD_NAMES[RECORD_TYPES[t]] if n in _OMITTED_WHEN_EMPTY)
+                     for t in RUN_TYPES}
+_RUN_MIN_RECORDS = 2   # a lone partition record stays a plain record
+
+
+def group_runs(records: list) -> list:
+    """`records` cut into stretches: (run key (type, topic, topic_id), the records) for each
+    stretch of consecutive compact partition records (`compact_partition_record`) of one
+    type and topic, (None, [record]) for every other record. Order kept."""
+    out: list = []
+    key = None
+    stretch: list = []
+    for record in records:
+        if compact_partition_record(record):
+            k = (record.TYPE, record.topic, record.topic_id)
+            if k != key:
+                stretch = []
+                key = k
+                out.append((k, stretch))
+            stretch.append(record)
+        else:
+            key = None
+            out.append((None, [record]))
+    return out
+
+
+def run_of(key: tuple, records: list, column: Callable[[tuple], Any] = list) -> dict:
+    """The run (`records_of_run`'s input) of `records`, one stretch of `group_runs` with its
+    key; `column` makes a replica or ISR tuple into its column value (a list for JSON; the
+    tuple itself for a raft entry, which pickle keeps as it is)."""
+    rtype, topic, topic_id = key
+    return {"type": rtype, "topic": topic, "topic_id": topic_id,
+            "partition": [r.partition for r in records],
+            "replicas": [column(r.replicas) for r in records],
+            "isr": [column(r.isr) for r in records],
+            "leader": [r.leader for r in records],
+            "leader_epoch": [r.leader_epoch for r in records],
+            "partition_epoch": [r.partition_epoch for r in records]}
+
+
+def entry_items(records: list) -> list:
+    """The plain data of a raft entry's records: each stretch of at least two consecutive
+    compact partition records of one topic as {"run": run} (`run_of`, replica and ISR
+    tuples kept), any other record as `record_to_dict` (issue 25: a fencing at 100,000
+    partitions is 33,335 records; as 33,335 dicts the active controller built them, pickled
+    them and each controller unpickled and decoded them one by one on the failover's
+    critical path). `entry_records` reads it back; entries written record by record (older
+    journals, tests) read the same way."""
+    out: list = []
+    for key, stretch in group_runs(records):
+        if key is not None and len(stretch) >= _RUN_MIN_RECORDS:
+            out.append({"run": run_of(key, stretch, tuple)})
+        else:
+            out.extend(record_to_dict(r) for r in stretch)
+    return out
+
+
+def entry_records(items: list) -> list:
+    """The records of a raft entry's plain data (`entry_items`, or one dict per record).
+    Raises ValueError for a malformed item."""
+    out: list = []
+    for item in items:
+        run = item.get("run") if type(item) is dict else None
+        if run is not None:
+            out.extend(records_of_run(run))
+        else:
+            out.append(record_from_dict(item))
+    return out
+
+
+def entry_record_count(items: Any) -> int:
+    """How many records a raft entry's plain data holds (a run counts each of its records)."""
+    n = 0
+    for item in items or ():
+        run = item.get("run") if type(item) is dict else None
+        n += len(run.get("partition") or ()) if type(run) is dict else 1
+    return n
+
+
 # ---------------------------------------------------------------- per-type codecs
 # record_to_dict / record_from_dict run for every record of every entry: on the active
 # controller (propose), on each controller's raft apply, and on each broker's FeedState (a
@@ -361,6 +456,7 @@ _ENCODERS: dict[type, Any] = {}
 _DECODERS: dict[str, Any] = {}
 for _cls in RECORD_TYPES.values():
     _ENCODERS[_cls], _DECODERS[_cls.TYPE] = _compile_codecs(_cls)
+
 
 
 def _to_dict(self) -> dict:

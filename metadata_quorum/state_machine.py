@@ -3,9 +3,13 @@
 It is the raft `StateMachine`: `apply(entries)` runs on the raft thread, in commit order,
 on every controller. An entry is plain data:
 
-    {"request_id": str | None, "controller_epoch": int, "records": [record dicts]}
+    {"request_id": str | None, "controller_epoch": int, "records": [items]}
 
-and is applied atomically or not at all. It is rejected (on every node alike) when
+where an item is a record's plain data (records.record_to_dict) or a run of consecutive
+partition records of one topic as columns {"run": ...} (records.entry_items: a fencing at
+100,000 partitions is 33,335 records, and the active controller no longer builds, pickles,
+and every controller no longer unpickles and decodes, a dict per record). The entry is
+applied atomically or not at all. It is rejected (on every node alike) when
 
 - its `controller_epoch` is not the current one (a deposed controller's late proposal),
   except a batch starting with a LeaderChangeRecord of a higher epoch;
@@ -33,8 +37,9 @@ from typing import Any, Callable, Optional
 
 from metadata_quorum import quorum_membership
 from metadata_quorum.image import MetadataImage
-from metadata_quorum.records import (RUN_COLUMNS, RUN_TYPES, LeaderChangeRecord, RegisterBrokerRecord,
-                                     record_from_dict, record_to_dict)
+from metadata_quorum.records import (LeaderChangeRecord, RegisterBrokerRecord,
+                                     compact_partition_record, entry_record_count, entry_records, group_runs,
+                                     record_to_dict, run_of)
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +61,6 @@ SNAPSHOT_ENCODE_CHUNK_PARTITIONS = 2000
 FEED_RUN_PAGES_CACHED = 16
 
 
-# The key order of a partition record's plain-data form with its empty fields left out
-# (records.record_to_dict), the shape of nearly every record of a create or a fencing.
-_PARTITION_KEYS = ("type", "topic", "topic_id") + RUN_COLUMNS
-
-
-def _compact_partition(record: Any) -> bool:
-    """`record` (plain data) is a partition record in that compact form: formatted directly
-    (`feed_item_text`) and carried in runs (`feed_runs`)."""
-    return type(record) is dict and tuple(record) == _PARTITION_KEYS and record["type"] in RUN_TYPES
-
-
 _STRING_TEXTS_MAX = 10_000
 _string_texts: dict = {}   # str -> its JSON text (topic names and ids: few, repeated per partition)
 
@@ -80,62 +74,54 @@ def _string_text(value: str) -> str:
     return text
 
 
-def _int_list_text(values: Any) -> Optional[str]:
-    """json.dumps of a list of plain ints is its repr ("[1, 2, 3]"); None for anything else."""
-    if type(values) is not list:
+def _int_tuple_text(values: Any) -> Optional[str]:
+    """json.dumps of a record's replica or ISR tuple of plain ints (its list's repr: "[1, 2, 3]"),
+    None for anything else."""
+    if type(values) is not tuple:
         return None
     for v in values:
         if type(v) is not int:
             return None
-    return repr(values)
+    return repr(list(values))
 
 
-def feed_item_text(offset: int, record: dict) -> str:
-    """Exactly `json.dumps({"offset": offset, "record": record})`. A partition record in its
-    compact form (`_PARTITION_KEYS`, plain ints and strings: every record of a topic create
-    and of a broker fencing) is formatted directly, 2.5x cheaper than the encoder's call
-    (3.7 -> 1.5 us; the active controller encodes each of a fencing's 33,334 records at
-    100,000 partitions); any other record goes through json.dumps."""
-    if _compact_partition(record):
-        topic, topic_id = record["topic"], record["topic_id"]
-        partition, leader = record["partition"], record["leader"]
-        leader_epoch, partition_epoch = record["leader_epoch"], record["partition_epoch"]
-        replicas, isr = _int_list_text(record["replicas"]), _int_list_text(record["isr"])
+def record_item_text(offset: int, record: Any) -> str:
+    """Exactly `json.dumps({"offset": offset, "record": record_to_dict(record)})` of a record
+    object (the feed's tail holds records, not their plain data). A compact partition
+    record (every record of a topic create and of a broker fencing) of plain ints and
+    strings is formatted directly, 2.5x cheaper than the encoder's call (the active
+    controller encodes each of a fencing's 33,334 records at 100,000 partitions); any other
+    record goes through json.dumps."""
+    if compact_partition_record(record):
+        topic, topic_id, partition, leader = record.topic, record.topic_id, record.partition, record.leader
+        leader_epoch, partition_epoch = record.leader_epoch, record.partition_epoch
+        replicas, isr = _int_tuple_text(record.replicas), _int_tuple_text(record.isr)
         if (type(offset) is int and type(topic) is str and type(topic_id) is str and type(partition) is int
                 and type(leader) is int and type(leader_epoch) is int and type(partition_epoch) is int
                 and replicas is not None and isr is not None):
-            return (f'{{"offset": {offset}, "record": {{"type": "{record["type"]}", "topic": {_string_text(topic)}, '
+            return (f'{{"offset": {offset}, "record": {{"type": "{record.TYPE}", "topic": {_string_text(topic)}, '
                     f'"topic_id": {_string_text(topic_id)}, "partition": {partition}, "replicas": {replicas}, '
                     f'"isr": {isr}, "leader": {leader}, "leader_epoch": {leader_epoch}, '
                     f'"partition_epoch": {partition_epoch}}}}}')
-    return json.dumps({"offset": offset, "record": record})
+    return json.dumps({"offset": offset, "record": record_to_dict(record)})
 
 
-def feed_runs(page: list, record_text: Callable[[int, dict], str]) -> list:
-    """The feed item texts of `page` [(offset, record dict)] with each stretch of consecutive
-    compact partition records (`_compact_partition`) of one type and topic as one item
+def feed_runs(page: list, record_text: Callable[[int, Any], str]) -> list:
+    """The feed item texts of `page` [(offset, record)] with each stretch of consecutive
+    compact partition records of one type and topic (records.group_runs) as one item
     {"offset": the first, "run": {"type", "topic", "topic_id", a list per
     records.RUN_COLUMNS}} (records.records_of_run reads it); any other record is
     `record_text(offset, record)`. A fencing at 100,000 partitions: 7.7 MB of items ->
     about 1 MB."""
     out: list = []
-    runs: list = []   # (index in `out`, first offset, run): a run is encoded once it is complete
-    run: Optional[dict] = None
-    for offset, record in page:
-        if not _compact_partition(record):
-            run = None
-            out.append(record_text(offset, record))
-            continue
-        if run is None or (record["type"], record["topic"], record["topic_id"]) != (
-                run["type"], run["topic"], run["topic_id"]):
-            run = {"type": record["type"], "topic": record["topic"], "topic_id": record["topic_id"],
-                   **{c: [] for c in RUN_COLUMNS}}
-            runs.append((len(out), offset, run))
-            out.append(None)
-        for c in RUN_COLUMNS:
-            run[c].append(record[c])
-    for i, first, r in runs:
-        out[i] = f'{{"offset": {first}, "run": {json.dumps(r)}}}'
+    i = 0
+    for key, stretch in group_runs([r for _, r in page]):
+        offset = page[i][0]
+        if key is None:
+            out.append(record_text(offset, stretch[0]))
+        else:
+            out.append(f'{{"offset": {offset}, "run": {json.dumps(run_of(key, stretch, tuple))}}}')
+        i += len(stretch)
     return out
 
 
@@ -237,7 +223,7 @@ class MetadataStateMachine:
         self.lock = threading.RLock()
         self.feed_lock = threading.Lock()
         self.image = MetadataImage(cluster_id)
-        self.tail: list[tuple[int, dict]] = []
+        self.tail: list[tuple[int, Any]] = []   # (offset, record object): records are immutable
         self.tail_start = 0
         self.feed_end = 0
         self.batch_ends: list[int] = []
@@ -249,7 +235,7 @@ class MetadataStateMachine:
 
     # ------------------------------------------------------------ raft StateMachine
     def apply(self, entries: list) -> Any:
-        size = sum(len(e.get("records") or ()) for e in entries if isinstance(e, dict))
+        size = sum(entry_record_count(e.get("records")) for e in entries if isinstance(e, dict))
         with self._gc_held(size):
             results = []
             with self.lock:
@@ -298,8 +284,7 @@ class MetadataStateMachine:
         if request_id is not None and request_id in self.request_ids:
             return {"ok": True, "duplicate": True, "base_offset": self.request_ids[request_id],
                     "offset": image.offset}
-        dicts = entry["records"]
-        records = [record_from_dict(d) for d in dicts]
+        records = entry_records(entry["records"])
         epoch = entry.get("controller_epoch", 0)
         if records and isinstance(records[0], LeaderChangeRecord):
             if records[0].epoch <= image.controller_epoch:
@@ -316,13 +301,12 @@ class MetadataStateMachine:
             return {"ok": False, "conflict": True, "reason": conflict}
         base = image.offset
         added = []
-        for record, as_dict in zip(records, dicts):
+        for record in records:
             offset = image.offset
             if isinstance(record, RegisterBrokerRecord):
                 record = dataclasses.replace(record, broker_epoch=offset)
-                as_dict = record_to_dict(record)
             image.replay(record)
-            added.append((offset, as_dict))
+            added.append((offset, record))
         with self.feed_lock:   # the whole entry joins the feed at once
             self.tail.extend(added)
             if image.offset > base:
@@ -382,7 +366,7 @@ class MetadataStateMachine:
                 return None
             start = offset - self.tail_start
             page = self.tail[start:start + max_records]
-        return [{"offset": o, "record": r} for o, r in page]
+        return [{"offset": o, "record": record_to_dict(r)} for o, r in page]
 
     def snapshot_json(self) -> tuple:
         """(metadata offset, JSON text of `image.to_snapshot()`) for the feed's snapshot answer.
@@ -458,10 +442,10 @@ class MetadataStateMachine:
                     self._encoded = {o: t for o, t in cache.items() if o >= newest}
         return out, end, ends
 
-    def _record_text(self, offset: int, record: dict, cache: dict) -> str:
+    def _record_text(self, offset: int, record: Any, cache: dict) -> str:
         """The feed item text of one record, encoded once while in `cache` (`feed_page`)."""
         text = cache.get(offset)
         if text is None:
-            text = cache[offset] = feed_item_text(offset, record)
+            text = cache[offset] = record_item_text(offset, record)
             self.records_encoded += 1
         return text

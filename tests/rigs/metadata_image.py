@@ -8,7 +8,7 @@ import random
 from typing import Optional
 
 from metadata_quorum.controller import QuorumController
-from metadata_quorum.records import LeaderChangeRecord, UnfenceBrokerRecord, record_to_dict
+from metadata_quorum.records import LeaderChangeRecord, UnfenceBrokerRecord, entry_items
 from metadata_quorum.state_machine import MetadataStateMachine
 
 
@@ -30,7 +30,7 @@ class ImageBuilder:
     def write(self, records: list) -> None:
         """Apply `records` as one committed entry; AssertionError when the state machine refuses it."""
         r = self.sm.apply([{"request_id": None, "controller_epoch": self.sm.image.controller_epoch,
-                            "records": [record_to_dict(x) for x in records]}])[0]
+                            "records": entry_items(records)}])[0]
         assert r["ok"], r
 
     def create(self, name: str, partitions: int, rf: int = 3, configs: Optional[dict] = None) -> None:

@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 from partitions.errors import KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
-from metadata_quorum.records import LeaderChangeRecord, record_to_dict
+from metadata_quorum.records import LeaderChangeRecord, entry_items
 from metadata_quorum.state_machine import MetadataStateMachine
 from partitions.log.config import LogConfig
 from partitions.log.log import Log
@@ -247,7 +247,7 @@ class Simulation:
         if not records:
             return True
         entry = {"request_id": None, "controller_epoch": self.controller_epoch,
-                 "records": [record_to_dict(r) for r in records]}
+                 "records": entry_items(records)}
         res = self.sm.apply([entry])[0]
         self.count("metadata_batches")
         return bool(res.get("ok"))

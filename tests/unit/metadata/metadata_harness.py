@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from metadata_quorum.controller import ControllerSettings, QuorumController
-from metadata_quorum.records import LeaderChangeRecord, record_to_dict
+from metadata_quorum.records import LeaderChangeRecord, entry_items
 from metadata_quorum.state_machine import MetadataStateMachine
 
 
@@ -25,7 +25,7 @@ class Harness:
 
     def propose(self, records, request_id=None, epoch=None):
         entry = {"request_id": request_id, "controller_epoch": self.epoch if epoch is None else epoch,
-                 "records": [record_to_dict(r) for r in records]}
+                 "records": entry_items(records)}   # as the controller writes it
         return self.sm.apply([entry])[0]
 
     def run(self, records):
