@@ -106,23 +106,27 @@ def record_item_text(offset: int, record: Any) -> str:
     return json.dumps({"offset": offset, "record": record_to_dict(record)})
 
 
-def feed_runs(page: list, record_text: Callable[[int, Any], str]) -> list:
-    """The feed item texts of `page` [(offset, record)] with each stretch of consecutive
-    compact partition records of one type and topic (records.group_runs) as one item
-    {"offset": the first, "run": {"type", "topic", "topic_id", a list per
-    records.RUN_COLUMNS}} (records.records_of_run reads it); any other record is
-    `record_text(offset, record)`. A fencing at 100,000 partitions: 7.7 MB of items ->
-    about 1 MB."""
+def feed_runs(page: list, record_text: Callable[[int, Any], str], singles_max: Optional[int] = None) -> tuple:
+    """(the feed item texts of `page` [(offset, record)], how many of its records they hold)
+    with each stretch of consecutive compact partition records of one type and topic
+    (records.group_runs) as one item {"offset": the first, "run": {"type", "topic",
+    "topic_id", a list per records.RUN_COLUMNS}} (records.records_of_run reads it); any
+    other record is `record_text(offset, record)`. The texts end before the record that
+    would be the `singles_max`+1-th outside a run (None: no limit). A fencing at 100,000
+    partitions: 7.7 MB of items -> about 1 MB."""
     out: list = []
-    i = 0
+    i = singles = 0
     for key, stretch in group_runs([r for _, r in page]):
         offset = page[i][0]
         if key is None:
+            singles += 1
+            if singles_max is not None and singles > singles_max:
+                break
             out.append(record_text(offset, stretch[0]))
         else:
             out.append(f'{{"offset": {offset}, "run": {json.dumps(run_of(key, stretch, tuple))}}}')
         i += len(stretch)
-    return out
+    return out, i
 
 
 class FullCollectionHold:
@@ -210,7 +214,7 @@ class MetadataStateMachine:
         # `feed_encoded_records` or so; see records_since_json)
         self.feed_encoded_records = feed_encoded_records
         self._encoded: dict[int, str] = {}
-        self._runs_encoded: dict[tuple, list] = {}   # (offset, records) -> a page's texts with runs, oldest first
+        self._runs_encoded: dict[tuple, tuple] = {}   # (offset, records, singles_max) -> feed_runs, oldest first
         self._snapshot_text: tuple = (-1, "")   # (image offset, JSON text) of the last feed snapshot
         self.snapshots_encoded = 0
         self.records_encoded = 0   # feed items encoded so far (each once while cached)
@@ -405,7 +409,8 @@ class MetadataStateMachine:
         page = self.feed_page(offset, max_records)
         return None if page is None else page[0]
 
-    def feed_page(self, offset: int, max_records: int, runs: bool = False) -> Optional[tuple]:
+    def feed_page(self, offset: int, max_records: int, runs: bool = False,
+                  singles_max: Optional[int] = None) -> Optional[tuple]:
         """One answer of the feed: (the JSON texts of the records from `offset`, at most
         `max_records`; `feed_end`, which ends them or lies beyond; the batch boundaries
         within them), or None when `offset` is older than the tail (the reader needs a
@@ -414,7 +419,8 @@ class MetadataStateMachine:
         changes), so brokers reading the same records share one encoding, and no single
         encode holds the GIL for a whole page. `runs`: consecutive compact partition records
         of one topic go as one item {"offset", "run"} (`feed_runs`; the reader asked for
-        them), each other record as {"offset", "record"}."""
+        them), each other record as {"offset", "record"}, at most `singles_max` of those
+        (the page then ends before the next one)."""
         with self.feed_lock:
             if offset < self.tail_start:
                 return None
@@ -425,13 +431,16 @@ class MetadataStateMachine:
             ends = ends[bisect.bisect_right(ends, offset):bisect.bisect_right(ends, offset + len(page))]
             cache = self._encoded
         if runs:
-            key = (offset, len(page))
-            out = self._runs_encoded.get(key)
-            if out is None:
-                out = feed_runs(page, lambda o, r: self._record_text(o, r, cache))
+            key = (offset, len(page), singles_max)
+            cached = self._runs_encoded.get(key)
+            if cached is None:
+                cached = feed_runs(page, lambda o, r: self._record_text(o, r, cache), singles_max)
                 if len(self._runs_encoded) >= FEED_RUN_PAGES_CACHED:
                     self._runs_encoded.pop(next(iter(self._runs_encoded)))
-                self._runs_encoded[key] = out
+                self._runs_encoded[key] = cached
+            out, covered = cached
+            if covered < len(page):   # cut at singles_max: the batch ends up to where it stops
+                ends = ends[:bisect.bisect_right(ends, offset + covered)]
         else:
             out = [self._record_text(o, r, cache) for o, r in page]
         keep = self.feed_encoded_records

@@ -222,3 +222,27 @@ async def test_broker_lifecycle_fencing_unfencing_and_controlled_shutdown():
                     await lc.stop()
     finally:
         await stop_node(n)
+
+
+async def test_a_feed_reader_in_runs_gets_a_large_change_in_one_answer():
+    """issue 25: a reader that takes runs (runs=1, as brokers ask) gets up to
+    feed_run_records_per_response_max records per answer; one reading record by record
+    still gets feed_records_per_response_max."""
+    n = await start_node(feed_records_per_response_max=100, feed_run_records_per_response_max=2000)
+    try:
+        async with ControllerClient([n.url]) as c:
+            for b in (1, 2, 3):
+                await register(c, b)
+            await c.create_topic("big", 900, 3)
+            base = n.url + "/controller/v1/metadata/records?after=0"
+            _, plain = await raw("GET", base)
+            _, runs = await raw("GET", base + "&runs=1")
+            _, capped = await raw("GET", base + "&runs=1&max_records=300")
+
+            def covered(body):
+                return sum(len(i["run"]["partition"]) if "run" in i else 1 for i in body["records"])
+            assert covered(plain) == 100
+            assert covered(runs) == n.server.sm.feed_end > 900   # the whole feed: every record
+            assert covered(capped) == 300
+    finally:
+        await stop_node(n)

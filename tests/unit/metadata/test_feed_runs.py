@@ -112,3 +112,38 @@ def test_a_malformed_run_is_refused_and_the_feed_state_is_unchanged(bad):
     with pytest.raises(ValueError):
         feed.accept({"records": [{"offset": 0, "run": bad}], "metadata_offset": 1})
     assert feed.image.offset == 0 and feed.pending == []
+
+
+def _follow_runs(h: Harness, singles_max: int) -> tuple:
+    """`_follow` in pages of up to 10**6 records of which at most `singles_max` outside runs."""
+    feed = FeedState(MetadataImage())
+    changes, pages = [], []
+    while feed.next_offset < h.sm.feed_end:
+        texts, end, ends = h.sm.feed_page(feed.next_offset, 10 ** 6, runs=True, singles_max=singles_max)
+        body = json.loads(feed_page_text(h.sm.image.cluster_id, texts, end, ends))
+        pages.append(body)
+        change = feed.accept(body)
+        if change is not None:
+            changes.append(change.records)
+    return feed.image, changes, pages
+
+
+def test_a_page_of_runs_holds_many_records_but_few_outside_runs():
+    h = _cluster()
+    for i in range(7):   # single records between the runs
+        h.run([ConfigRecord("topic", "b", "retention.ms", str(1000 + i))])
+    h.create("c", partitions=50, rf=2)   # broker 2 is fenced: two brokers left
+    singles_total = sum(1 for item in _body(h, 0, 10 ** 6, runs=True)["records"] if "record" in item)
+    assert singles_total > 12
+    image, changes, pages = _follow_runs(h, singles_max=4)
+    for body in pages:
+        assert sum(1 for item in body["records"] if "record" in item) <= 4
+        covered = body["records"][0]["offset"] + sum(
+            len(item["run"]["partition"]) if "run" in item else 1 for item in body["records"])
+        assert all(e <= covered for e in body.get("batch_ends") or ())   # no boundary beyond what it holds
+    assert len(pages) >= singles_total // 4
+    assert max(sum(len(i["run"]["partition"]) for i in b["records"] if "run" in i) for b in pages) > 100
+    image_one, changes_one, _ = _follow(h, 5000, runs=False)
+    # the same records (released in other groups: pages end elsewhere), the same image
+    assert [r for c in changes for r in c] == [r for c in changes_one for r in c]
+    assert image.to_snapshot() == image_one.to_snapshot() == h.image.to_snapshot()
