@@ -361,12 +361,24 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
         survivors = {b: c.url(b) for b in c.procs if b != victim}
         row(f"partitions led by broker {victim} before its kill -9", f"{len(predicted)} of {total_now}")
         row(f"partitions led by broker {victim} with no other ISR member (not measured)", str(alone))
+        # each process's CPU from the kill until the last partition is writable again: on 2
+        # cores the failover's wall time is mostly how much CPU it needs in total
+        watched = {f"broker {b}": c.procs[b].pid for b in survivors} | {
+            f"controller {n}{' (active)' if n == active else ''}": p.pid for n, p in c.controllers.procs.items()}
+        cpu0 = {k: cpu_seconds(p) for k, p in watched.items()} | {"this bench client": time.process_time()}
         killed_at = time.monotonic()
         c.kill(victim)
         print(f"  killed broker {victim} at {time.strftime('%H:%M:%S')} UTC", flush=True)
         spies = profile_after_kill({f"broker-{b}": c.procs[b].pid for b in survivors} |
                                    {f"controller-{active}": ctl_pid}, base_dir, profile_kill_s)
         done = asyncio.run(led_writable(survivors, predicted, killed_at, 300))
+        window = time.monotonic() - killed_at
+        cpu1 = {k: cpu_seconds(p) for k, p in watched.items()} | {"this bench client": time.process_time()}
+        used = {k: cpu1[k] - cpu0[k] for k in cpu0}
+        row(f"kill -9: CPU s in the {window:.2f} s until the last answer (2 cores: {2 * window:.1f})",
+            f"{sum(used.values()):.2f}")
+        for k, v in used.items():
+            row(f"  {k}", f"{v:.2f}")
         times = list(done.values())
         if len(done) < len(predicted):
             row("kill -9: partitions NOT writable again within 300 s", str(len(predicted) - len(done)))
