@@ -44,6 +44,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 import aiohttp
 
@@ -124,7 +125,7 @@ def writable(urls: dict, topic: str, partitions: list, deadline_s: float, acks: 
 
 
 async def led_writable(urls: dict, predicted: dict, since: float, deadline_s: float,
-                       chunk_partitions: int = 200) -> dict:
+                       chunk_partitions: int = 200, answers: Optional[list] = None) -> dict:
     """(topic, partition) -> seconds from `since` until a produce to it answered 200, as a
     Kafka client writes after a leader failure: records for many partitions in one request
     per chunk, sent to the broker expected to lead them now (`predicted`: (topic, partition)
@@ -133,8 +134,11 @@ async def led_writable(urls: dict, predicted: dict, since: float, deadline_s: fl
     answer comes when its partitions are writable; a partition's time is its chunk's answer
     (an upper bound: the chunk's slowest partition). A refused partition is retried at the
     other live broker. (One request per partition through one broker, the earlier way,
-    measured the bench's own request rate at 33,000 partitions, not the cluster.)"""
+    measured the bench's own request rate at 33,000 partitions, not the cluster.)
+    `answers`, if given, gets (round, seconds from `since`, HTTP status or the client error,
+    the error codes of its partitions) per request, to tell a slow tail's cause."""
     done: dict = {}
+    rnd = 0
     todo: dict = dict(predicted)
     ids = sorted(urls)
     conn = aiohttp.TCPConnector(limit=0)
@@ -146,9 +150,14 @@ async def led_writable(urls: dict, predicted: dict, since: float, deadline_s: fl
                 async with s.post(f"{urls[broker]}/v1/topics/{topic}/records?acks=1", json=body) as r:
                     doc = await r.json(content_type=None)
                     status = r.status
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                if answers is not None:
+                    answers.append((rnd, time.monotonic() - since, type(exc).__name__, ()))
                 return
             at = time.monotonic() - since
+            if answers is not None:
+                answers.append((rnd, at, status, tuple(sorted({e["error_code"] for e in (
+                    doc.get("offsets", []) if isinstance(doc, dict) else []) if "error_code" in e}))))
             if status == 200:
                 for p in ps:
                     done[(topic, p)] = at
@@ -164,6 +173,7 @@ async def led_writable(urls: dict, predicted: dict, since: float, deadline_s: fl
             jobs = []
             for (b, t), ps in groups.items():
                 jobs.extend(chunk(b, t, ps[i:i + chunk_partitions]) for i in range(0, len(ps), chunk_partitions))
+            rnd += 1
             await asyncio.gather(*jobs)
             # not yet writable there: try the other live broker next round
             todo = {k: ids[(ids.index(b) + 1) % len(ids)] for k, b in todo.items() if k not in done}
@@ -371,7 +381,8 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
         print(f"  killed broker {victim} at {time.strftime('%H:%M:%S')} UTC", flush=True)
         spies = profile_after_kill({f"broker-{b}": c.procs[b].pid for b in survivors} |
                                    {f"controller-{active}": ctl_pid}, base_dir, profile_kill_s)
-        done = asyncio.run(led_writable(survivors, predicted, killed_at, 300))
+        answers: list = []
+        done = asyncio.run(led_writable(survivors, predicted, killed_at, 300, answers=answers))
         window = time.monotonic() - killed_at
         cpu1 = {k: cpu_seconds(p) for k, p in watched.items()} | {"this bench client": time.process_time()}
         used = {k: cpu1[k] - cpu0[k] for k in cpu0}
@@ -379,6 +390,17 @@ def run(partitions: int, topics: int, rf: int, base_dir: str, controllers: int =
             f"{sum(used.values()):.2f}")
         for k, v in used.items():
             row(f"  {k}", f"{v:.2f}")
+        by_round: dict = {}
+        for rnd, at, status, codes in answers:
+            by_round.setdefault(rnd, []).append((at, status, codes))
+        for rnd, rows in sorted(by_round.items()):
+            kinds: dict = {}
+            for _, status, codes in rows:
+                key = f"{status}" + (f" {'/'.join(codes)}" if codes else "")
+                kinds[key] = kinds.get(key, 0) + 1
+            ats = [a for a, _, _ in rows]
+            row(f"kill -9: produce round {rnd}: requests answered {min(ats):.2f}-{max(ats):.2f} s",
+                ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())))
         times = list(done.values())
         if len(done) < len(predicted):
             row("kill -9: partitions NOT writable again within 300 s", str(len(predicted) - len(done)))
