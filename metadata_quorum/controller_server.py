@@ -49,6 +49,7 @@ from metadata_quorum.records import (BrokerMembershipRecord, BrokerRegistrationC
                                      LeaderChangeRecord, PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
                                      entry_items, record_to_dict)
 from metadata_quorum.quorum_routes import QuorumRoutes
+from http_api.wire.reachability import connection_refused
 from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, FullCollectionHold, MetadataStateMachine
 from raft.election_backoff import ELECTION_BACKOFF_MAX_S_DEFAULT
 from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError
@@ -680,7 +681,7 @@ class ControllerServer:
             return web.json_response({"target_id": target, "fenced": False, "probing": True})
         self._probing.add(target)
         try:
-            gone = await _connection_refused(b.url, self.config.unreachable_probe_timeout_ms / 1000)
+            gone = await connection_refused(b.url, self.config.unreachable_probe_timeout_ms / 1000)
         finally:
             self._probing.discard(target)
         if gone:
@@ -956,23 +957,6 @@ def _log_decisions(records: list, before: dict, reason: Optional[str],
 
 
 # ---------------------------------------------------------------------- helpers
-async def _connection_refused(url: Optional[str], timeout_s: float) -> bool:
-    """True when a TCP connection to the host:port of `url` is refused (nobody listens);
-    False when it connects or only times out (the process may be alive but slow)."""
-    from urllib.parse import urlsplit
-    if not url:
-        return False
-    u = urlsplit(url)
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port or 80), timeout_s)
-    except (ConnectionRefusedError, ConnectionResetError):
-        return True
-    except (asyncio.TimeoutError, OSError):
-        return False
-    writer.close()
-    return False
-
-
 def _probe_broker(url: Optional[str], connect_timeout_s: float, answer_timeout_s: float) -> str:
     """Probe a broker from this host, blocking (run it in a thread: the kernel times it, so a
     busy event loop cannot turn into a timeout). "timeout" (no TCP connection: the host is cut

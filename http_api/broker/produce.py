@@ -21,6 +21,7 @@ from http_api.wire.auth import forwarding_headers
 from http_api.wire.codecs import CBOR, JSON, RAW_BATCH
 from http_api.wire.errors import ErrorCode, KraftlogError, http_status
 from http_api.wire.partitioner import RoundRobin, partition_for_key
+from http_api.wire.reachability import connection_refused
 from partitions import internal_topics
 from partitions.replication.replica_manager import ACKS_ALL, ACKS_NONE, parse_acks
 
@@ -38,6 +39,9 @@ NO_LEADER_REFRESH_WAIT_S = 5.0
 # partitions fail at once as refused (after a kill -9 a request for thousands of partitions
 # tried a connection per partition, again after every metadata refresh)
 FORWARD_REFUSED_BACKOFF_MS = 500
+# ... and after that, one TCP connect tells whether it listens again before the forwards go
+# (_probe_refused); a connect that takes longer counts as listening (a busy process)
+FORWARD_PROBE_TIMEOUT_MS = 1000
 # forwarded produces in flight to one leader at a time; the others wait here, not in aiohttp's
 # connector, so each re-checks FORWARD_REFUSED_BACKOFF_MS once it may go (issue 25: after a
 # kill -9, 10,000 forwards queued in the connector each tried a refused connection in turn,
@@ -73,6 +77,7 @@ class ProduceRoutes(Routes):
         self.round_robin = RoundRobin()
         self._refused_until: dict[str, float] = {}   # leader URL -> monotonic time (FORWARD_REFUSED_BACKOFF_MS)
         self._forward_slots: dict[str, asyncio.Semaphore] = {}   # leader URL -> FORWARD_CONNECTIONS_PER_LEADER
+        self._probing: dict[str, asyncio.Future] = {}   # leader URL -> its probe in flight (_probe_refused)
 
     async def produce_topic(self, request: web.Request) -> web.Response:
         return await self.ctx.measured(self._produce_topic, request, self.metrics.produce_requests, self.metrics.produce_latency)
@@ -194,7 +199,32 @@ class ProduceRoutes(Routes):
             slots = self._forward_slots[leader_url] = asyncio.Semaphore(FORWARD_CONNECTIONS_PER_LEADER)
         async with slots:
             self._check_not_refused(leader_url, topic, partition)   # refused while this one waited
+            if leader_url in self._refused_until:   # it refused before and its back-off ran out
+                await self._probe_refused(leader_url)
+                self._check_not_refused(leader_url, topic, partition)
             return await self._forward_now(session, url, leader_url, topic, partition, payload)
+
+    async def _probe_refused(self, leader_url: str) -> None:
+        """One TCP connect to a leader that refused before, once its back-off ran out; the
+        other forwards to it wait for that answer. Refused again: another back-off; it
+        listens (or only times out): the forwards go on (issue 25: at the end of each
+        back-off the forwards held for a dead leader's thousands of partitions each tried a
+        connection, FORWARD_CONNECTIONS_PER_LEADER at a time, a tenth of a survivor's loop
+        while the fencing was on its way)."""
+        probe = self._probing.get(leader_url)
+        if probe is not None:
+            await asyncio.shield(probe)
+            return
+        loop = asyncio.get_running_loop()
+        probe = self._probing[leader_url] = loop.create_future()
+        try:
+            if await connection_refused(leader_url, FORWARD_PROBE_TIMEOUT_MS / 1000):
+                self._refused_until[leader_url] = loop.time() + FORWARD_REFUSED_BACKOFF_MS / 1000
+            else:
+                self._refused_until.pop(leader_url, None)
+        finally:
+            del self._probing[leader_url]
+            probe.set_result(None)
 
     def _check_not_refused(self, leader_url: str, topic: str, partition: int) -> None:
         if asyncio.get_running_loop().time() < self._refused_until.get(leader_url, 0.0):

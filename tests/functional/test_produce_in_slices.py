@@ -110,9 +110,61 @@ async def test_a_leader_that_refused_a_forward_is_not_connected_to_again_for_a_m
             assert e.value.code is ErrorCode.BROKER_NOT_AVAILABLE and e.value.extra.get("refused")
         assert len(attempts) == 1           # one connection tried for 50 partitions
         await asyncio.sleep(FORWARD_REFUSED_BACKOFF_MS / 1000 + 0.05)
+        with pytest.raises(KraftlogError) as e:
+            await routes._forward(dead, "t", 0, b"x", 1)
+        assert e.value.extra.get("refused")   # after the back-off a probe found it still refusing
+        assert len(attempts) == 1           # ... with one TCP connect (_probe_refused), not a forward
+
+
+async def test_after_the_back_off_one_probe_speaks_for_every_held_forward(monkeypatch):
+    """At the end of each back-off, the forwards held for a dead leader's thousands of
+    partitions each tried a connection, FORWARD_CONNECTIONS_PER_LEADER at a time (a tenth
+    of a survivor's loop, issue 25): now one TCP connect probes it and the others wait for
+    its answer. A leader that listens again gets the forwards at once."""
+    import aiohttp
+    from aiohttp import web
+
+    from http_api.broker import produce
+    from http_api.broker.produce import FORWARD_CONNECTIONS_PER_LEADER, FORWARD_REFUSED_BACKOFF_MS
+    from http_api.wire.errors import ErrorCode, KraftlogError
+
+    probes: list = []
+    real = produce.connection_refused
+
+    async def counting(url, timeout_s):
+        probes.append(url)
+        return await real(url, timeout_s)
+    monkeypatch.setattr(produce, "connection_refused", counting)
+    dead, trace, attempts = dead_leader_and_counter()
+    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+        routes = forwarding_routes(session)
         with pytest.raises(KraftlogError):
             await routes._forward(dead, "t", 0, b"x", 1)
-        assert len(attempts) == 2           # tried again after the backoff
+        await asyncio.sleep(FORWARD_REFUSED_BACKOFF_MS / 1000 + 0.05)
+        n = 3 * FORWARD_CONNECTIONS_PER_LEADER
+        results = await asyncio.gather(*(routes._forward(dead, "t", p, b"x", 1) for p in range(n)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, KraftlogError) and r.code is ErrorCode.BROKER_NOT_AVAILABLE
+                   and r.extra.get("refused") for r in results)
+        assert (len(attempts), len(probes)) == (1, 1)   # the first refusal, then one probe for 300
+        # the leader's port listens again (a restarted broker): the next probe lets them through
+        app = web.Application()
+
+        async def produce_partition(request):
+            await request.read()
+            return web.json_response({"offsets": [{"partition": 0, "offset": 41}]})
+        app.router.add_post("/v1/topics/{topic}/partitions/{partition}/records", produce_partition)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = int(dead.rsplit(":", 1)[1])
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            await asyncio.sleep(FORWARD_REFUSED_BACKOFF_MS / 1000 + 0.05)
+            offsets = await asyncio.gather(*(routes._forward(dead, "t", p, b"x", 1) for p in range(20)))
+            assert offsets == [41] * 20 and len(probes) == 2   # one more probe, then no more
+            assert await routes._forward(dead, "t", 0, b"x", 1) == 41 and len(probes) == 2
+        finally:
+            await runner.cleanup()
 
 
 async def test_concurrent_forwards_to_a_dead_leader_try_few_connections():
