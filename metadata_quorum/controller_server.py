@@ -168,6 +168,8 @@ class ControllerConfig:
         if me is None:
             raise ValueError(f"node id {self.node_id} is not among the voters {sorted(self.voters)}")
         check_election_timeouts(self.raft_min_timeout_s, self.raft_max_timeout_s)
+        if self.feed_records_per_response_max < 1 or self.feed_run_records_per_response_max < 1:
+            raise ValueError("feed_records_per_response_max and feed_run_records_per_response_max must be >= 1")
         if self.http_host is None:
             self.http_host = me.host
         if self.http_port is None:
@@ -1146,6 +1148,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    default=ControllerSettings.fence_isr_removals_wait_max_ms,
                    help="a large fencing's ISR-only removals wait at most this long for the other brokers "
                         "to have its leader changes; 0 = write them at once")
+    p.add_argument("--feed-records-per-response-max", type=int, default=ControllerConfig.feed_records_per_response_max,
+                   help="records per metadata feed answer (outside runs)")
+    p.add_argument("--feed-run-records-per-response-max", type=int,
+                   default=ControllerConfig.feed_run_records_per_response_max,
+                   help="records per metadata feed answer to a reader of runs (brokers)")
     p.add_argument("--min-insync-replicas", type=int, default=1,
                    help="default min.insync.replicas of topics; give the brokers' min_insync_replicas")
     p.add_argument("--raft-log-compaction-min-entries", type=int, default=5000,
@@ -1227,6 +1234,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             fence_isr_removals_wait_max_ms=args.fence_isr_removals_wait_max_ms,
             min_insync_replicas=args.min_insync_replicas,
         ),
+        feed_records_per_response_max=args.feed_records_per_response_max,
+        feed_run_records_per_response_max=args.feed_run_records_per_response_max,
         raft_fsync_journal=not args.no_raft_fsync,
         raft_log_compaction_min_entries=args.raft_log_compaction_min_entries,
         raft_log_compaction_min_time_s=args.raft_log_compaction_min_time_s,

@@ -17,6 +17,9 @@ from tests.rigs.cluster import ReplicatedCluster, http
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 PARTITIONS = 5100          # > feed_records_per_response_max (5000): the topic spans two feed pages
+# brokers read the feed in runs, up to feed_run_records_per_response_max records an answer
+# (50,000): lowered here so the topic spans three of their pages too
+RUN_PAGE_RECORDS = 2000
 DEADLINE_S = 480.0         # generous: 2 shared cores (180 s ran out at load 30)
 POLL_PAUSE_S = 0.05        # between one poller's reads: six back-to-back pollers of 5,100-partition
                            # answers competed for the 2 cores with the controller and brokers creating it
@@ -42,7 +45,8 @@ def _count_in_metadata(url: str, topic: str) -> int | None:
 
 
 def test_no_client_observes_a_partial_topic_while_a_large_topic_is_created(tmp_path):
-    with ReplicatedCluster(str(tmp_path), brokers=3) as c:
+    with ReplicatedCluster(str(tmp_path), brokers=3,
+                           controller_args=["--feed-run-records-per-response-max", str(RUN_PAGE_RECORDS)]) as c:
         seen: dict = {}            # (broker, route) -> observed partition counts
         stop = threading.Event()
         errors: list = []
@@ -97,6 +101,12 @@ def test_no_client_observes_a_partial_topic_while_a_large_topic_is_created(tmp_p
             with urllib.request.urlopen(c.url(b) + "/metrics", timeout=30) as r:
                 metrics = r.read().decode()
             assert "kraftlog_metadata_lag_records 0.0" in metrics and "kraftlog_metadata_lag_ms 0.0" in metrics
+        # a broker's feed answer (runs=1) held a page of the topic, not the whole of it
+        status, page = http("GET", c.controllers.urls[0] + "/controller/v1/metadata/records?after=0&runs=1",
+                            timeout=30)
+        assert status == 200, page
+        held = sum(len(i["run"]["partition"]) if "run" in i else 1 for i in page["records"])
+        assert held <= RUN_PAGE_RECORDS < PARTITIONS, held
         # a produce to the last partition works on its leader
         status, body = http("POST", c.url(1) + "/v1/topics/big/records",
                             {"records": [{"value": "v", "partition": PARTITIONS - 1}]}, timeout=60)
