@@ -7,7 +7,7 @@ splits from 1,000 ISR-only removals)."""
 from __future__ import annotations
 
 from metadata_quorum.controller import ControllerSettings
-from metadata_quorum.records import FenceBrokerRecord, PartitionChangeRecord, record_from_dict
+from metadata_quorum.records import FenceBrokerRecord, PartitionChangeRecord, entry_records
 from metadata_quorum.state_machine import MetadataStateMachine
 from tests.rigs.controller_inprocess import inprocess_controller, wait_until
 
@@ -25,7 +25,7 @@ class RecordingStateMachine(MetadataStateMachine):
     def _apply_entry(self, entry: dict) -> dict:
         result = super()._apply_entry(entry)
         if result.get("ok") and not result.get("duplicate") and "records" in entry:
-            self.entries.append([record_from_dict(d) for d in entry["records"]])
+            self.entries.append(entry_records(entry["records"]))
         return result
 
 
