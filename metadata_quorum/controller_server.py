@@ -39,6 +39,7 @@ from aiohttp import web
 from http_api.wire.hardening import HardenedAppRunner, HttpLimits
 from http_api.wire.auth import AuthMiddleware, Authenticator, broker_id_of, say_unauthenticated
 from http_api.wire.middleware import ErrorMiddleware
+from http_api.wire.reachability import connection_refused
 from partitions.clock import SYSTEM_CLOCK, Clock
 from partitions.errors import ErrorCode, KraftlogError
 from metadata_quorum.controller import ControllerSettings, QuorumController
@@ -49,7 +50,6 @@ from metadata_quorum.records import (BrokerMembershipRecord, BrokerRegistrationC
                                      LeaderChangeRecord, PartitionChangeRecord, RegisterBrokerRecord, UnfenceBrokerRecord,
                                      entry_items, record_to_dict)
 from metadata_quorum.quorum_routes import QuorumRoutes
-from http_api.wire.reachability import connection_refused
 from metadata_quorum.state_machine import GC_FREEZE_MIN_RECORDS_DEFAULT, FullCollectionHold, MetadataStateMachine
 from raft.election_backoff import ELECTION_BACKOFF_MAX_S_DEFAULT
 from raft.log import RAFT_FRAME_MAX_BYTES_DEFAULT, NotLeaderError, OutcomeUnknownError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from metadata_quorum.security.records import SECURITY_RECORDS
 
@@ -321,24 +321,18 @@ def group_runs(records: list) -> list:
     return out
 
 
-def run_of(key: tuple, records: list, column: Callable[[tuple], Any] = list) -> dict:
+def run_of(key: tuple, records: list) -> dict:
     """The run (`records_of_run`'s input) of `records`, one stretch of `group_runs` with its
-    key; `column` makes a replica or ISR tuple into its column value (a list for JSON; the
-    tuple itself for a raft entry, which pickle keeps as it is)."""
+    key: a list per RUN_COLUMNS (replica and ISR tuples as they are: JSON writes them as
+    arrays, pickle keeps them)."""
     rtype, topic, topic_id = key
     return {"type": rtype, "topic": topic, "topic_id": topic_id,
-            "partition": [r.partition for r in records],
-            "replicas": [column(r.replicas) for r in records],
-            "isr": [column(r.isr) for r in records],
-            "leader": [r.leader for r in records],
-            "leader_epoch": [r.leader_epoch for r in records],
-            "partition_epoch": [r.partition_epoch for r in records]}
+            **{c: [r.__dict__[c] for r in records] for c in RUN_COLUMNS}}
 
 
 def entry_items(records: list) -> list:
     """The plain data of a raft entry's records: each stretch of at least two consecutive
-    compact partition records of one topic as {"run": run} (`run_of`, replica and ISR
-    tuples kept), any other record as `record_to_dict` (issue 25: a fencing at 100,000
+    compact partition records of one topic as {"run": run} (`run_of`), any other record as `record_to_dict` (issue 25: a fencing at 100,000
     partitions is 33,335 records; as 33,335 dicts the active controller built them, pickled
     them and each controller unpickled and decoded them one by one on the failover's
     critical path). `entry_records` reads it back; entries written record by record (older
@@ -346,7 +340,7 @@ def entry_items(records: list) -> list:
     out: list = []
     for key, stretch in group_runs(records):
         if key is not None and len(stretch) >= _RUN_MIN_RECORDS:
-            out.append({"run": run_of(key, stretch, tuple)})
+            out.append({"run": run_of(key, stretch)})
         else:
             out.extend(record_to_dict(r) for r in stretch)
     return out

@@ -124,7 +124,7 @@ def feed_runs(page: list, record_text: Callable[[int, Any], str], singles_max: O
                 break
             out.append(record_text(offset, stretch[0]))
         else:
-            out.append(f'{{"offset": {offset}, "run": {json.dumps(run_of(key, stretch, tuple))}}}')
+            out.append(f'{{"offset": {offset}, "run": {json.dumps(run_of(key, stretch))}}}')
         i += len(stretch)
     return out, i
 
